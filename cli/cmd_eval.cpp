@@ -1,0 +1,65 @@
+// `kz eval REF CAND`: one candidate against one reference; a verdict line or --json.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "commands.h"
+#include "kz/core/files.h"
+#include "kz/eval/evaluator.h"
+#include "kz/task/task.h"
+
+namespace kz::cli {
+namespace {
+
+struct EvalArgs {
+  std::string reference, candidate;
+  bool json = false;
+  EvalFlags flags;
+};
+
+void print_human(const Verdict& v) {
+  std::cout << fmt::format("{}  {}  [{} on {}]\n", v.task_id, status_name(v.status), v.format, v.device);
+  if (v.speedup)
+    std::cout << fmt::format("speedup {:.3f}x  candidate {:.4f} ms  reference {:.4f} ms  (median of {} runs)\n",
+                             *v.speedup, v.candidate_timing->median_ms, v.reference_timing->median_ms,
+                             v.candidate_timing->runs);
+  std::string checks;
+  for (Check c : v.checks) checks += std::string(checks.empty() ? "" : ", ") + check_name(c);
+  if (!checks.empty()) std::cout << "checks: " << checks << "\n";
+  if (!v.message.empty()) std::cout << v.message << "\n";
+}
+
+int run(const EvalArgs& args) {
+  auto options = resolve_eval_options(args.flags);
+  if (!options.ok()) return report_error(options.status());
+  auto tasks = load_tasks(args.reference);
+  if (!tasks.ok()) return report_error(tasks.status());
+  if (tasks->size() != 1)
+    return report_error(invalid_argument(fmt::format("{} holds {} tasks; kz eval takes one (use eval-suite)",
+                                                     args.reference, tasks->size())));
+  auto source = read_file(args.candidate);
+  if (!source.ok()) return report_error(source.status());
+  auto evaluator = Evaluator::create(*options);
+  if (!evaluator.ok()) return report_error(evaluator.status());
+  auto verdict = evaluator->evaluate(tasks->front(), Candidate{args.candidate, *source});
+  if (!verdict.ok()) return report_error(verdict.status());
+  if (args.json)
+    std::cout << to_json(*verdict).dump() << "\n";
+  else
+    print_human(*verdict);
+  return kExitOk;
+}
+
+}  // namespace
+
+Action add_eval_command(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  auto* command = app.add_subcommand("eval", "Evaluate one candidate against one reference module");
+  command->add_option("REF", args->reference, "reference module (.py, or a one-row .jsonl)")->required();
+  command->add_option("CAND", args->candidate, "candidate module defining ModelNew")->required();
+  command->add_flag("--json", args->json, "print the verdict as one JSON object");
+  add_eval_flags(*command, args->flags);
+  return [args] { return run(*args); };
+}
+
+}  // namespace kz::cli

@@ -1,0 +1,76 @@
+// `kz eval-suite`: every candidate in a directory against the suite; results.jsonl, a progress
+// bar, a per-candidate table and the summary (pass rate, compile rate, geomean speedup, fast_1).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "commands.h"
+#include "kz/core/files.h"
+#include "kz/eval/suite.h"
+
+namespace kz::cli {
+namespace {
+
+struct SuiteArgs {
+  std::string suite, candidates, out;
+  bool quiet = false;
+  EvalFlags flags;
+};
+
+int default_jobs(const EvalOptions& options) {
+  long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  if (options.jobs > 0) return options.jobs;
+  return options.device == "cpu" ? static_cast<int>(cores) : 1;  // GPU timings must not overlap
+}
+
+int run(const SuiteArgs& args) {
+  auto options = resolve_eval_options(args.flags);
+  if (!options.ok()) return report_error(options.status());
+  auto tasks = load_tasks(args.suite);
+  if (!tasks.ok()) return report_error(tasks.status());
+  auto entries = discover_candidates(*tasks, args.candidates);
+  if (!entries.ok()) return report_error(entries.status());
+  auto evaluator = Evaluator::create(*options);
+  if (!evaluator.ok()) return report_error(evaluator.status());
+
+  SuiteRunOptions run_options;
+  run_options.jobs = default_jobs(*options);
+  run_options.compile_jobs = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  run_options.results_path = args.out;
+  if (!args.out.empty()) {
+    auto parent = std::filesystem::path(args.out).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::filesystem::remove(args.out);
+  }
+  std::cerr << fmt::format("kz: {} candidates for {} tasks from {}, device {}, {} at once\n", entries->size(),
+                           tasks->size(), args.candidates, options->device, run_options.jobs);
+  auto verdicts = run_suite(*evaluator, *tasks, *entries, run_options, std::cerr);
+  if (!verdicts.ok()) return report_error(verdicts.status());
+
+  SuiteSummary summary = summarize(*verdicts, static_cast<int>(tasks->size()));
+  if (!args.quiet) std::cout << render_verdict_table(*verdicts) << "\n";
+  std::cout << render_summary(summary);
+  if (!args.out.empty()) {
+    auto summary_path = std::filesystem::path(args.out).replace_extension(".summary.json");
+    auto written = write_file_atomic(summary_path, summary_json(summary).dump(2) + "\n");
+    if (!written.is_ok()) return report_error(written);
+    std::cout << fmt::format("results: {}  summary: {}\n", args.out, summary_path.string());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Action add_eval_suite_command(CLI::App& app) {
+  auto args = std::make_shared<SuiteArgs>();
+  auto* command = app.add_subcommand("eval-suite", "Evaluate a directory of candidates against a suite");
+  command->add_option("--suite", args->suite, "reference modules: a directory, a .py or a .jsonl")->required();
+  command->add_option("--candidates", args->candidates, "directory of <task-id>.py or <task-id>/*.py")->required();
+  command->add_option("--out", args->out, "results.jsonl to write (one verdict per line)");
+  command->add_flag("--quiet", args->quiet, "print only the summary, not the per-candidate table");
+  add_eval_flags(*command, args->flags);
+  return [args] { return run(*args); };
+}
+
+}  // namespace kz::cli

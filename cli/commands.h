@@ -1,0 +1,43 @@
+// `kz` subcommands. Each lives in its own file: it declares its flags on a CLI11 subcommand,
+// parses them into library options, calls the library and prints. Exit codes: 0 when the
+// command did its job (an evaluation that reached a verdict, pass or fail), 1 for
+// infrastructure errors, 2 for usage errors.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "kz/eval/options.h"
+
+namespace kz::cli {
+
+enum ExitCode { kExitOk = 0, kExitInfra = 1, kExitUsage = 2 };
+
+// Returns the action to run after parsing (it returns the exit code).
+using Action = std::function<int()>;
+
+Action add_eval_command(CLI::App& app);
+Action add_eval_suite_command(CLI::App& app);
+Action add_config_command(CLI::App& app);
+
+// Flags shared by every command that evaluates: declared once here.
+struct EvalFlags {
+  std::string config_path;
+  std::string device;
+  std::string format;
+  int trials = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> sizes;  // NAME=VALUE
+  bool no_timing = false;
+  int jobs = -1;
+};
+void add_eval_flags(CLI::App& command, EvalFlags& flags);
+// Defaults <- configs file (if given) <- flags. Errors name the flag or config key.
+Result<EvalOptions> resolve_eval_options(const EvalFlags& flags);
+
+// Prints "kz: <message>" on stderr and returns the exit code for the status.
+int report_error(const Status& status);
+
+}  // namespace kz::cli

@@ -1,0 +1,23 @@
+// Small filesystem helpers that report failures as Status with the path in the message.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "kz/core/status.h"
+
+namespace kz {
+
+namespace fs = std::filesystem;
+
+Result<std::string> read_file(const fs::path& path);
+// Writes to a temporary sibling then renames, so readers never see a half-written file.
+Status write_file_atomic(const fs::path& path, std::string_view content);
+// Appends one line (a '\n' is added) and flushes it to the OS, so a killed run keeps every
+// line already written (results.jsonl).
+Status append_line(const fs::path& path, std::string_view line);
+// Creates a fresh, uniquely named directory under `parent` (created if missing).
+Result<fs::path> make_unique_dir(const fs::path& parent, std::string_view prefix);
+
+}  // namespace kz

@@ -1,0 +1,61 @@
+// The evaluation engine's supervisor: evaluates one candidate against one reference task in a
+// fresh worker process and turns every outcome into a Verdict.
+//
+// The worker (worker/kz_worker, Python) runs the protocol: same init and weights, N trials on
+// fresh inputs, exact output checks, GPU timing interleaved with the reference. The supervisor
+// owns what the worker cannot be trusted with: stage deadlines (it kills the worker's process
+// group), crashes and CUDA faults (the process dies, the verdict says how), and the final word on
+// statuses. Nothing a candidate does can outlive its worker or affect the next evaluation.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "kz/core/status.h"
+#include "kz/eval/format.h"
+#include "kz/eval/options.h"
+#include "kz/eval/verdict.h"
+#include "kz/task/task.h"
+
+namespace kz {
+
+struct Candidate {
+  std::string label;   // shown in verdicts and tables: usually the file path
+  std::string source;  // the Python module text defining ModelNew
+};
+
+// A request to compile only (no correctness, no timing): used to pre-build `cuda` candidates in
+// parallel before the GPU evaluations, so the slow load_inline builds overlap.
+enum class EvalMode { full, compile_only };
+
+class Evaluator {
+ public:
+  // Fails when the options are invalid or the worker cannot be found.
+  static Result<Evaluator> create(EvalOptions options);
+
+  // Always yields a verdict for the candidate (compile errors, crashes, timeouts included);
+  // a non-ok Result means KernelZero itself could not run (e.g. spawning Python failed).
+  Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
+
+  const EvalOptions& options() const { return options_; }
+
+  // The resolved Python interpreter and worker folder.
+  const std::string& python() const { return python_; }
+  const std::filesystem::path& worker_dir() const { return worker_dir_; }
+
+ private:
+  Evaluator(EvalOptions options, std::string python, std::filesystem::path worker_dir,
+            std::filesystem::path cache_dir);
+  EvalOptions options_;
+  std::string python_;
+  std::filesystem::path worker_dir_;
+  std::filesystem::path cache_dir_;
+};
+
+// The format to evaluate a candidate in: the requested one, or the detected one for "auto".
+// nullopt: auto-detection found no known format (a format_error verdict).
+std::optional<Format> resolve_format(const std::string& requested, const std::string& source);
+
+}  // namespace kz

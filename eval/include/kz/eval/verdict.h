@@ -1,0 +1,88 @@
+// The typed outcome of one evaluation: status, the checks that fired, timings.
+//
+// Status and check names are shared with the Python worker (worker/kz_worker/verdict.py); a
+// name the C++ side does not know is an infra_error, so the two lists cannot drift apart.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kz/core/status.h"
+
+namespace kz {
+
+#define KZ_EVAL_STATUSES(X)                                                 \
+  X(ok)                /* correct (and timed, on a GPU) */                   \
+  X(compiled_not_run)  /* CPU machine: cuda/cuda-rtc sources compiled only */ \
+  X(format_error)      /* fits no kernel format / no ModelNew */              \
+  X(compile_error)     /* nvcc, NVRTC, Triton or Python syntax failed */      \
+  X(runtime_error)     /* exception, crash or CUDA fault while running */     \
+  X(incorrect)         /* ran, but a correctness check fired */              \
+  X(timeout)           /* a stage ran past its deadline */                    \
+  X(cheat_detected)    /* an anti-cheating check fired */                     \
+  X(sandbox_violation) /* the candidate broke a sandbox rule */               \
+  X(infra_error)       /* KernelZero or the reference failed, not the candidate */
+
+#define KZ_EVAL_CHECKS(X)                                                       \
+  X(no_model_new) X(python_syntax) X(kernel_compile) X(no_kernel_compiled)      \
+  X(constructor_failed) X(forward_failed) X(output_type) X(output_structure)    \
+  X(output_shape) X(output_dtype) X(output_device) X(output_not_finite)         \
+  X(output_mismatch) X(output_norm_mismatch) X(output_aliases_input)            \
+  X(input_mutated) X(wrong_after_timing) X(reference_failed)                    \
+  X(format_unrecognised) X(stage_timeout) X(worker_crashed) X(worker_protocol)
+
+enum class EvalStatus {
+#define KZ_X(name) name,
+  KZ_EVAL_STATUSES(KZ_X)
+#undef KZ_X
+};
+
+enum class Check {
+#define KZ_X(name) name,
+  KZ_EVAL_CHECKS(KZ_X)
+#undef KZ_X
+};
+
+const char* status_name(EvalStatus status);
+std::optional<EvalStatus> parse_status(std::string_view name);
+const char* check_name(Check check);
+std::optional<Check> parse_check(std::string_view name);
+
+// Median and spread of one model's timed runs, in milliseconds.
+struct TimingStats {
+  double median_ms = 0, mean_ms = 0, std_ms = 0, min_ms = 0, max_ms = 0, p10_ms = 0, p90_ms = 0;
+  int runs = 0;
+};
+
+struct Verdict {
+  std::string task_id;
+  std::string candidate;            // the candidate's file (or label)
+  std::string format;               // the format evaluated (after auto-detection)
+  std::string device;
+  EvalStatus status = EvalStatus::infra_error;
+  bool compiled = false;
+  bool correct = false;
+  std::string stage;                // the last stage entered
+  std::vector<Check> checks;        // every check that fired
+  std::string message;
+  int trials = 0, trials_passed = 0;
+  double max_abs_error = 0, max_rel_norm_error = 0;
+  std::optional<TimingStats> reference_timing, candidate_timing;
+  std::optional<double> speedup;    // reference median / candidate median, when timed
+  uint64_t seed = 0;
+  double wall_s = 0;                // the whole evaluation, process start to verdict
+
+  bool has_check(Check check) const;
+};
+
+nlohmann::json to_json(const Verdict& verdict);
+Result<Verdict> verdict_from_json(const nlohmann::json& json);
+
+// Builds the verdict for a failure the supervisor detects itself (timeout, crash, ...).
+Verdict make_verdict(EvalStatus status, std::vector<Check> checks, std::string message);
+
+}  // namespace kz

@@ -1,0 +1,199 @@
+// Suite runs: candidate discovery, a small thread pool of worker processes, summaries.
+#include "kz/eval/suite.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "kz/core/files.h"
+#include "kz/core/terminal.h"
+
+namespace kz {
+namespace fs = std::filesystem;
+namespace {
+
+Result<Candidate> read_candidate(const fs::path& path) {
+  auto source = read_file(path);
+  if (!source.ok()) return source.status();
+  return Candidate{path.string(), std::move(*source)};
+}
+
+std::vector<fs::path> sorted_entries(const fs::path& dir) {
+  std::vector<fs::path> paths;
+  for (const auto& entry : fs::directory_iterator(dir)) paths.push_back(entry.path());
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+// Runs `work(i)` for i in [0, count) on `jobs` threads; stops handing out work after a failure.
+Status parallel_for(size_t count, int jobs, const std::function<Status(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  Status first_error;
+  std::mutex error_mutex;
+  auto loop = [&] {
+    for (size_t i; !failed && (i = next++) < count;) {
+      Status status = work(i);
+      if (!status.is_ok()) {
+        std::lock_guard lock(error_mutex);
+        if (!failed.exchange(true)) first_error = status;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < std::max(1, jobs); ++t) threads.emplace_back(loop);
+  loop();
+  for (auto& thread : threads) thread.join();
+  return first_error;
+}
+
+// Builds `cuda` candidates in parallel (compile-only workers) so that the GPU evaluations that
+// follow find their extensions in the shared build cache instead of compiling one by one.
+Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
+                     int jobs, std::ostream& out) {
+  std::vector<size_t> cuda_entries;
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (resolve_format(evaluator.options().format, entries[i].candidate.source) == Format::cuda)
+      cuda_entries.push_back(i);
+  if (cuda_entries.empty()) return Status::ok();
+  ProgressBar bar("prebuild cuda", cuda_entries.size(), out);
+  std::mutex bar_mutex;
+  return parallel_for(cuda_entries.size(), jobs, [&](size_t k) -> Status {
+    const auto& entry = entries[cuda_entries[k]];
+    auto verdict = evaluator.evaluate(tasks[entry.task_index], entry.candidate, EvalMode::compile_only);
+    if (!verdict.ok()) return verdict.status();
+    std::lock_guard lock(bar_mutex);
+    bar.advance(tasks[entry.task_index].id + " " + status_name(verdict->status));
+    return Status::ok();
+  });
+}
+
+}  // namespace
+
+Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return not_found(fmt::format("candidate directory {} does not exist", dir.string()));
+  std::map<std::string, size_t> task_index;
+  for (size_t i = 0; i < tasks.size(); ++i) task_index[tasks[i].id] = i;
+  std::vector<SuiteEntry> entries;
+  for (const auto& path : sorted_entries(dir)) {
+    bool is_dir = fs::is_directory(path);
+    if (!is_dir && path.extension() != ".py") continue;
+    std::string id = is_dir ? path.filename().string() : path.stem().string();
+    auto it = task_index.find(id);
+    if (it == task_index.end())
+      return invalid_argument(fmt::format("candidate {} names no task in the suite (task ids are file stems)",
+                                          path.string()));
+    std::vector<fs::path> files = is_dir ? sorted_entries(path) : std::vector<fs::path>{path};
+    for (const auto& file : files) {
+      if (file.extension() != ".py") continue;
+      auto candidate = read_candidate(file);
+      if (!candidate.ok()) return candidate.status();
+      entries.push_back({it->second, std::move(*candidate)});
+    }
+  }
+  if (entries.empty()) return not_found(fmt::format("no candidates (*.py) in {}", dir.string()));
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const SuiteEntry& a, const SuiteEntry& b) { return a.task_index < b.task_index; });
+  return entries;
+}
+
+Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::vector<Task>& tasks,
+                                       const std::vector<SuiteEntry>& entries, const SuiteRunOptions& options,
+                                       std::ostream& progress_out) {
+  if (evaluator.options().device != "cpu")
+    KZ_RETURN_IF_ERROR(prebuild_cuda(evaluator, tasks, entries, options.compile_jobs, progress_out));
+  std::vector<Verdict> verdicts(entries.size());
+  ProgressBar bar("eval", entries.size(), progress_out);
+  std::mutex mutex;
+  Status status = parallel_for(entries.size(), options.jobs, [&](size_t i) -> Status {
+    const auto& entry = entries[i];
+    auto verdict = evaluator.evaluate(tasks[entry.task_index], entry.candidate);
+    if (!verdict.ok()) return verdict.status();
+    std::lock_guard lock(mutex);
+    if (!options.results_path.empty())
+      KZ_RETURN_IF_ERROR(append_line(options.results_path, to_json(*verdict).dump()));
+    std::string note = fmt::format("{} {}", verdict->task_id, status_name(verdict->status));
+    if (verdict->speedup) note += fmt::format(" {:.2f}x", *verdict->speedup);
+    bar.advance(note);
+    verdicts[i] = std::move(*verdict);
+    return Status::ok();
+  });
+  bar.finish();
+  if (!status.is_ok()) return status;
+  return verdicts;
+}
+
+SuiteSummary summarize(const std::vector<Verdict>& verdicts, int tasks) {
+  SuiteSummary s;
+  s.tasks = tasks;
+  s.candidates = static_cast<int>(verdicts.size());
+  std::map<std::string, int> tasks_seen;
+  std::map<EvalStatus, int> counts;
+  double log_sum = 0;
+  for (const auto& v : verdicts) {
+    tasks_seen[v.task_id]++;
+    counts[v.status]++;
+    s.compiled += v.compiled;
+    s.correct += v.correct;
+    if (v.correct && v.speedup && *v.speedup > 0) {
+      s.timed++;
+      s.faster += *v.speedup > 1.0;
+      log_sum += std::log(*v.speedup);
+    }
+  }
+  s.tasks_with_candidates = static_cast<int>(tasks_seen.size());
+  s.geomean_speedup = s.timed ? std::exp(log_sum / s.timed) : 0;
+  for (const auto& [status, count] : counts) s.status_counts.emplace_back(status_name(status), count);
+  return s;
+}
+
+nlohmann::json summary_json(const SuiteSummary& s) {
+  nlohmann::json counts = nlohmann::json::object();
+  for (const auto& [name, count] : s.status_counts) counts[name] = count;
+  return {{"tasks", s.tasks},
+          {"tasks_with_candidates", s.tasks_with_candidates},
+          {"candidates", s.candidates},
+          {"compiled", s.compiled},
+          {"correct", s.correct},
+          {"timed", s.timed},
+          {"pass_rate", s.pass_rate()},
+          {"compile_rate", s.compile_rate()},
+          {"fast_1", s.fast_1()},
+          {"geomean_speedup", s.timed ? nlohmann::json(s.geomean_speedup) : nlohmann::json(nullptr)},
+          {"status_counts", counts}};
+}
+
+std::string render_summary(const SuiteSummary& s) {
+  Table table({"candidates", "compiled", "correct", "pass rate", "compile rate", "geomean speedup", "fast_1"});
+  table.add_row({std::to_string(s.candidates), std::to_string(s.compiled), std::to_string(s.correct),
+                 fmt::format("{:.1f}%", 100 * s.pass_rate()), fmt::format("{:.1f}%", 100 * s.compile_rate()),
+                 s.timed ? fmt::format("{:.3f}x", s.geomean_speedup) : "n/a (not timed)",
+                 s.timed ? fmt::format("{:.1f}%", 100 * s.fast_1()) : "n/a"});
+  std::string statuses;
+  for (const auto& [name, count] : s.status_counts) statuses += fmt::format("  {}: {}", name, count);
+  return table.render() + "statuses:" + statuses + "\n";
+}
+
+std::string render_verdict_table(const std::vector<Verdict>& verdicts) {
+  Table table({"task", "format", "status", "speedup", "cand ms", "ref ms", "spread", "checks"});
+  for (const auto& v : verdicts) {
+    std::string checks;
+    for (Check c : v.checks) checks += (checks.empty() ? "" : ",") + std::string(check_name(c));
+    std::string spread = v.candidate_timing && v.candidate_timing->median_ms > 0
+                             ? fmt::format("{:.1f}%", 100 * (v.candidate_timing->p90_ms - v.candidate_timing->p10_ms) /
+                                                          v.candidate_timing->median_ms)
+                             : "";
+    table.add_row({v.task_id, v.format, status_name(v.status), v.speedup ? fmt::format("{:.3f}x", *v.speedup) : "",
+                   v.candidate_timing ? fmt::format("{:.4f}", v.candidate_timing->median_ms) : "",
+                   v.reference_timing ? fmt::format("{:.4f}", v.reference_timing->median_ms) : "", spread, checks});
+  }
+  return table.render();
+}
+
+}  // namespace kz

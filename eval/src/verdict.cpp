@@ -1,0 +1,127 @@
+// Verdict names and JSON conversion.
+#include "kz/eval/verdict.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+namespace kz {
+namespace {
+
+constexpr std::array kStatusNames = {
+#define KZ_X(name) #name,
+    KZ_EVAL_STATUSES(KZ_X)
+#undef KZ_X
+};
+constexpr std::array kCheckNames = {
+#define KZ_X(name) #name,
+    KZ_EVAL_CHECKS(KZ_X)
+#undef KZ_X
+};
+
+template <class Enum, size_t N>
+std::optional<Enum> find_name(const std::array<const char*, N>& names, std::string_view name) {
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<Enum>(i);
+  return std::nullopt;
+}
+
+nlohmann::json timing_json(const TimingStats& t) {
+  return {{"median_ms", t.median_ms}, {"mean_ms", t.mean_ms}, {"std_ms", t.std_ms}, {"min_ms", t.min_ms},
+          {"max_ms", t.max_ms},       {"p10_ms", t.p10_ms},   {"p90_ms", t.p90_ms}, {"runs", t.runs}};
+}
+
+TimingStats timing_from_json(const nlohmann::json& j) {
+  TimingStats t;
+  t.median_ms = j.value("median_ms", 0.0);
+  t.mean_ms = j.value("mean_ms", 0.0);
+  t.std_ms = j.value("std_ms", 0.0);
+  t.min_ms = j.value("min_ms", 0.0);
+  t.max_ms = j.value("max_ms", 0.0);
+  t.p10_ms = j.value("p10_ms", 0.0);
+  t.p90_ms = j.value("p90_ms", 0.0);
+  t.runs = j.value("runs", 0);
+  return t;
+}
+
+// A JSON number, or 0 for null (NaN/Inf travel as null).
+double number_or_zero(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+}  // namespace
+
+const char* status_name(EvalStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
+std::optional<EvalStatus> parse_status(std::string_view name) { return find_name<EvalStatus>(kStatusNames, name); }
+const char* check_name(Check check) { return kCheckNames[static_cast<size_t>(check)]; }
+std::optional<Check> parse_check(std::string_view name) { return find_name<Check>(kCheckNames, name); }
+
+bool Verdict::has_check(Check check) const {
+  return std::find(checks.begin(), checks.end(), check) != checks.end();
+}
+
+Verdict make_verdict(EvalStatus status, std::vector<Check> checks, std::string message) {
+  Verdict v;
+  v.status = status;
+  v.checks = std::move(checks);
+  v.message = std::move(message);
+  return v;
+}
+
+nlohmann::json to_json(const Verdict& v) {
+  nlohmann::json checks = nlohmann::json::array();
+  for (Check c : v.checks) checks.push_back(check_name(c));
+  nlohmann::json j = {
+      {"task_id", v.task_id},       {"candidate", v.candidate},         {"format", v.format},
+      {"device", v.device},         {"status", status_name(v.status)},  {"compiled", v.compiled},
+      {"correct", v.correct},       {"stage", v.stage},                 {"checks", checks},
+      {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
+      {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
+      {"seed", v.seed},             {"wall_s", v.wall_s}};
+  j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
+  j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
+  j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
+  if (v.candidate_timing && v.reference_timing)
+    j["timing"] = {{"candidate", timing_json(*v.candidate_timing)}, {"reference", timing_json(*v.reference_timing)}};
+  else
+    j["timing"] = nullptr;
+  return j;
+}
+
+Result<Verdict> verdict_from_json(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("status") || !j["status"].is_string())
+    return parse_error("verdict has no string `status`");
+  Verdict v;
+  auto status = parse_status(j["status"].get<std::string>());
+  if (!status) return parse_error(fmt::format("unknown verdict status '{}'", j["status"].get<std::string>()));
+  v.status = *status;
+  for (const auto& name : j.value("checks", nlohmann::json::array())) {
+    auto check = name.is_string() ? parse_check(name.get<std::string>()) : std::nullopt;
+    if (!check) return parse_error(fmt::format("unknown check name {}", name.dump()));
+    v.checks.push_back(*check);
+  }
+  v.task_id = j.value("task_id", "");
+  v.candidate = j.value("candidate", "");
+  v.format = j.value("format", "");
+  v.device = j.value("device", "");
+  v.compiled = j.value("compiled", false);
+  v.correct = j.value("correct", false);
+  v.stage = j.value("stage", "");
+  v.message = j.value("message", "");
+  v.trials = j.value("trials", 0);
+  v.trials_passed = j.value("trials_passed", 0);
+  v.max_abs_error = number_or_zero(j, "max_abs_error");
+  v.max_rel_norm_error = number_or_zero(j, "max_rel_norm_error");
+  v.seed = j.value("seed", uint64_t{0});
+  v.wall_s = number_or_zero(j, "wall_s");
+  if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
+  if (j.contains("timing") && j["timing"].is_object()) {
+    const auto& t = j["timing"];
+    if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);
+    if (t.contains("reference")) v.reference_timing = timing_from_json(t["reference"]);
+  }
+  return v;
+}
+
+}  // namespace kz

@@ -1,0 +1,374 @@
+// Integration tests of the evaluation engine: the real supervisor (kz::Evaluator) driving the real
+// Python worker on device "cpu", one fixture candidate per failure mode.
+//
+// Fixtures live in eval/tests/fixtures/ (each says in its docstring what it should trigger); the
+// correct candidates are the suite's own examples. On the CPU, triton candidates run under the
+// Triton interpreter, cuda-rtc candidates are compiled by NVRTC only, and cuda (load_inline)
+// candidates really build with nvcc: those are slow (minutes) and are compiled into a separate
+// target, eval_cuda_compile_test (this file built with KZ_CUDA_COMPILE_TESTS, label "slow").
+//
+// Needs KZ_SOURCE_DIR (CTest sets it) to find the suite and fixtures.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+
+#include "kz/core/files.h"
+#include "kz/eval/evaluator.h"
+#include "kz/task/task.h"
+
+namespace kz {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir() {
+  const char* dir = std::getenv("KZ_SOURCE_DIR");
+  return dir && *dir ? fs::path(dir) : fs::path();
+}
+
+class EvaluatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (source_dir().empty()) GTEST_FAIL() << "KZ_SOURCE_DIR is not set (run through ctest)";
+  }
+
+  // Default options (device cpu, format auto), but few trials to keep the interpreter quick.
+  static EvalOptions options(int trials = 2) {
+    EvalOptions o;
+    o.trials = trials;
+    return o;
+  }
+
+  static Evaluator make_evaluator(const EvalOptions& o) {
+    auto evaluator = Evaluator::create(o);
+    if (!evaluator.ok()) {
+      ADD_FAILURE() << "Evaluator::create: " << evaluator.status().to_string();
+      std::abort();
+    }
+    return std::move(evaluator).value();
+  }
+
+  static Task reference(const std::string& relative) {
+    auto task = load_task_file(source_dir() / relative);
+    if (!task.ok()) {
+      ADD_FAILURE() << "load_task_file(" << relative << "): " << task.status().to_string();
+      return Task{};
+    }
+    return *task;
+  }
+
+  static Candidate candidate(const std::string& relative) {
+    auto source = read_file(source_dir() / relative);
+    if (!source.ok()) ADD_FAILURE() << "read_file(" << relative << "): " << source.status().to_string();
+    return Candidate{relative, source.ok() ? *source : std::string()};
+  }
+
+  static Verdict evaluate(const Evaluator& evaluator, const std::string& ref, const std::string& cand,
+                          EvalMode mode = EvalMode::full) {
+    auto verdict = evaluator.evaluate(reference(ref), candidate(cand), mode);
+    if (!verdict.ok()) {
+      ADD_FAILURE() << "evaluate(" << cand << ") could not run: " << verdict.status().to_string();
+      return make_verdict(EvalStatus::infra_error, {}, verdict.status().message());
+    }
+    return *verdict;
+  }
+
+  static Verdict evaluate(const std::string& ref, const std::string& cand, EvalOptions o = options()) {
+    return evaluate(make_evaluator(o), ref, cand);
+  }
+};
+
+constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
+constexpr const char* kTritonRelu = "suite/examples/triton/02_relu.py";
+const std::string kFixtures = "eval/tests/fixtures/";
+
+// The whole verdict, for failure messages.
+std::string dump(const Verdict& v) { return to_json(v).dump(2); }
+
+void expect_ok(const Verdict& v) {
+  EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
+  EXPECT_TRUE(v.checks.empty()) << dump(v);
+  EXPECT_TRUE(v.correct) << dump(v);
+  EXPECT_TRUE(v.compiled) << dump(v);
+  EXPECT_EQ(v.trials_passed, v.trials) << dump(v);
+  EXPECT_FALSE(v.speedup.has_value()) << "no timing on the CPU\n" << dump(v);
+}
+
+// The status, and that each listed check fired (others may fire too).
+void expect_verdict(const Verdict& v, EvalStatus status, std::initializer_list<Check> checks) {
+  EXPECT_EQ(status_name(v.status), std::string(status_name(status))) << dump(v);
+  for (Check c : checks) EXPECT_TRUE(v.has_check(c)) << "check " << check_name(c) << " did not fire\n" << dump(v);
+  EXPECT_FALSE(v.correct) << dump(v);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+#ifndef KZ_CUDA_COMPILE_TESTS
+
+// ---- construction ------------------------------------------------------------------------------
+
+TEST_F(EvaluatorTest, CreateFailsForMissingWorkerDir) {
+  EvalOptions o = options();
+  o.worker.worker_dir = "/nonexistent/kz-worker";
+  auto evaluator = Evaluator::create(o);
+  ASSERT_FALSE(evaluator.ok());
+  EXPECT_TRUE(contains(evaluator.status().message(), "worker")) << evaluator.status().message();
+}
+
+TEST_F(EvaluatorTest, CreateFailsForMissingPython) {
+  EvalOptions o = options();
+  o.worker.python = "/nonexistent/bin/python";
+  auto evaluator = Evaluator::create(o);
+  ASSERT_FALSE(evaluator.ok());
+  EXPECT_TRUE(contains(evaluator.status().message(), "/nonexistent/bin/python")) << evaluator.status().message();
+}
+
+// ---- triton: correct and wrong -----------------------------------------------------------------
+
+TEST_F(EvaluatorTest, TritonCorrectIsOk) {
+  Verdict v = evaluate(kRelu, kTritonRelu);
+  expect_ok(v);
+  EXPECT_EQ(v.format, "triton");
+  EXPECT_EQ(v.device, "cpu");
+  EXPECT_EQ(v.task_id, "02_relu");
+  EXPECT_EQ(v.trials, 2);
+  EXPECT_EQ(v.stage, "correctness");
+  EXPECT_NE(v.seed, 0u) << "a fresh seed is drawn when none is fixed";
+  EXPECT_LE(v.max_abs_error, 1e-6);
+}
+
+TEST_F(EvaluatorTest, TritonWrongValuesAreIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_wrong.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});
+  EXPECT_EQ(v.stage, "correctness");
+  EXPECT_EQ(v.trials_passed, 0);
+  EXPECT_TRUE(v.compiled) << dump(v);  // it ran: only the values are wrong
+}
+
+TEST_F(EvaluatorTest, TritonExceptionInForwardIsRuntimeError) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_raises.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "kz-fixture: deliberate failure in forward")) << v.message;
+}
+
+// Under TRITON_INTERPRET=1 there is no Triton frontend: the unknown tl function only fails while
+// the kernel is interpreted in forward, as an AttributeError wrapped in
+// triton.runtime.errors.InterpreterError. The worker classifies that as compile_error (as on a GPU,
+// where the frontend raises a CompilationError), not as a runtime error of forward.
+TEST_F(EvaluatorTest, TritonKernelFrontendErrorIsCompileError) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_compile_error.py");
+  expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
+  EXPECT_FALSE(v.has_check(Check::forward_failed)) << dump(v);
+  EXPECT_TRUE(contains(v.message, "relu_does_not_exist")) << v.message;
+}
+
+// ---- hangs and crashes: the supervisor's job ---------------------------------------------------
+
+TEST_F(EvaluatorTest, HangingForwardTimesOutAndNextEvaluationIsOk) {
+  EvalOptions o = options();
+  o.timeouts.correctness_s = 5;
+  Evaluator evaluator = make_evaluator(o);
+
+  auto started = std::chrono::steady_clock::now();
+  Verdict v = evaluate(evaluator, kRelu, kFixtures + "triton_hang.py");
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  expect_verdict(v, EvalStatus::timeout, {Check::stage_timeout});
+  EXPECT_EQ(v.stage, "correctness") << dump(v);
+  EXPECT_TRUE(contains(v.message, "correctness")) << v.message;
+  EXPECT_LT(elapsed, 30.0) << "the worker must be killed at the 5 s deadline";
+  EXPECT_GE(elapsed, 5.0) << "the deadline cannot pass before 5 s";
+
+  expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
+}
+
+TEST_F(EvaluatorTest, SegfaultingWorkerIsRuntimeErrorAndNextEvaluationIsOk) {
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate(evaluator, kRelu, kFixtures + "triton_segfault.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::worker_crashed});
+  EXPECT_EQ(v.stage, "correctness") << dump(v);
+  EXPECT_TRUE(contains(v.message, "signal 11") || contains(v.message, "Segmentation")) << v.message;
+
+  expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
+}
+
+// ---- malformed candidates ----------------------------------------------------------------------
+
+TEST_F(EvaluatorTest, NoModelNewIsFormatError) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_no_model_new.py");
+  expect_verdict(v, EvalStatus::format_error, {Check::no_model_new});
+  EXPECT_EQ(v.format, "triton");
+}
+
+TEST_F(EvaluatorTest, InvalidPythonIsCompileError) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_syntax_error.py");
+  expect_verdict(v, EvalStatus::compile_error, {Check::python_syntax});
+  EXPECT_TRUE(contains(v.message, "line 10")) << "the message points at the syntax error\n" << v.message;
+}
+
+TEST_F(EvaluatorTest, NoKernelFormatUnderAutoIsFormatError) {
+  Verdict v = evaluate(kRelu, kFixtures + "no_kernel_format.py");
+  expect_verdict(v, EvalStatus::format_error, {Check::format_unrecognised});
+}
+
+// ---- inputs must not change --------------------------------------------------------------------
+
+TEST_F(EvaluatorTest, KernelWritingIntoItsInputIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_inplace_returns_input.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::input_mutated});
+}
+
+TEST_F(EvaluatorTest, CorrectOutputButMutatedInputIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_mutates_input.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::input_mutated});
+}
+
+// ---- output checks -----------------------------------------------------------------------------
+
+// The reference is x * 1e-6: all zeros are within atol=1e-4 elementwise, so only the
+// relative-norm rule can catch them.
+TEST_F(EvaluatorTest, ZerosForNearZeroReferenceFailTheNormCheck) {
+  Verdict v = evaluate(kFixtures + "ref_tiny_output.py", kFixtures + "triton_zeros.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_norm_mismatch});
+  EXPECT_FALSE(v.has_check(Check::output_mismatch)) << "elementwise it is within atol\n" << dump(v);
+}
+
+TEST_F(EvaluatorTest, WrongShapeIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_wrong_shape.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_shape});
+}
+
+TEST_F(EvaluatorTest, WrongDtypeIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_wrong_dtype.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_dtype});
+}
+
+TEST_F(EvaluatorTest, TensorSubclassOutputIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_tensor_subclass.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_type});
+}
+
+TEST_F(EvaluatorTest, NaNInOutputIsIncorrect) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_nan.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_not_finite});
+}
+
+// ---- tampering ---------------------------------------------------------------------------------
+
+// torch.allclose / torch.equal / Tensor.__eq__ ... patched at import: the harness compares with its
+// own float64 arithmetic, so the wrong output is still caught, and the next worker is clean.
+TEST_F(EvaluatorTest, PatchingTorchComparisonsDoesNotHideWrongOutput) {
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate(evaluator, kRelu, kFixtures + "triton_patches_torch.py");
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});
+  expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
+}
+
+// KNOWN GAPS (disabled; run with --gtest_also_run_disabled_tests): the candidate runs in the
+// worker's own Python process, so it can patch what the harness itself calls, or the reference's
+// ops, or forge the verdict message. Each of these currently gets status ok with a wrong output.
+TEST_F(EvaluatorTest, DISABLED_PatchingTensorMethodsUsedByTheHarnessIsCaught) {
+  Verdict v = evaluate(kRelu, kFixtures + "cheat_patches_tensor_methods.py");
+  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+}
+
+TEST_F(EvaluatorTest, DISABLED_PatchingAnOpTheReferenceCallsIsCaught) {
+  Verdict v = evaluate(kRelu, kFixtures + "cheat_patches_reference_op.py");
+  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+}
+
+TEST_F(EvaluatorTest, DISABLED_TorchFunctionModeLeftActiveIsCaught) {
+  Verdict v = evaluate(kRelu, kFixtures + "cheat_torch_function_mode.py");
+  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+}
+
+TEST_F(EvaluatorTest, DISABLED_ForgedResultMessageIsRejected) {
+  Verdict v = evaluate(kRelu, kFixtures + "cheat_forges_result.py");
+  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+}
+
+// ---- torch format (never auto-detected: asked for with format = "torch") -----------------------
+
+TEST_F(EvaluatorTest, ReferenceAsTorchCandidateIsOk) {
+  EvalOptions o = options();
+  o.format = "torch";
+  Verdict v = evaluate(kRelu, kRelu, o);  // no ModelNew: the worker uses its Model
+  expect_ok(v);
+  EXPECT_EQ(v.format, "torch");
+}
+
+TEST_F(EvaluatorTest, WrongTorchCandidateIsIncorrect) {
+  EvalOptions o = options();
+  o.format = "torch";
+  Verdict v = evaluate(kRelu, kFixtures + "torch_wrong.py", o);
+  expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});
+  EXPECT_EQ(v.format, "torch");
+}
+
+// ---- cuda-rtc: NVRTC compiles for real, nothing runs without a GPU -----------------------------
+
+TEST_F(EvaluatorTest, CudaRtcCorrectIsCompiledNotRun) {
+  Verdict v = evaluate(kRelu, "suite/examples/cuda-rtc/02_relu.py");
+  EXPECT_EQ(status_name(v.status), std::string("compiled_not_run")) << dump(v);
+  EXPECT_EQ(v.format, "cuda-rtc");
+  EXPECT_TRUE(v.compiled) << dump(v);
+  EXPECT_FALSE(v.correct) << "never claimed correct without running\n" << dump(v);
+  EXPECT_TRUE(v.checks.empty()) << dump(v);
+  EXPECT_TRUE(contains(v.message, "NVRTC")) << v.message;
+}
+
+TEST_F(EvaluatorTest, CudaRtcSyntaxErrorIsCompileErrorWithNvrtcLog) {
+  Verdict v = evaluate(kRelu, kFixtures + "cuda_rtc_compile_error.py");
+  expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
+  EXPECT_FALSE(v.compiled) << dump(v);
+  // NVRTC's own log: file name, line and diagnostic.
+  EXPECT_TRUE(contains(v.message, "kz_fixture_bad_relu.cu")) << v.message;
+  EXPECT_TRUE(contains(v.message, "error")) << v.message;
+}
+
+TEST_F(EvaluatorTest, CudaRtcWithoutModelNewIsFormatError) {
+  Verdict v = evaluate(kRelu, kFixtures + "cuda_rtc_no_model_new.py");
+  expect_verdict(v, EvalStatus::format_error, {Check::no_model_new});
+  EXPECT_EQ(v.format, "cuda-rtc");
+}
+
+TEST_F(EvaluatorTest, CudaRtcThatCompilesNothingIsFormatError) {
+  Verdict v = evaluate(kRelu, kFixtures + "cuda_rtc_no_kernel.py");
+  expect_verdict(v, EvalStatus::format_error, {Check::no_kernel_compiled});
+}
+
+#else  // KZ_CUDA_COMPILE_TESTS: eval_cuda_compile_test, slow (nvcc through load_inline)
+
+bool have_nvcc() {
+  const char* cuda_home = std::getenv("CUDA_HOME");
+  if (cuda_home && fs::exists(fs::path(cuda_home) / "bin" / "nvcc")) return true;
+  return fs::exists("/usr/local/cuda/bin/nvcc") || std::system("command -v nvcc > /dev/null 2>&1") == 0;
+}
+
+TEST_F(EvaluatorTest, CudaSyntaxErrorIsCompileError) {
+  if (!have_nvcc()) GTEST_SKIP() << "nvcc not found";
+  Verdict v = evaluate(kRelu, kFixtures + "cuda_compile_error.py");
+  expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
+  EXPECT_EQ(v.format, "cuda");
+  EXPECT_FALSE(v.compiled) << dump(v);
+  EXPECT_TRUE(contains(v.message, "Error building extension")) << v.message;
+}
+
+TEST_F(EvaluatorTest, CudaCorrectIsCompiledNotRun) {
+  if (!have_nvcc()) GTEST_SKIP() << "nvcc not found";
+  Verdict v = evaluate(kRelu, "suite/examples/cuda/02_relu.py");
+  EXPECT_EQ(status_name(v.status), std::string("compiled_not_run")) << dump(v);
+  EXPECT_EQ(v.format, "cuda");
+  EXPECT_TRUE(v.compiled) << dump(v);
+  EXPECT_FALSE(v.correct) << dump(v);
+  EXPECT_TRUE(v.checks.empty()) << dump(v);
+  EXPECT_TRUE(contains(v.message, "nvcc")) << v.message;
+}
+
+#endif
+
+}  // namespace
+}  // namespace kz

@@ -1,0 +1,86 @@
+// EvalOptions: TOML overrides, validation, and the printed configuration.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "kz/eval/options.h"
+
+namespace kz {
+namespace {
+
+TEST(Options, DefaultsValidate) { EXPECT_TRUE(EvalOptions{}.validate().is_ok()); }
+
+TEST(Options, TomlOverridesNestedKeys) {
+  EvalOptions o;
+  auto status = apply_toml_text(R"(
+device = "cuda:1"
+trials = 7
+[timing]
+runs = 31
+[tolerance]
+atol_fp32 = 0.001
+[size_overrides]
+batch_size = 4
+)", "test", o);
+  ASSERT_TRUE(status.is_ok()) << status.to_string();
+  EXPECT_EQ(o.device, "cuda:1");
+  EXPECT_EQ(o.trials, 7);
+  EXPECT_EQ(o.timing.runs, 31);
+  EXPECT_DOUBLE_EQ(o.tolerance.atol_fp32, 0.001);
+  EXPECT_EQ(o.size_overrides.at("batch_size"), 4);
+}
+
+TEST(Options, UnknownKeysAndWrongTypesAreNamed) {
+  EvalOptions o;
+  auto unknown = apply_toml_text("[timing]\nrunz = 3\n", "cfg.toml", o);
+  ASSERT_FALSE(unknown.is_ok());
+  EXPECT_NE(unknown.message().find("timing.runz"), std::string::npos) << unknown.message();
+  EXPECT_NE(unknown.message().find("cfg.toml"), std::string::npos);
+  auto typed = apply_toml_text("trials = \"five\"\n", "cfg.toml", o);
+  ASSERT_FALSE(typed.is_ok());
+  EXPECT_NE(typed.message().find("trials"), std::string::npos);
+}
+
+TEST(Options, SyntaxErrorsGiveLineNumbers) {
+  EvalOptions o;
+  auto status = apply_toml_text("trials = 3\n[timing\n", "broken.toml", o);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("broken.toml:2"), std::string::npos) << status.message();
+}
+
+TEST(Options, InvalidValuesAreRejected) {
+  EvalOptions o;
+  EXPECT_FALSE(apply_toml_text("trials = 0\n", "t", o).is_ok());
+  EvalOptions p;
+  EXPECT_FALSE(apply_toml_text("device = \"tpu\"\n", "t", p).is_ok());
+  EvalOptions q;
+  EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
+}
+
+TEST(Options, PrintedConfigParsesBackToTheSameValues) {
+  EvalOptions o;
+  o.trials = 9;
+  o.timing.l2_flush_mb = 128;
+  o.tolerance.norm_tol_half = 0.5;
+  o.size_overrides["dim"] = 64;
+  std::string text = to_toml(o);
+  EvalOptions back;
+  auto status = apply_toml_text(text, "printed", back);
+  ASSERT_TRUE(status.is_ok()) << status.to_string() << "\n" << text;
+  EXPECT_EQ(back.trials, 9);
+  EXPECT_EQ(back.timing.l2_flush_mb, 128);
+  EXPECT_DOUBLE_EQ(back.tolerance.norm_tol_half, 0.5);
+  EXPECT_EQ(back.size_overrides.at("dim"), 64);
+}
+
+TEST(Options, ShippedConfigFileMatchesTheDefaults) {
+  const char* source_dir = std::getenv("KZ_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr);
+  EvalOptions from_file;
+  auto status = apply_toml_file(std::filesystem::path(source_dir) / "configs" / "eval.toml", from_file);
+  ASSERT_TRUE(status.is_ok()) << status.to_string();
+  EXPECT_EQ(to_toml(from_file), to_toml(EvalOptions{}));
+}
+
+}  // namespace
+}  // namespace kz

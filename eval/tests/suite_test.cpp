@@ -1,0 +1,70 @@
+// Suite summaries (pass rate, compile rate, geometric-mean speedup, fast_1) and discovery.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kz/core/files.h"
+#include "kz/eval/suite.h"
+
+namespace kz {
+namespace {
+
+Verdict timed(const std::string& task, double speedup) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "");
+  v.task_id = task;
+  v.compiled = v.correct = true;
+  v.speedup = speedup;
+  return v;
+}
+
+TEST(SuiteSummary, CountsRatesAndGeomean) {
+  Verdict wrong = make_verdict(EvalStatus::incorrect, {Check::output_mismatch}, "");
+  wrong.task_id = "c";
+  wrong.compiled = true;
+  Verdict broken = make_verdict(EvalStatus::compile_error, {Check::kernel_compile}, "");
+  broken.task_id = "d";
+  auto s = summarize({timed("a", 2.0), timed("b", 0.5), wrong, broken}, 5);
+  EXPECT_EQ(s.candidates, 4);
+  EXPECT_EQ(s.tasks, 5);
+  EXPECT_EQ(s.tasks_with_candidates, 4);
+  EXPECT_DOUBLE_EQ(s.pass_rate(), 0.5);
+  EXPECT_DOUBLE_EQ(s.compile_rate(), 0.75);
+  EXPECT_NEAR(s.geomean_speedup, 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(s.fast_1(), 0.25);
+  auto json = summary_json(s);
+  EXPECT_EQ(json["status_counts"]["ok"], 2);
+  EXPECT_EQ(json["status_counts"]["compile_error"], 1);
+  EXPECT_NE(render_summary(s).find("50.0%"), std::string::npos);
+}
+
+TEST(SuiteSummary, UntimedRunsHaveNoSpeedup) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "");
+  v.correct = v.compiled = true;
+  auto s = summarize({v}, 1);
+  EXPECT_EQ(s.timed, 0);
+  EXPECT_TRUE(summary_json(s)["geomean_speedup"].is_null());
+}
+
+TEST(SuiteDiscovery, PairsFilesAndFoldersWithTasks) {
+  auto dir = *make_unique_dir(std::filesystem::temp_directory_path(), "kz-suite-test-");
+  std::vector<Task> tasks = {{"a", "", "", 1, {}}, {"b", "", "", 1, {}}};
+  ASSERT_TRUE(write_file_atomic(dir / "a.py", "A").is_ok());
+  std::filesystem::create_directories(dir / "b");
+  ASSERT_TRUE(write_file_atomic(dir / "b" / "s1.py", "B1").is_ok());
+  ASSERT_TRUE(write_file_atomic(dir / "b" / "s0.py", "B0").is_ok());
+  ASSERT_TRUE(write_file_atomic(dir / "README.md", "ignored").is_ok());
+  auto entries = discover_candidates(tasks, dir);
+  ASSERT_TRUE(entries.ok()) << entries.status().to_string();
+  ASSERT_EQ(entries->size(), 3u);
+  EXPECT_EQ((*entries)[0].candidate.source, "A");
+  EXPECT_EQ((*entries)[1].candidate.source, "B0");
+  EXPECT_EQ((*entries)[2].task_index, 1u);
+  ASSERT_TRUE(write_file_atomic(dir / "typo.py", "X").is_ok());
+  auto bad = discover_candidates(tasks, dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("typo.py"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kz

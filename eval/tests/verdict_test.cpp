@@ -1,0 +1,52 @@
+// Verdict names and JSON round trips; unknown names from the worker are refused.
+#include <gtest/gtest.h>
+
+#include "kz/eval/verdict.h"
+
+namespace kz {
+namespace {
+
+TEST(Verdict, StatusAndCheckNamesRoundTrip) {
+  for (auto s : {EvalStatus::ok, EvalStatus::compiled_not_run, EvalStatus::timeout, EvalStatus::infra_error})
+    EXPECT_EQ(parse_status(status_name(s)), s);
+  for (auto c : {Check::output_norm_mismatch, Check::input_mutated, Check::worker_crashed})
+    EXPECT_EQ(parse_check(check_name(c)), c);
+  EXPECT_FALSE(parse_status("great"));
+  EXPECT_FALSE(parse_check("looks_fine"));
+}
+
+TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {
+  Verdict v = make_verdict(EvalStatus::incorrect, {Check::output_mismatch, Check::input_mutated}, "bad");
+  v.task_id = "02_relu";
+  v.compiled = true;
+  v.candidate_timing = TimingStats{2.0, 2.1, 0.1, 1.9, 2.5, 1.95, 2.3, 100};
+  v.reference_timing = TimingStats{4.0, 4.1, 0.1, 3.9, 4.5, 3.95, 4.3, 100};
+  v.speedup = 2.0;
+  auto json = to_json(v);
+  EXPECT_EQ(json["status"], "incorrect");
+  EXPECT_EQ(json["runtime_ms"], 2.0);
+  EXPECT_EQ(json["ref_runtime_ms"], 4.0);
+  EXPECT_EQ(json["checks"][1], "input_mutated");
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->checks, v.checks);
+  EXPECT_EQ(back->speedup, 2.0);
+  EXPECT_EQ(back->candidate_timing->p90_ms, 2.3);
+  EXPECT_TRUE(back->has_check(Check::output_mismatch));
+}
+
+TEST(Verdict, UntimedVerdictHasNullSpeedup) {
+  auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
+  EXPECT_TRUE(json["speedup"].is_null());
+  EXPECT_TRUE(json["runtime_ms"].is_null());
+  EXPECT_TRUE(json["timing"].is_null());
+}
+
+TEST(Verdict, UnknownNamesFromTheWorkerAreErrors) {
+  EXPECT_FALSE(verdict_from_json({{"status", "fine"}}).ok());
+  EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"checks", {"made_up"}}}).ok());
+  EXPECT_FALSE(verdict_from_json(nlohmann::json::array()).ok());
+}
+
+}  // namespace
+}  // namespace kz

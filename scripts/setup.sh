@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything KernelZero needs on a Debian machine:
+#   1. the Debian -dev packages of the C++ dependencies (apt, as root),
+#   2. the worker's Python venv with pinned torch/triton/numpy (requirements.txt),
+#   3. the CMake build, which leaves the CLI at build/kz.
+# Re-running it only redoes what changed. Environment knobs:
+#   KZ_VENV        venv location (default ~/.cache/kernelzero/venv-<hash of requirements.txt>)
+#   KZ_BUILD_TYPE  CMake build type (default Release)
+#   KZ_SKIP_APT=1  skip the apt step (machines without a registry, e.g. the GPU host)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+APT_PACKAGES=(cmake g++ pkg-config nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev
+              libgtest-dev libgmock-dev libxxhash-dev)
+
+install_apt_packages() {
+  [[ "${KZ_SKIP_APT:-0}" == 1 ]] && return
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "[setup] apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+venv_dir() {
+  local hash
+  hash=$(sha256sum requirements.txt | cut -c1-12)
+  echo "${KZ_VENV:-$HOME/.cache/kernelzero/venv-$hash}"
+}
+
+install_venv() {
+  local venv; venv="$(venv_dir)"
+  if [[ ! -f "$venv/.kz-complete" ]]; then
+    echo "[setup] creating Python venv at $venv (torch, triton, numpy; a few minutes the first time)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -r requirements.txt
+    touch "$venv/.kz-complete"
+  fi
+  ln -sfn "$venv" "$ROOT/.venv"
+}
+
+build() {
+  local jobs; jobs=$(nproc)
+  cmake -S . -B build -DCMAKE_BUILD_TYPE="${KZ_BUILD_TYPE:-Release}" -DKZ_PYTHON="$ROOT/.venv/bin/python" >/dev/null
+  cmake --build build -j "$jobs"
+}
+
+install_apt_packages
+install_venv
+build
+echo "[setup] done: build/kz"

@@ -1,0 +1,157 @@
+"""KernelBench `cuda` candidate for 12_linear: nn.Linear(in, out) with bias.
+
+Register-blocked fp32 SGEMM: 128x128 output tile per 256-thread block, K staged through shared
+memory 8 at a time, each thread accumulating an 8x8 sub-tile in registers (rows ty + 16*i,
+columns tx + 16*j, so shared-memory reads are conflict-free). Loads are bounds-checked (zero
+fill), so any M, N, K works (K = 0 gives zeros, plus the bias where there is one).
+The weight (out, in) is read transposed in place and the bias is added in the epilogue.
+"""
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+#include <vector>
+
+#define BM 128
+#define BN 128
+#define BK 8
+#define TM 8
+#define TN 8
+#define NTHREADS 256
+
+// C (M, N) = A (M, K) @ op(B), op(B) = B (K, N) or, with TRANS_B, B is stored (N, K) as in
+// nn.Linear's weight. Optional bias over N and ReLU in the epilogue.
+template <bool TRANS_B, bool HAS_BIAS, bool RELU>
+__global__ void __launch_bounds__(NTHREADS)
+sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
+             float* __restrict__ C, int M, int N, int K) {
+    __shared__ float As[BK][BM + 4];  // A tile stored k-major; +4 padding avoids bank conflicts
+    __shared__ float Bs[BK][BN + 4];
+    const int tid = threadIdx.x;
+    const int tx = tid & 15, ty = tid >> 4;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+
+    float acc[TM][TN];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        #pragma unroll
+        for (int l = 0; l < (BM * BK) / NTHREADS; ++l) {
+            const int e = tid + NTHREADS * l;
+            const int r = e >> 3, c = e & 7;  // r: row in tile (0..127), c: k in tile (0..7)
+            const int gm = m0 + r, gk = k0 + c;
+            As[c][r] = (gm < M && gk < K) ? A[(int64_t)gm * K + gk] : 0.0f;
+        }
+        #pragma unroll
+        for (int l = 0; l < (BN * BK) / NTHREADS; ++l) {
+            const int e = tid + NTHREADS * l;
+            if (TRANS_B) {
+                const int r = e >> 3, c = e & 7;  // r: n in tile, c: k in tile
+                const int gn = n0 + r, gk = k0 + c;
+                Bs[c][r] = (gn < N && gk < K) ? B[(int64_t)gn * K + gk] : 0.0f;
+            } else {
+                const int r = e >> 7, c = e & 127;  // r: k in tile, c: n in tile
+                const int gk = k0 + r, gn = n0 + c;
+                Bs[r][c] = (gk < K && gn < N) ? B[(int64_t)gk * N + gn] : 0.0f;
+            }
+        }
+        __syncthreads();
+
+        // Sum this K slice into a fresh partial first, then add it to the running total: the
+        // running total is rounded K/8 times instead of K times (closer to cuBLAS's result).
+        float part[TM][TN];
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) part[i][j] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            float a[TM], b[TN];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = As[k][ty + 16 * i];
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = Bs[k][tx + 16 * j];
+            #pragma unroll
+            for (int i = 0; i < TM; ++i)
+                #pragma unroll
+                for (int j = 0; j < TN; ++j) part[i][j] = fmaf(a[i], b[j], part[i][j]);
+        }
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+            #pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += part[i][j];
+        __syncthreads();
+    }
+
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int gm = m0 + ty + 16 * i;
+        if (gm >= M) continue;
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int gn = n0 + tx + 16 * j;
+            if (gn >= N) continue;
+            float v = acc[i][j];
+            if (HAS_BIAS) v += bias[gn];
+            if (RELU) v = fmaxf(v, 0.0f);
+            C[(int64_t)gm * N + gn] = v;
+        }
+    }
+}
+
+torch::Tensor linear_cuda(torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+    TORCH_CHECK(x.is_cuda() && weight.is_cuda() && bias.is_cuda(), "tensors must be CUDA tensors");
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
+                bias.scalar_type() == torch::kFloat32, "tensors must be float32");
+    TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2, "bad ranks");
+    const int64_t K = x.size(-1), N = weight.size(0);
+    TORCH_CHECK(weight.size(1) == K, "weight must be (out_features, in_features)");
+    TORCH_CHECK(bias.numel() == N, "bias must have out_features elements");
+    x = x.contiguous();
+    weight = weight.contiguous();
+    bias = bias.contiguous();
+    int64_t M = 1;
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+    TORCH_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "sizes too large");
+    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+    out_shape.push_back(N);
+    auto out = torch::empty(out_shape, x.options());
+    if (M == 0 || N == 0) return out;
+    dim3 grid((unsigned)((N + BN - 1) / BN), (unsigned)((M + BM - 1) / BM));
+    TORCH_CHECK(grid.y <= 65535, "M too large for this kernel's grid");
+    sgemm_kernel<true, true, false><<<grid, NTHREADS, 0, at::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(), (int)M, (int)N, (int)K);
+    cudaError_t err = cudaGetLastError();
+    TORCH_CHECK(err == cudaSuccess, "sgemm_kernel launch failed: ", cudaGetErrorString(err));
+    return out;
+}
+"""
+
+cpp_source = "torch::Tensor linear_cuda(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);"
+
+linear_ext = load_inline(
+    name="kz_ex_12_linear",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    functions=["linear_cuda"],
+    extra_cuda_cflags=["-O3"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        # Same submodule as the reference, so load_state_dict carries linear.weight / linear.bias.
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return linear_ext.linear_cuda(x, self.linear.weight, self.linear.bias)

@@ -1,0 +1,24 @@
+"""Row softmax over the last dim: torch.softmax(x, dim=-1)."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+batch_size = 4096
+dim = 8192
+cpu_sizes = {"batch_size": 8, "dim": 300}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

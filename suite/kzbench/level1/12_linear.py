@@ -1,0 +1,26 @@
+"""Linear layer with bias: nn.Linear(in_features, out_features)(x)."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+batch_size = 1024
+in_features = 4096
+out_features = 4096
+cpu_sizes = {"batch_size": 8, "in_features": 64, "out_features": 48}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]

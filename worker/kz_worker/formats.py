@@ -1,0 +1,120 @@
+"""What differs between kernel formats: how a candidate compiles, whether it can run on this
+device, and how its exceptions are classified.
+
+  cuda      KernelBench's format: load_inline at import time (nvcc + the host compiler).
+  triton    @triton.jit kernels; on the CPU they run under the Triton interpreter.
+  cuda-rtc  extern "C" kernels compiled by NVRTC through kz_rtc (docs/formats.md).
+  torch     plain PyTorch (ModelNew, or Model for the reference-as-candidate sanity check).
+
+On a CPU-only machine `cuda` and `cuda-rtc` candidates are really compiled (nvcc / NVRTC) but
+cannot run: their verdict is compiled_not_run, never ok.
+"""
+import re
+
+import torch
+
+from . import verdict as v
+
+_extension_builds = []  # names passed to load_inline in this process
+
+
+def prepare(fmt: str, device: torch.device) -> None:
+    # An fp32 reference means fp32: TF32 would put the reference itself ~1e-3 off.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if fmt == "cuda-rtc":
+        import kz_rtc
+        kz_rtc.set_compile_only(device.type != "cuda")
+    if fmt == "cuda":
+        _count_extension_builds()
+
+
+def _count_extension_builds() -> None:
+    """Wraps load_inline so the harness knows whether the candidate built an extension."""
+    import torch.utils.cpp_extension as cpp_extension
+    original = cpp_extension.load_inline
+
+    def load_inline(name, *args, **kwargs):
+        _extension_builds.append(name)
+        return original(name, *args, **kwargs)
+
+    cpp_extension.load_inline = load_inline
+
+
+def model_class_name(fmt: str, source: str) -> str:
+    if fmt == "torch" and not re.search(r"^class\s+ModelNew\b", source, re.M):
+        return "Model"
+    return "ModelNew"
+
+
+def runnable(fmt: str, device: torch.device) -> bool:
+    return device.type == "cuda" or fmt in ("triton", "torch")
+
+
+def finish_compile_only(fmt, candidate_model, reference, seed, device) -> None:
+    """Makes sure something was really compiled before reporting compiled_not_run."""
+    if fmt == "cuda-rtc":
+        import kz_rtc
+        if not kz_rtc.compiled_modules():
+            # Some candidates compile lazily in forward; run it until its first launch.
+            try:
+                with torch.no_grad():
+                    candidate_model(*reference.inputs(seed, device))
+            except kz_rtc.NotRunnable:
+                pass
+            except kz_rtc.CompileError:
+                raise
+            except Exception:
+                pass  # CPU tensors where the kernel expects CUDA ones: only compilation matters here
+        if not kz_rtc.compiled_modules():
+            raise v.Failure(v.FORMAT_ERROR, "no kernel was compiled through kz_rtc.compile", [v.NO_KERNEL_COMPILED])
+    elif fmt == "cuda" and not _extension_builds:
+        raise v.Failure(v.FORMAT_ERROR, "no CUDA extension was built with load_inline", [v.NO_KERNEL_COMPILED])
+
+
+def compile_only_message(fmt: str, device: torch.device) -> str:
+    if device.type == "cuda":
+        return "compiled (compile-only request)"
+    tool = {"cuda": "nvcc (load_inline)", "cuda-rtc": "NVRTC"}.get(fmt, fmt)
+    return f"compiled with {tool}; not run: no GPU on this machine"
+
+
+def classify_exception(exc: BaseException, stage: str):
+    """(status, check) for an exception raised by candidate code in `stage`."""
+    if _is_compile_exception(exc):
+        return v.COMPILE_ERROR, v.KERNEL_COMPILE
+    if stage == "compile":
+        return v.RUNTIME_ERROR, v.CONSTRUCTOR_FAILED
+    return v.RUNTIME_ERROR, v.FORWARD_FAILED
+
+
+def _is_compile_exception(exc: BaseException) -> bool:
+    kind = type(exc)
+    if kind.__name__ == "CompileError" and kind.__module__.startswith("kz_rtc"):
+        return True
+    if kind.__module__.startswith("triton") and "Compil" in kind.__name__:
+        return True
+    # Under TRITON_INTERPRET=1 (the CPU) there is no Triton frontend: a kernel body using an
+    # unknown tl function or mistyped values fails while interpreted, wrapped in InterpreterError.
+    # On a GPU the same errors are CompilationErrors, so classify them alike. (Assertions and
+    # NotImplementedError, i.e. device_assert or an interpreter limitation, stay runtime errors.)
+    if kind.__name__ == "InterpreterError" and kind.__module__.startswith("triton"):
+        return isinstance(exc.__cause__, (AttributeError, NameError, TypeError, ValueError))
+    return isinstance(exc, RuntimeError) and "Error building extension" in str(exc)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def poison_free_memory(device: torch.device, inputs) -> None:
+    """Fills memory the caching allocator will hand out next with NaN, so a candidate that
+    returns uninitialised memory (which might hold an earlier, correct output) is caught."""
+    if device.type != "cuda":
+        return
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    size = min(max(4 * input_bytes, 1 << 20), 4 << 30)
+    poison = torch.empty(size // 4, dtype=torch.float32, device=device)
+    poison.fill_(float("nan"))
+    del poison

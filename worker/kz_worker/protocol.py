@@ -1,0 +1,48 @@
+"""The worker's side of the supervisor protocol.
+
+Messages are JSON objects, one per line, on file descriptor 3 (a pipe the supervisor opened), so
+nothing a candidate prints on stdout/stderr can forge one. The supervisor applies a deadline to
+each announced stage and kills the worker's process group when it passes.
+
+  {"type": "stage", "name": "compile"}        a stage begins
+  {"type": "result", "status": ..., ...}      the verdict (last message)
+"""
+import json
+import math
+import os
+import sys
+
+MESSAGE_FD = 3
+
+
+class Channel:
+    def __init__(self):
+        try:
+            os.fstat(MESSAGE_FD)
+            self._out = os.fdopen(MESSAGE_FD, "w", buffering=1, closefd=False)
+        except OSError:  # run by hand, without the supervisor
+            self._out = sys.__stdout__
+
+    def send(self, message: dict) -> None:
+        self._out.write(json.dumps(_finite(message), default=str, allow_nan=False) + "\n")
+        self._out.flush()
+
+    def stage(self, name: str) -> None:
+        self.send({"type": "stage", "name": name})
+
+
+def _finite(value):
+    """JSON has no NaN/Inf: they become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(x) for k, x in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(x) for x in value]
+    return value
+
+
+def silence_stdout() -> None:
+    """Sends everything written to stdout (by Python or C code) to stderr instead."""
+    sys.stdout.flush()
+    os.dup2(2, 1)
