@@ -7,6 +7,8 @@
 #   KZ_VENV        venv location (default ~/.cache/kernelzero/venv-<hash of requirements.txt>)
 #   KZ_BUILD_TYPE  CMake build type (default Release)
 #   KZ_SKIP_APT=1  skip the apt step (machines without a registry, e.g. the GPU host)
+#   KZ_PYTHON      use this interpreter (with torch/triton already installed) instead of the venv
+#   KZ_DEPS_PREFIX Debian packages unpacked by scripts/fetch-gpu-deps.sh (read by CMakeLists.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -34,6 +36,7 @@ venv_dir() {
 }
 
 install_venv() {
+  [[ -n "${KZ_PYTHON:-}" ]] && return
   local venv; venv="$(venv_dir)"
   if [[ ! -f "$venv/.kz-complete" ]]; then
     echo "[setup] creating Python venv at $venv (torch, triton, numpy; a few minutes the first time)"
@@ -48,7 +51,7 @@ install_venv() {
 
 build() {
   local jobs; jobs=$(nproc)
-  cmake -S . -B build -DCMAKE_BUILD_TYPE="${KZ_BUILD_TYPE:-Release}" -DKZ_PYTHON="$ROOT/.venv/bin/python" >/dev/null
+  cmake -S . -B build -DCMAKE_BUILD_TYPE="${KZ_BUILD_TYPE:-Release}" -DKZ_PYTHON="${KZ_PYTHON:-$ROOT/.venv/bin/python}" >/dev/null
   cmake --build build -j "$jobs"
 }
 

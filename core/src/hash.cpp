@@ -1,6 +1,8 @@
 // Content hashing with xxHash3: 64-bit for seeds, 128-bit hex digests for cache keys.
 #include "kz/core/hash.h"
 
+// Header-only use (XXH_INLINE_ALL): no library to link, one less dependency to carry to the GPU host.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstdio>

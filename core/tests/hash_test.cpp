@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 namespace kz {

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The bundled suite on the GPU, for bench/README.md. Run on the GPU host from the repository root
+# (after scripts/fetch-gpu-deps.sh here, carrying .deps):  bench/gpu_suite.sh PART OUTDIR
+#   PART = rtc:     build, kz_rtc GPU tests, cuda-rtc examples, the reference as its own candidate
+#   PART = others:  build, triton examples, cuda (load_inline) examples
+# Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
+set -uo pipefail
+PART=${1:?rtc or others}
+OUT=${2:?output directory}
+mkdir -p "$OUT"
+export KZ_SKIP_APT=1 KZ_PYTHON="$(command -v python3)" KZ_DEPS_PREFIX="$PWD/.deps"
+scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
+  local name=$1 dir=$2; shift 2
+  echo "== $name =="
+  /usr/bin/time -f "$name wall %e s" build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
+    --device cuda:0 --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+  cat "$OUT/$name.txt"; tail -1 "$OUT/$name.err"
+}
+
+if [[ $PART == rtc ]]; then
+  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_kz_rtc.py 2>&1 | tail -5)
+  suite cuda-rtc suite/examples/cuda-rtc
+  mkdir -p /tmp/kz_refs && cp suite/kzbench/level*/*.py /tmp/kz_refs/
+  suite reference-as-candidate /tmp/kz_refs --format torch
+else
+  suite triton suite/examples/triton
+  suite cuda suite/examples/cuda
+fi
