@@ -15,9 +15,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
   local name=$1 dir=$2; shift 2
   echo "== $name =="
-  /usr/bin/time -f "$name wall %e s" build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
+  local start=$SECONDS
+  build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
     --device cuda:0 --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
-  cat "$OUT/$name.txt"; tail -1 "$OUT/$name.err"
+  cat "$OUT/$name.txt"; tail -2 "$OUT/$name.err"; echo "$name: $((SECONDS - start)) s wall"
 }
 
 if [[ $PART == rtc ]]; then
