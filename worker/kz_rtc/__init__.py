@@ -146,6 +146,8 @@ class Module:
 
 def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
     """1 to 3 positive ints (an int or a tuple) -> a 3-tuple padded with 1."""
+    if type(value) is tuple and 1 <= len(value) <= 3 and all(type(d) is int and d > 0 for d in value):
+        return value + (1,) * (3 - len(value))  # the common case, without the ABC checks below
     dims = (value,) if isinstance(value, numbers.Integral) else tuple(value)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, numbers.Integral) and d > 0 for d in dims):
         raise ValueError(f"kz_rtc kernel {kernel!r}: {what} must be 1 to 3 positive ints, got {value!r}")
@@ -237,43 +239,48 @@ def _convert(kernel: str, index: int, arg, size: int | None, kind: str | None):
     ``kind`` is the parameter's type as parsed from the source ('float', 'double', 'int', ...): an int
     given for a float/double parameter is converted to a float, a float given for an integer one refused.
     """
-    if isinstance(arg, torch.Tensor) and arg.is_cuda and size in (None, 8):  # the common case, first
-        return ctypes.c_uint64(arg.data_ptr())
-    where = f"kz_rtc kernel {kernel!r} argument {index}"
+    where = (kernel, index)
     if isinstance(arg, torch.Tensor):
         if not arg.is_cuda:
-            raise TypeError(f"{where}: tensor is on {arg.device}, a CUDA tensor is needed")
+            raise TypeError(f"{_where(where)}: tensor is on {arg.device}, a CUDA tensor is needed")
         return _sized(where, ctypes.c_uint64(arg.data_ptr()), size)
-    if isinstance(arg, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
+    if type(arg) is int or (isinstance(arg, numbers.Integral) and not isinstance(arg, bool)):
+        if kind not in ("float", "double"):
+            return _int(where, int(arg), 8 if size is None else size)
+    elif isinstance(arg, bool):
+        return ctypes.c_bool(arg) if size in (None, 1) else _int(where, int(arg), size)
+    elif isinstance(arg, (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)):
         return _sized(where, arg, size)
-    if isinstance(arg, bool) and size in (None, 1):
-        return ctypes.c_bool(arg)
-    if isinstance(arg, numbers.Integral) and kind not in ("float", "double"):
-        return _int(where, int(arg), 8 if size is None else size)
-    if isinstance(arg, numbers.Real):
+    elif isinstance(arg, numbers.Real):
         if kind in ("int", "bool", "pointer"):
-            raise TypeError(f"{where}: a {type(arg).__name__} given for an integer or pointer parameter")
-        return _float(where, float(arg), size or (8 if kind == "double" else 4))
-    raise TypeError(f"{where}: cannot pass a {type(arg).__name__} (tensor, int, float, bool or ctypes value)")
+            raise TypeError(f"{_where(where)}: a {type(arg).__name__} given for an integer or pointer parameter")
+    else:
+        raise TypeError(f"{_where(where)}: cannot pass a {type(arg).__name__} "
+                        "(tensor, int, float, bool or ctypes value)")
+    return _float(where, float(arg), size or (8 if kind == "double" else 4))
 
 
-def _sized(where: str, obj, size: int | None):
+def _where(where: tuple) -> str:
+    return f"kz_rtc kernel {where[0]!r} argument {where[1]}"
+
+
+def _sized(where: tuple, obj, size: int | None):
     if size is not None and ctypes.sizeof(obj) != size:
-        raise TypeError(f"{where}: parameter is {size} bytes, the value given is {ctypes.sizeof(obj)}")
+        raise TypeError(f"{_where(where)}: parameter is {size} bytes, the value given is {ctypes.sizeof(obj)}")
     return obj
 
 
-def _int(where: str, value: int, size: int):
+def _int(where: tuple, value: int, size: int):
     if size not in _INTS:
-        raise TypeError(f"{where}: an int cannot fill a {size}-byte parameter")
+        raise TypeError(f"{_where(where)}: an int cannot fill a {size}-byte parameter")
     bits = 8 * size
     if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
-        raise OverflowError(f"{where}: {value} does not fit the {bits}-bit integer parameter "
+        raise OverflowError(f"{_where(where)}: {value} does not fit the {bits}-bit integer parameter "
                             f"(pass a ctypes.c_uint{bits} for an unsigned one)")
     return _INTS[size](value)
 
 
-def _float(where: str, value: float, size: int):
+def _float(where: tuple, value: float, size: int):
     if size not in _FLOATS:
-        raise TypeError(f"{where}: a float cannot fill a {size}-byte parameter")
+        raise TypeError(f"{_where(where)}: a float cannot fill a {size}-byte parameter")
     return _FLOATS[size](value)

@@ -143,7 +143,17 @@ def set_max_dynamic_shared(function: int, nbytes: int, name: str) -> None:
           "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", name)
 
 
+_array_types: dict[int, type] = {}
+
+
+def _pointer_array(n: int) -> type:
+    """ctypes.c_void_p * n, made once per n."""
+    if n not in _array_types:
+        _array_types[n] = ctypes.c_void_p * n
+    return _array_types[n]
+
+
 def launch(function: int, grid, block, shared_mem: int, stream: int, params: list, name: str) -> None:
     """cuLaunchKernel with kernelParams pointing at each ctypes object of ``params``."""
-    array = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params]) if params else None
+    array = _pointer_array(len(params))(*map(ctypes.addressof, params)) if params else None
     check(lib().cuLaunchKernel(function, *grid, *block, shared_mem, stream, array, None), "cuLaunchKernel", name)
