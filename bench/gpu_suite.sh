@@ -6,8 +6,9 @@
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc or others}
-OUT=${2:?output directory}
-mkdir -p "$OUT"
+FINAL=${2:?output directory}
+OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
+mkdir -p "$FINAL"
 export KZ_SKIP_APT=1 KZ_PYTHON="$(command -v python3)" KZ_DEPS_PREFIX="$PWD/.deps"
 scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -19,6 +20,7 @@ suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
   build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
     --device cuda:0 --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
   cat "$OUT/$name.txt"; tail -2 "$OUT/$name.err"; echo "$name: $((SECONDS - start)) s wall"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 }
 
 if [[ $PART == rtc ]]; then

@@ -88,7 +88,7 @@ const std::string kFixtures = "eval/tests/fixtures/";
 // The whole verdict, for failure messages.
 std::string dump(const Verdict& v) { return to_json(v).dump(2); }
 
-void expect_ok(const Verdict& v) {
+[[maybe_unused]] void expect_ok(const Verdict& v) {
   EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
   EXPECT_TRUE(v.checks.empty()) << dump(v);
   EXPECT_TRUE(v.correct) << dump(v);

@@ -156,3 +156,13 @@ def test_launch_error_names_kernel():
     a = torch.zeros(4, device="cuda")
     with pytest.raises(RuntimeError, match=r"cuLaunchKernel failed \(kernel 'vadd'\): CUDA_ERROR_INVALID_VALUE"):
         mod.vadd(a, a, a, 4, grid=1, block=4096)
+
+
+@needs_gpu
+def test_default_stream_is_torchs_current_stream():
+    device = torch.cuda.current_device()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        assert kz_rtc._stream_handle(None, device) == stream.cuda_stream
+    assert kz_rtc._stream_handle(None, device) == torch.cuda.current_stream().cuda_stream
+    assert kz_rtc._stream_handle(stream, device) == stream.cuda_stream
