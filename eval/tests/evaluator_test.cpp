@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "kz/core/files.h"
 #include "kz/eval/evaluator.h"
@@ -194,6 +195,38 @@ TEST_F(EvaluatorTest, SegfaultingWorkerIsRuntimeErrorAndNextEvaluationIsOk) {
   expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
 }
 
+// Processes whose command line contains `marker`, waiting up to 5 s for killed ones to go.
+int live_processes_with(const std::string& marker) {
+  int found = 0;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    found = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+      auto cmdline = read_file(entry.path() / "cmdline");  // empty for zombies
+      if (cmdline.ok() && contains(*cmdline, marker)) ++found;
+    }
+    if (found == 0) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return found;
+}
+
+// Nothing a candidate starts outlives its worker: the supervisor kills the whole process group,
+// on a deadline and after a crash alike.
+TEST_F(EvaluatorTest, ChildOfATimedOutWorkerIsKilled) {
+  EvalOptions o = options();
+  o.timeouts.correctness_s = 5;
+  Verdict v = evaluate(kRelu, kFixtures + "triton_hang_with_child.py", o);
+  expect_verdict(v, EvalStatus::timeout, {Check::stage_timeout});
+  EXPECT_EQ(live_processes_with("kz-fixture-orphan-probe-hang"), 0);
+}
+
+TEST_F(EvaluatorTest, ChildOfACrashedWorkerIsKilled) {
+  Verdict v = evaluate(kRelu, kFixtures + "triton_segfault_with_child.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::worker_crashed});
+  EXPECT_EQ(live_processes_with("kz-fixture-orphan-probe-segfault"), 0);
+}
+
 // ---- malformed candidates ----------------------------------------------------------------------
 
 TEST_F(EvaluatorTest, NoModelNewIsFormatError) {
@@ -347,18 +380,40 @@ bool have_nvcc() {
   return fs::exists("/usr/local/cuda/bin/nvcc") || std::system("command -v nvcc > /dev/null 2>&1") == 0;
 }
 
-TEST_F(EvaluatorTest, CudaSyntaxErrorIsCompileError) {
-  if (!have_nvcc()) GTEST_SKIP() << "nvcc not found";
-  Verdict v = evaluate(kRelu, kFixtures + "cuda_compile_error.py");
+// A fresh compile cache, so load_inline really runs nvcc instead of loading an earlier build.
+class FreshCacheEvaluatorTest : public EvaluatorTest {
+ protected:
+  void SetUp() override {
+    EvaluatorTest::SetUp();
+    if (!have_nvcc()) GTEST_SKIP() << "nvcc not found";
+    auto dir = make_unique_dir(fs::temp_directory_path(), "kz-test-cache-");
+    ASSERT_TRUE(dir.ok()) << dir.status().to_string();
+    cache_ = *dir;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!cache_.empty()) fs::remove_all(cache_, ignored);
+  }
+  EvalOptions fresh_cache_options() const {
+    EvalOptions o = options();
+    o.worker.cache_dir = cache_;
+    return o;
+  }
+  fs::path cache_;
+};
+
+TEST_F(FreshCacheEvaluatorTest, CudaSyntaxErrorIsCompileError) {
+  Verdict v = evaluate(kRelu, kFixtures + "cuda_compile_error.py", fresh_cache_options());
   expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
   EXPECT_EQ(v.format, "cuda");
   EXPECT_FALSE(v.compiled) << dump(v);
+  // torch's "Error building extension" and nvcc's own diagnostic for the missing semicolon.
   EXPECT_TRUE(contains(v.message, "Error building extension")) << v.message;
+  EXPECT_TRUE(contains(v.message, "error: expected a \";\"")) << v.message;
 }
 
-TEST_F(EvaluatorTest, CudaCorrectIsCompiledNotRun) {
-  if (!have_nvcc()) GTEST_SKIP() << "nvcc not found";
-  Verdict v = evaluate(kRelu, "suite/examples/cuda/02_relu.py");
+TEST_F(FreshCacheEvaluatorTest, CudaCorrectIsCompiledNotRun) {
+  Verdict v = evaluate(kRelu, "suite/examples/cuda/02_relu.py", fresh_cache_options());
   EXPECT_EQ(status_name(v.status), std::string("compiled_not_run")) << dump(v);
   EXPECT_EQ(v.format, "cuda");
   EXPECT_TRUE(v.compiled) << dump(v);

@@ -9,6 +9,7 @@ device, and how its exceptions are classified.
 On a CPU-only machine `cuda` and `cuda-rtc` candidates are really compiled (nvcc / NVRTC) but
 cannot run: their verdict is compiled_not_run, never ok.
 """
+import os
 import re
 
 import torch
@@ -26,7 +27,17 @@ def prepare(fmt: str, device: torch.device) -> None:
         import kz_rtc
         kz_rtc.set_compile_only(device.type != "cuda")
     if fmt == "cuda":
+        if device.type != "cuda" and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            # No GPU to take the architecture from: torch's default then fails (IndexError in
+            # _get_cuda_arch_flags). Build for kz_rtc's compile-only target instead.
+            os.environ["TORCH_CUDA_ARCH_LIST"] = _torch_arch_list(os.environ.get("KZ_RTC_ARCH", "sm_90"))
         _count_extension_builds()
+
+
+def _torch_arch_list(arch: str) -> str:
+    """"sm_90" / "90" / "9.0" / "sm_90a" -> "9.0" / "9.0a" (TORCH_CUDA_ARCH_LIST form)."""
+    match = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)([a-z]?)", arch.strip().lower().replace(".", ""))
+    return f"{match[1]}.{match[2]}{match[3]}" if match else "9.0"
 
 
 def _count_extension_builds() -> None:

@@ -1,4 +1,7 @@
-"""cuda-rtc candidate for 07_softmax: torch.softmax(x, dim=-1), one block per row (online max/sum, then one write pass)."""
+"""cuda-rtc candidate for 07_softmax: torch.softmax(x, dim=-1).
+
+One block per row: one read for the max and the sum (online), a second for the output.
+"""
 import torch
 import torch.nn as nn
 
@@ -64,14 +67,14 @@ extern "C" __global__ void softmax_kernel(const float* __restrict__ x, float* __
     if (vec) {
         for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) {
             float4 v = reinterpret_cast<const float4*>(row)[i];
-            v.x = (expf(v.x - row_max) / row_sum);
-            v.y = (expf(v.y - row_max) / row_sum);
-            v.z = (expf(v.z - row_max) / row_sum);
-            v.w = (expf(v.w - row_max) / row_sum);
+            v.x = expf(v.x - row_max) / row_sum;
+            v.y = expf(v.y - row_max) / row_sum;
+            v.z = expf(v.z - row_max) / row_sum;
+            v.w = expf(v.w - row_max) / row_sum;
             reinterpret_cast<float4*>(out)[i] = v;
         }
     }
-    for (int i = start + threadIdx.x; i < cols; i += blockDim.x) out[i] = (expf(row[i] - row_max) / row_sum);
+    for (int i = start + threadIdx.x; i < cols; i += blockDim.x) out[i] = expf(row[i] - row_max) / row_sum;
 }
 """
 

@@ -1,4 +1,7 @@
-"""cuda-rtc candidate for 08_log_softmax: torch.log_softmax(x, dim=-1), one block per row (online max/sum, then one write pass)."""
+"""cuda-rtc candidate for 08_log_softmax: torch.log_softmax(x, dim=-1).
+
+One block per row: one read for the max and the sum (online), a second for the output.
+"""
 import torch
 import torch.nn as nn
 
@@ -65,14 +68,14 @@ extern "C" __global__ void log_softmax_kernel(const float* __restrict__ x, float
     if (vec) {
         for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) {
             float4 v = reinterpret_cast<const float4*>(row)[i];
-            v.x = ((v.x - row_max) - log_sum);
-            v.y = ((v.y - row_max) - log_sum);
-            v.z = ((v.z - row_max) - log_sum);
-            v.w = ((v.w - row_max) - log_sum);
+            v.x = (v.x - row_max) - log_sum;
+            v.y = (v.y - row_max) - log_sum;
+            v.z = (v.z - row_max) - log_sum;
+            v.w = (v.w - row_max) - log_sum;
             reinterpret_cast<float4*>(out)[i] = v;
         }
     }
-    for (int i = start + threadIdx.x; i < cols; i += blockDim.x) out[i] = ((row[i] - row_max) - log_sum);
+    for (int i = start + threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - row_max) - log_sum;
 }
 """
 

@@ -15,7 +15,8 @@ SOURCE = r"""
 #define PAD 4
 
 // A (M, K) row-major -> As[k][m]: 8 threads read one row's 8 consecutive k.
-__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0, float reg[4]) {
+__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0,
+                                          float reg[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int e = threadIdx.x + i * 256, r = r0 + (e >> 3), k = k0 + (e & 7);

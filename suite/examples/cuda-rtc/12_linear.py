@@ -15,7 +15,8 @@ SOURCE = r"""
 #define PAD 4
 
 // A (M, K) row-major -> As[k][m]: 8 threads read one row's 8 consecutive k.
-__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0, float reg[4]) {
+__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0,
+                                          float reg[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int e = threadIdx.x + i * 256, r = r0 + (e >> 3), k = k0 + (e & 7);
@@ -125,5 +126,6 @@ class ModelNew(nn.Module):
         m = x2.shape[0]
         y = torch.empty((m, n), device=x.device, dtype=x.dtype)
         if m and n:
-            self.kernels.linear_kernel(x2, w, b, y, m, n, k, grid=((n + 127) // 128, (m + 127) // 128), block=(256,))
+            grid = ((n + 127) // 128, (m + 127) // 128)
+            self.kernels.linear_kernel(x2, w, b, y, m, n, k, grid=grid, block=(256,))
         return y.reshape(*x.shape[:-1], n)

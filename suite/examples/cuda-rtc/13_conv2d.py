@@ -1,4 +1,7 @@
-"""cuda-rtc candidate for 13_conv2d: nn.Conv2d(Cin, Cout, 3, padding=1) with bias, a direct shared-memory tiled convolution."""
+"""cuda-rtc candidate for 13_conv2d: nn.Conv2d(Cin, Cout, 3, padding=1) with bias.
+
+A direct 3x3 convolution tiled through shared memory, the bias added in its epilogue.
+"""
 import torch
 import torch.nn as nn
 

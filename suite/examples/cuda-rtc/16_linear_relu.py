@@ -1,4 +1,7 @@
-"""cuda-rtc candidate for 16_linear_relu: relu(nn.Linear(x)) with a shared-memory tiled fp32 SGEMM (x @ W^T + b), ReLU fused."""
+"""cuda-rtc candidate for 16_linear_relu: relu(nn.Linear(x)).
+
+A shared-memory tiled fp32 SGEMM (x @ W^T) with the bias and the ReLU fused into its epilogue.
+"""
 import torch
 import torch.nn as nn
 
@@ -15,7 +18,8 @@ SOURCE = r"""
 #define PAD 4
 
 // A (M, K) row-major -> As[k][m]: 8 threads read one row's 8 consecutive k.
-__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0, float reg[4]) {
+__device__ __forceinline__ void load_rows(const float* __restrict__ src, int rows, int K, int r0, int k0,
+                                          float reg[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int e = threadIdx.x + i * 256, r = r0 + (e >> 3), k = k0 + (e & 7);
@@ -125,5 +129,6 @@ class ModelNew(nn.Module):
         m = x2.shape[0]
         y = torch.empty((m, n), device=x.device, dtype=x.dtype)
         if m and n:
-            self.kernels.linear_relu_kernel(x2, w, b, y, m, n, k, grid=((n + 127) // 128, (m + 127) // 128), block=(256,))
+            grid = ((n + 127) // 128, (m + 127) // 128)
+            self.kernels.linear_relu_kernel(x2, w, b, y, m, n, k, grid=grid, block=(256,))
         return y.reshape(*x.shape[:-1], n)

@@ -65,13 +65,8 @@ sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, const flo
         }
         __syncthreads();
 
-        // Sum this K slice into a fresh partial first, then add it to the running total: the
-        // running total is rounded K/8 times instead of K times (closer to cuBLAS's result).
-        float part[TM][TN];
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-            #pragma unroll
-            for (int j = 0; j < TN; ++j) part[i][j] = 0.0f;
+        // Accumulate straight into the running total in K order, as cuBLAS does for fp32:
+        // a different summation order drifts ~1e-3 from it at K = 4096 (outside the 1e-4 tolerance).
         #pragma unroll
         for (int k = 0; k < BK; ++k) {
             float a[TM], b[TN];
@@ -82,12 +77,8 @@ sgemm_kernel(const float* __restrict__ A, const float* __restrict__ B, const flo
             #pragma unroll
             for (int i = 0; i < TM; ++i)
                 #pragma unroll
-                for (int j = 0; j < TN; ++j) part[i][j] = fmaf(a[i], b[j], part[i][j]);
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-            #pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] += part[i][j];
         __syncthreads();
     }
 
