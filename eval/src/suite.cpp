@@ -184,7 +184,10 @@ std::string render_verdict_table(const std::vector<Verdict>& verdicts) {
   Table table({"task", "format", "status", "speedup", "cand ms", "ref ms", "spread", "checks"});
   for (const auto& v : verdicts) {
     std::string checks;
-    for (Check c : v.checks) checks += (checks.empty() ? "" : ",") + std::string(check_name(c));
+    for (Check c : v.checks) {
+      if (!checks.empty()) checks += ',';
+      checks += check_name(c);
+    }
     std::string spread = v.candidate_timing && v.candidate_timing->median_ms > 0
                              ? fmt::format("{:.1f}%", 100 * (v.candidate_timing->p90_ms - v.candidate_timing->p10_ms) /
                                                           v.candidate_timing->median_ms)
