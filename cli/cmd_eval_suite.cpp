@@ -18,12 +18,6 @@ struct SuiteArgs {
   EvalFlags flags;
 };
 
-int default_jobs(const EvalOptions& options) {
-  long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  if (options.jobs > 0) return options.jobs;
-  return options.device == "cpu" ? static_cast<int>(cores) : 1;  // GPU timings must not overlap
-}
-
 int run(const SuiteArgs& args) {
   auto options = resolve_eval_options(args.flags);
   if (!options.ok()) return report_error(options.status());

@@ -21,6 +21,7 @@ using Action = std::function<int()>;
 Action add_eval_command(CLI::App& app);
 Action add_eval_suite_command(CLI::App& app);
 Action add_config_command(CLI::App& app);
+Action add_bench_command(CLI::App& app);
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {

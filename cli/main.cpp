@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   auto add = [&](kz::cli::Action action) { actions[app.get_subcommands({}).back()] = std::move(action); };
   add(kz::cli::add_eval_command(app));
   add(kz::cli::add_eval_suite_command(app));
+  add(kz::cli::add_bench_command(app));
   add(kz::cli::add_config_command(app));
   try {
     app.parse(argc, argv);

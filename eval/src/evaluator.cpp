@@ -124,7 +124,7 @@ Verdict supervise(Process& worker, const StageTimeouts& timeouts) {
     if (event == Process::ReadEvent::eof) {
       auto exit = worker.wait_for(std::chrono::seconds(10));
       std::string how = exit ? exit->describe() : "no exit after closing its pipe";
-      if (!exit) worker.kill_and_reap();
+      worker.kill_and_reap();  // the group may still hold the worker's orphans
       Verdict v = make_verdict(EvalStatus::runtime_error, {Check::worker_crashed},
                                fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
                                            how, tail(worker.stderr_tail())));
@@ -138,7 +138,8 @@ Verdict supervise(Process& worker, const StageTimeouts& timeouts) {
       deadline = Clock::now() + std::chrono::duration<double>(stage_timeout_s(timeouts, stage));
     } else if (type == "result") {
       auto verdict = verdict_from_json(message);
-      if (!worker.wait_for(std::chrono::seconds(10))) worker.kill_and_reap();
+      worker.wait_for(std::chrono::seconds(10));
+      worker.kill_and_reap();  // nothing the candidate started may outlive its evaluation
       if (verdict.ok()) return *verdict;
       return make_verdict(EvalStatus::infra_error, {Check::worker_protocol},
                           "worker sent an unreadable verdict: " + verdict.status().message());

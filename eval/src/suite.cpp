@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "kz/core/files.h"
 #include "kz/core/terminal.h"
 
@@ -74,6 +76,11 @@ Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks,
 }
 
 }  // namespace
+
+int default_jobs(const EvalOptions& options) {
+  if (options.jobs > 0) return options.jobs;
+  return options.device == "cpu" ? static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) : 1;
+}
 
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
   std::error_code ec;

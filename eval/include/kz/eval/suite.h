@@ -45,6 +45,10 @@ std::string render_summary(const SuiteSummary& summary);
 std::string render_verdict_table(const std::vector<Verdict>& verdicts);
 nlohmann::json summary_json(const SuiteSummary& summary);
 
+// Evaluations at once when the options say 0: every core on the CPU, 1 on a GPU (timings of
+// two candidates on one GPU must not overlap).
+int default_jobs(const EvalOptions& options);
+
 struct SuiteRunOptions {
   int jobs = 1;                      // evaluations at once (1 on a GPU: timings must not overlap)
   int compile_jobs = 1;              // parallel compile-only pre-pass for `cuda` candidates on a GPU

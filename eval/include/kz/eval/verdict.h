@@ -33,7 +33,7 @@ namespace kz {
   X(output_shape) X(output_dtype) X(output_device) X(output_not_finite)         \
   X(output_mismatch) X(output_norm_mismatch) X(output_aliases_input)            \
   X(input_mutated) X(wrong_after_timing) X(reference_failed)                    \
-  X(format_unrecognised) X(stage_timeout) X(worker_crashed) X(worker_protocol)
+  X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 
 enum class EvalStatus {
 #define KZ_X(name) name,

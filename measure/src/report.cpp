@@ -1,0 +1,216 @@
+// bench summaries: metrics JSON, the terminal table, and the HTML report with inline SVG charts.
+#include "kz/measure/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "kz/core/terminal.h"
+#include "kz/rl/metrics.h"
+
+namespace kz {
+namespace {
+
+// Sample index from a "task/i" candidate label (bench labels its samples that way).
+int sample_of(const Verdict& v) {
+  auto slash = v.candidate.rfind('/');
+  if (slash == std::string::npos) return 0;
+  try {
+    return std::stoi(v.candidate.substr(slash + 1));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+std::vector<TaskOutcomes> outcomes_by_task(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
+  std::map<std::string, TaskOutcomes> by_task;
+  for (const auto& task : tasks) by_task[task.id] = TaskOutcomes{task.id, task.level, {}};
+  for (const auto& v : verdicts) {
+    auto it = by_task.find(v.task_id);
+    if (it == by_task.end()) continue;
+    it->second.samples.push_back(
+        SampleOutcome{v.correct, v.speedup, v.compiled, v.status == EvalStatus::cheat_detected});
+  }
+  std::vector<TaskOutcomes> result;
+  for (auto& [id, outcomes] : by_task)
+    if (!outcomes.samples.empty()) result.push_back(std::move(outcomes));
+  return result;
+}
+
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string percent(const nlohmann::json& value) {
+  return value.is_number() ? fmt::format("{:.1f}%", 100 * value.get<double>()) : "n/a";
+}
+
+const char* status_color(EvalStatus s) {
+  switch (s) {
+    case EvalStatus::ok: return "#2e9e44";
+    case EvalStatus::compiled_not_run: return "#4a7fd6";
+    case EvalStatus::incorrect: return "#f0a030";
+    case EvalStatus::compile_error: return "#d64545";
+    case EvalStatus::runtime_error: return "#9b4fc2";
+    case EvalStatus::timeout: return "#5a3a1a";
+    case EvalStatus::format_error: return "#9a9a9a";
+    case EvalStatus::cheat_detected: return "#000000";
+    default: return "#c0c0c0";
+  }
+}
+
+// pass@k against k, one polyline per group (all, level 1, ...).
+std::string pass_at_k_svg(const nlohmann::json& summary) {
+  const int w = 520, h = 300, left = 50, bottom = 40, top = 20, right = 120;
+  std::vector<std::pair<std::string, nlohmann::json>> series = {{"all", summary["overall"]["pass_at_k"]}};
+  for (const auto& [level, metrics] : summary["levels"].items()) series.emplace_back("level " + level, metrics["pass_at_k"]);
+  int max_k = 1;
+  for (const auto& [name, curve] : series)
+    for (const auto& [k, v] : curve.items()) max_k = std::max(max_k, std::stoi(k));
+  auto x = [&](int k) { return left + (max_k == 1 ? 0.5 : double(k - 1) / (max_k - 1)) * (w - left - right); };
+  auto y = [&](double p) { return top + (1 - p) * (h - top - bottom); };
+  std::string svg = fmt::format(R"(<svg width="{}" height="{}" xmlns="http://www.w3.org/2000/svg" font-size="12">)", w, h);
+  for (double p : {0.0, 0.25, 0.5, 0.75, 1.0})
+    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{:.0f}%</text>)",
+                       left, w - right, y(p), y(p), left - 6, y(p) + 4, 100 * p);
+  for (int k = 1; k <= max_k; ++k)
+    svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{}</text>)", x(k), h - bottom + 16, k);
+  svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">k</text>)", (left + w - right) / 2, h - 6);
+  const char* colors[] = {"#222", "#2e7dd6", "#e0662b", "#2e9e44", "#9b4fc2"};
+  int index = 0;
+  for (const auto& [name, curve] : series) {
+    std::string points;
+    const char* color = colors[index % 5];
+    for (const auto& [k, v] : curve.items()) {
+      points += fmt::format("{:.1f},{:.1f} ", x(std::stoi(k)), y(v.get<double>()));
+      svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"><title>{} pass@{} = {:.3f}</title></circle>)",
+                         x(std::stoi(k)), y(v.get<double>()), color, name, k, v.get<double>());
+    }
+    svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>)", points, color);
+    svg += fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", w - right + 10, top + 16 * index + 10, color,
+                       escape(name));
+    ++index;
+  }
+  return svg + "</svg>";
+}
+
+// Histogram of log2(speedup) over correct, timed samples: bins of 0.25 from 1/8x to 8x.
+std::string speedup_svg(const std::vector<Verdict>& verdicts) {
+  std::vector<double> logs;
+  for (const auto& v : verdicts)
+    if (v.correct && v.speedup && *v.speedup > 0) logs.push_back(std::clamp(std::log2(*v.speedup), -3.0, 2.999));
+  if (logs.empty()) return "<p><em>No timed samples (a CPU run, or nothing correct): no speedup distribution.</em></p>";
+  const int bins = 24, w = 520, h = 240, left = 40, bottom = 36, top = 10;
+  std::vector<int> counts(bins, 0);
+  for (double l : logs) counts[static_cast<int>((l + 3) / 0.25)]++;
+  int peak = *std::max_element(counts.begin(), counts.end());
+  double bar_w = double(w - left - 10) / bins;
+  std::string svg = fmt::format(R"(<svg width="{}" height="{}" xmlns="http://www.w3.org/2000/svg" font-size="12">)", w, h);
+  for (int b = 0; b < bins; ++b) {
+    double bh = peak ? double(counts[b]) / peak * (h - top - bottom) : 0;
+    double lo = std::pow(2.0, -3 + 0.25 * b);
+    svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"><title>{:.2f}x-{:.2f}x: {}</title></rect>)",
+                       left + b * bar_w, h - bottom - bh, bar_w - 1, bh, lo >= 1 ? "#2e9e44" : "#f0a030", lo,
+                       lo * std::pow(2.0, 0.25), counts[b]);
+  }
+  for (int e = -3; e <= 3; ++e)
+    svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{}x</text>)", left + (e + 3) * 4 * bar_w,
+                       h - bottom + 16, e >= 0 ? fmt::format("{}", 1 << e) : fmt::format("1/{}", 1 << -e));
+  svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">speedup over the reference (log scale)</text>)",
+                     w / 2, h - 4);
+  return svg + "</svg>";
+}
+
+// Tasks down, samples across; each cell coloured by status.
+std::string task_grid_svg(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts, int samples) {
+  std::map<std::string, std::map<int, const Verdict*>> cells;
+  for (const auto& v : verdicts) cells[v.task_id][sample_of(v)] = &v;
+  const int cell = 16, label_w = 200, row_h = 18;
+  int w = label_w + std::max(samples, 1) * cell + 20, h = static_cast<int>(tasks.size()) * row_h + 10;
+  std::string svg = fmt::format(R"(<svg width="{}" height="{}" xmlns="http://www.w3.org/2000/svg" font-size="12">)", w, h);
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    int y = static_cast<int>(t) * row_h + 4;
+    svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="end">{}</text>)", label_w - 6, y + 12, escape(tasks[t].id));
+    for (int s = 0; s < samples; ++s) {
+      const Verdict* v = cells[tasks[t].id].count(s) ? cells[tasks[t].id][s] : nullptr;
+      std::string tip = v ? fmt::format("{} #{}: {}{}", tasks[t].id, s, status_name(v->status),
+                                        v->speedup ? fmt::format(" {:.2f}x", *v->speedup) : "")
+                          : "not evaluated";
+      svg += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>)",
+                         label_w + s * cell, y, cell - 2, row_h - 4, v ? status_color(v->status) : "#eee", escape(tip));
+    }
+  }
+  return svg + "</svg>";
+}
+
+std::string legend() {
+  std::string html = "<p>";
+  for (auto s : {EvalStatus::ok, EvalStatus::compiled_not_run, EvalStatus::incorrect, EvalStatus::compile_error,
+                 EvalStatus::runtime_error, EvalStatus::timeout, EvalStatus::format_error, EvalStatus::cheat_detected})
+    html += fmt::format(R"(<span style="display:inline-block;width:12px;height:12px;background:{}"></span> {} &nbsp; )",
+                        status_color(s), status_name(s));
+  return html + "</p>";
+}
+
+}  // namespace
+
+nlohmann::json bench_summary(const RunInfo& info, const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
+  auto outcomes = outcomes_by_task(tasks, verdicts);
+  nlohmann::json summary = {{"model", info.model},   {"suite", info.suite},   {"format", info.format},
+                            {"device", info.device}, {"date", info.date},     {"samples_per_task", info.samples},
+                            {"tasks", tasks.size()}, {"evaluated_samples", verdicts.size()}};
+  summary["overall"] = to_json(compute_metrics(outcomes));
+  summary["pass_at_k"] = summary["overall"]["pass_at_k"];
+  summary["fast_p"] = summary["overall"]["fast_p"];
+  summary["levels"] = nlohmann::json::object();
+  for (const auto& [level, metrics] : metrics_by_level(outcomes)) summary["levels"][std::to_string(level)] = to_json(metrics);
+  return summary;
+}
+
+std::string render_bench_table(const nlohmann::json& summary) {
+  Table table({"level", "tasks", "samples", "pass@1", "pass@k", "fast_1", "geomean speedup", "compile", "cheat"});
+  auto row = [&](const std::string& name, const nlohmann::json& m) {
+    const auto& pass = m["pass_at_k"];
+    std::string last_k = pass.empty() ? "" : std::prev(pass.end()).key();
+    table.add_row({name, m.value("tasks", nlohmann::json(0)).dump(), m.value("samples", nlohmann::json(0)).dump(),
+                   percent(pass.value("1", nlohmann::json())),
+                   last_k.empty() ? "n/a" : fmt::format("{} (k={})", percent(pass[last_k]), last_k),
+                   percent(m["fast_p"].value("1", nlohmann::json())),
+                   m["geomean_speedup"].is_number() ? fmt::format("{:.3f}x", m["geomean_speedup"].get<double>()) : "n/a",
+                   percent(m["compile_rate"]), percent(m["cheat_rate"])});
+  };
+  for (const auto& [level, metrics] : summary["levels"].items()) row(level, metrics);
+  row("all", summary["overall"]);
+  return table.render();
+}
+
+std::string render_bench_html(const RunInfo& info, const nlohmann::json& summary, const std::vector<Task>& tasks,
+                              const std::vector<Verdict>& verdicts) {
+  std::string html = R"(<!doctype html><html><head><meta charset="utf-8"><title>KernelZero bench</title>
+<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}h2{margin-top:1.6em}
+pre{background:#f7f7f7;padding:8px}</style></head><body>)";
+  html += fmt::format("<h1>KernelZero bench: {}</h1>", escape(info.model));
+  html += fmt::format("<p>suite <b>{}</b>, format <b>{}</b>, device <b>{}</b>, {} samples per task, {}</p>",
+                      escape(info.suite), escape(info.format), escape(info.device), info.samples, escape(info.date));
+  html += "<h2>Summary</h2><pre>" + escape(render_bench_table(summary)) + "</pre>";
+  html += "<h2>pass@k</h2>" + pass_at_k_svg(summary);
+  html += "<h2>Speedup distribution (correct samples)</h2>" + speedup_svg(verdicts);
+  html += "<h2>Per task</h2>" + legend() + task_grid_svg(tasks, verdicts, info.samples);
+  html += "<h2>summary.json</h2><pre>" + escape(summary.dump(2)) + "</pre>";
+  return html + "</body></html>\n";
+}
+
+}  // namespace kz

@@ -1,0 +1,63 @@
+// bench summaries and the HTML report from hand-made verdicts.
+#include <gtest/gtest.h>
+
+#include "kz/measure/report.h"
+
+namespace kz {
+namespace {
+
+Verdict sample(const std::string& task, int index, EvalStatus status, std::optional<double> speedup = {}) {
+  Verdict v = make_verdict(status, {}, "");
+  v.task_id = task;
+  v.candidate = task + "/" + std::to_string(index);
+  v.correct = status == EvalStatus::ok;
+  v.compiled = status != EvalStatus::compile_error && status != EvalStatus::format_error;
+  v.speedup = speedup;
+  return v;
+}
+
+class ReportTest : public ::testing::Test {
+ protected:
+  std::vector<Task> tasks = {{"a", "", "", 1, {}}, {"b", "", "", 2, {}}};
+  std::vector<Verdict> verdicts = {
+      sample("a", 0, EvalStatus::ok, 2.0), sample("a", 1, EvalStatus::incorrect),
+      sample("b", 0, EvalStatus::compile_error), sample("b", 1, EvalStatus::ok, 0.5)};
+  RunInfo info{"openai:http://x/v1:m", "suite", "triton", "cuda:0", "2026-11-29", 2};
+};
+
+TEST_F(ReportTest, SummaryHasPassAtKAndFastPKeyedAndPerLevel) {
+  auto s = bench_summary(info, tasks, verdicts);
+  EXPECT_DOUBLE_EQ(s["pass_at_k"]["1"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["pass_at_k"]["2"].get<double>(), 1.0);
+  EXPECT_TRUE(s["fast_p"].contains("1"));
+  EXPECT_TRUE(s["fast_p"].contains("0.5"));
+  // fast_1 at k=1: task a has 1 of 2 samples correct and faster; task b none -> (0.5 + 0) / 2.
+  EXPECT_DOUBLE_EQ(s["fast_p"]["1"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(s["levels"]["1"]["pass_at_k"]["1"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["levels"]["2"]["pass_at_k"]["1"].get<double>(), 0.5);
+  EXPECT_NEAR(s["overall"]["geomean_speedup"].get<double>(), 1.0, 1e-12);
+}
+
+TEST_F(ReportTest, TableAndHtmlShowTheRun) {
+  auto s = bench_summary(info, tasks, verdicts);
+  std::string table = render_bench_table(s);
+  EXPECT_NE(table.find("pass@1"), std::string::npos);
+  EXPECT_NE(table.find("50.0%"), std::string::npos);
+  std::string html = render_bench_html(info, s, tasks, verdicts);
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("a #0: ok 2.00x"), std::string::npos);  // grid tooltip
+  EXPECT_NE(html.find("openai:http://x/v1:m"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);         // self-contained, static
+}
+
+TEST_F(ReportTest, UntimedRunSaysSo) {
+  std::vector<Verdict> untimed = {sample("a", 0, EvalStatus::ok), sample("b", 0, EvalStatus::ok)};
+  info.samples = 1;
+  auto s = bench_summary(info, tasks, untimed);
+  EXPECT_TRUE(s["overall"]["geomean_speedup"].is_null());
+  std::string html = render_bench_html(info, s, tasks, untimed);
+  EXPECT_NE(html.find("No timed samples"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kz
