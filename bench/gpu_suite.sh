@@ -3,6 +3,9 @@
 # (after scripts/fetch-gpu-deps.sh here, carrying .deps):  bench/gpu_suite.sh PART OUTDIR
 #   PART = rtc:     build, kz_rtc GPU tests, cuda-rtc examples, the reference as its own candidate
 #   PART = others:  build, triton examples, cuda (load_inline) examples
+#   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...) and the GPU-only
+#                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
+#                   wrong_during_timing)
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc or others}
@@ -18,7 +21,7 @@ suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
   echo "== $name =="
   local start=$SECONDS
   build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
-    --device cuda:0 --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+    --device cuda:0 --no-cache --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
   cat "$OUT/$name.txt"; tail -2 "$OUT/$name.err"; echo "$name: $((SECONDS - start)) s wall"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 }
@@ -28,6 +31,13 @@ if [[ $PART == rtc ]]; then
   suite cuda-rtc suite/examples/cuda-rtc
   mkdir -p /tmp/kz_refs && cp suite/kzbench/level*/*.py /tmp/kz_refs/
   suite reference-as-candidate /tmp/kz_refs --format torch
+elif [[ $PART == checks ]]; then
+  (cd build && ctest -L gpu --output-on-failure 2>&1 | tail -40) | tee "$OUT/ctest-gpu.txt"
+  for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
+           eval/tests/cheats/cache_by_pointer_late.py; do
+    build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
+  done
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 else
   suite triton suite/examples/triton
   suite cuda suite/examples/cuda

@@ -22,6 +22,8 @@ Action add_eval_command(CLI::App& app);
 Action add_eval_suite_command(CLI::App& app);
 Action add_config_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
+Action add_serve_eval_command(CLI::App& app);
+Action add_propose_command(CLI::App& app);
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {
@@ -32,6 +34,7 @@ struct EvalFlags {
   uint64_t seed = 0;
   std::vector<std::string> sizes;  // NAME=VALUE
   bool no_timing = false;
+  bool no_cache = false;
   int jobs = -1;
 };
 void add_eval_flags(CLI::App& command, EvalFlags& flags);

@@ -15,6 +15,7 @@ void add_eval_flags(CLI::App& command, EvalFlags& flags) {
   command.add_option("--seed", flags.seed, "fixed evaluation seed (default: a fresh secret seed per evaluation)");
   command.add_option("--size", flags.sizes, "override a reference size constant, NAME=VALUE (repeatable)");
   command.add_flag("--no-timing", flags.no_timing, "skip GPU timing (correctness only)");
+  command.add_flag("--no-cache", flags.no_cache, "neither reuse nor store verdicts (the [cache] section)");
   command.add_option("--jobs", flags.jobs, "evaluations at once (default: cores on cpu, 1 on a GPU)");
 }
 
@@ -26,6 +27,7 @@ Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {
   if (flags.trials) options.trials = flags.trials;
   if (flags.seed) options.seed = flags.seed;
   if (flags.no_timing) options.timing.enabled = false;
+  if (flags.no_cache) options.cache.enabled = false;
   if (flags.jobs >= 0) options.jobs = flags.jobs;
   for (const auto& size : flags.sizes) {
     auto eq = size.find('=');

@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
   add(kz::cli::add_eval_command(app));
   add(kz::cli::add_eval_suite_command(app));
   add(kz::cli::add_bench_command(app));
+#ifdef KZ_WITH_SERVICE
+  add(kz::cli::add_serve_eval_command(app));
+#endif
+  add(kz::cli::add_propose_command(app));
   add(kz::cli::add_config_command(app));
   try {
     app.parse(argc, argv);

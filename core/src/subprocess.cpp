@@ -6,19 +6,39 @@
 // The child's exit is observed with WNOWAIT and reaped only when the Process is killed or
 // destroyed: the zombie keeps its pid (and so the group id) from being reused while we might
 // still signal the group.
+//
+// Sandbox steps run in the child between fork and exec, in this order: rlimits, joining the pids
+// cgroup, unshare(CLONE_NEWNET), the read-only mount namespace, chdir, dropping capabilities.
+// The parent prepares every path (the mount list comes from its own /proc/self/mountinfo, which
+// the child's new mount namespace copies). An optional step that fails is reported to the parent
+// as a record on the error pipe and skipped; the parent turns the records into SandboxReport.
 #include "kz/core/subprocess.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <sstream>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -98,12 +118,19 @@ ssize_t write_no_sigpipe(int fd, const char* data, size_t size) {
   return n;
 }
 
-// What the child reports on the error pipe before _exit(127).
-struct ChildError {
-  int stage;  // index into kStageNames
-  int err;
+// What the child reports on the error pipe: optional sandbox steps it skipped (kSkipped, any
+// number), and a fatal failure before _exit(127) (kFailed, last). 16 bytes: atomic on a pipe.
+struct ChildRecord {
+  int32_t kind;   // kFailed or kSkipped
+  int32_t what;   // kFailed: index into kStageNames; kSkipped: a SandboxStep
+  int32_t index;  // kSkipped: which writable path / mount, where the step has several
+  int32_t err;    // errno
 };
-constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec"};
+constexpr int32_t kFailed = 0, kSkipped = 1;
+constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit"};
+enum SandboxStep : int32_t {
+  kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
+};
 
 // Everything the child needs, prepared before fork() (no allocation after it).
 struct ChildPlan {
@@ -114,6 +141,16 @@ struct ChildPlan {
   bool new_group = false;
   int stdio[4] = {-1, -1, -1, -1};  // sources for fds 0..3 (3 only with a message pipe)
   int error_fd = -1;
+  // Sandbox.
+  struct Limit {
+    int resource;
+    rlim_t soft, hard;
+  };
+  std::vector<Limit> limits;
+  std::string cgroup_procs;                  // the pids cgroup's cgroup.procs to join; empty: none
+  bool new_netns = false, read_only = false, drop_caps = false;
+  std::vector<std::string> writable;         // bind-mounted onto themselves
+  std::vector<std::string> readonly_mounts;  // every other mount point, remounted read-only
 };
 
 std::vector<std::string> path_candidates(const ProcessSpec& spec) {
@@ -140,10 +177,95 @@ std::vector<std::string> path_candidates(const ProcessSpec& spec) {
 }
 
 [[noreturn]] void child_fail(int error_fd, int stage) {
-  ChildError e{stage, errno};
-  ssize_t ignored = ::write(error_fd, &e, sizeof e);  // 8 bytes: atomic on a pipe
+  ChildRecord r{kFailed, stage, 0, errno};
+  ssize_t ignored = ::write(error_fd, &r, sizeof r);
   (void)ignored;
   ::_exit(127);
+}
+
+void child_skipped(int error_fd, SandboxStep step, int index, int err) {
+  ChildRecord r{kSkipped, step, index, err};
+  ssize_t ignored = ::write(error_fd, &r, sizeof r);
+  (void)ignored;
+}
+
+// Empties the capability bounding, inheritable and ambient sets (a root process then execs with
+// no capabilities). Returns 0 or an errno.
+int drop_all_capabilities() {
+  for (int cap = 0; cap < 64; ++cap) {
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
+    if (errno == EINVAL) break;  // past the last capability this kernel knows
+    return errno;
+  }
+  ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);  // EINVAL before Linux 4.3: none to clear
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &header, data) != 0) return errno;
+  data[0].inheritable = data[1].inheritable = 0;
+  if (::syscall(SYS_capset, &header, data) != 0) return errno;
+  return 0;
+}
+
+// The mount namespace: private propagation, writable paths bound onto themselves (so they are
+// mounts of their own), then every other mount remounted read-only.
+void child_read_only_filesystem(const ChildPlan& plan) {
+  if (::unshare(CLONE_NEWNS) != 0) return child_skipped(plan.error_fd, kStepMountns, 0, errno);
+  // Without private propagation our remounts could reach the parent's namespace: stop here.
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    return child_skipped(plan.error_fd, kStepMountPrivate, 0, errno);
+  for (size_t i = 0; i < plan.writable.size(); ++i) {
+    const char* path = plan.writable[i].c_str();
+    if (::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      return child_skipped(plan.error_fd, kStepBind, static_cast<int>(i), errno);  // nothing read-only
+  }
+  for (size_t i = 0; i < plan.readonly_mounts.size(); ++i) {
+    const char* path = plan.readonly_mounts[i].c_str();
+    struct statfs st {};
+    if (::statfs(path, &st) != 0) {
+      if (errno != ENOENT) child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
+      continue;  // ENOENT: unmounted since the parent read the list
+    }
+    if (st.f_flags & ST_RDONLY) continue;
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
+    // A bind remount sets the mount's flags to exactly these: keep the restrictive ones.
+    if (st.f_flags & ST_NOSUID) flags |= MS_NOSUID;
+    if (st.f_flags & ST_NODEV) flags |= MS_NODEV;
+    if (st.f_flags & ST_NOEXEC) flags |= MS_NOEXEC;
+    if (::mount(nullptr, path, nullptr, flags, nullptr) != 0)
+      child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
+  }
+}
+
+// The sandbox steps before chdir (see the file comment for the order).
+void child_sandbox(const ChildPlan& plan) {
+  for (const ChildPlan::Limit& limit : plan.limits) {
+    rlimit current{};
+    if (::getrlimit(limit.resource, &current) != 0) child_fail(plan.error_fd, 4);
+    rlimit wanted{limit.soft, limit.hard};
+    // Never loosen a limit the parent already has (root could raise the hard limit).
+    if (current.rlim_max != RLIM_INFINITY) {
+      wanted.rlim_max = std::min(wanted.rlim_max, current.rlim_max);
+      wanted.rlim_cur = std::min(wanted.rlim_cur, current.rlim_max);
+    }
+    if (::setrlimit(limit.resource, &wanted) != 0) child_fail(plan.error_fd, 4);
+  }
+  if (!plan.cgroup_procs.empty()) {
+    int fd = ::open(plan.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::write(fd, "0", 1) != 1) child_skipped(plan.error_fd, kStepCgroup, 0, errno);
+    if (fd >= 0) ::close(fd);
+  }
+  if (plan.new_netns && ::unshare(CLONE_NEWNET) != 0) child_skipped(plan.error_fd, kStepNetns, 0, errno);
+  if (plan.read_only) child_read_only_filesystem(plan);
+}
+
+// Last step before exec: after the mounts (which need CAP_SYS_ADMIN).
+void child_drop_privileges(const ChildPlan& plan) {
+  if (!plan.drop_caps) return;
+  int err = drop_all_capabilities();
+  // Without CAP_SETPCAP (not root) there is nothing to drop: no_new_privs below keeps file
+  // capabilities and setuid bits from granting any at exec.
+  if (err != 0 && !(err == EPERM && ::geteuid() != 0)) child_skipped(plan.error_fd, kStepCaps, 0, err);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_skipped(plan.error_fd, kStepNoNewPrivs, 0, errno);
 }
 
 // Runs in the forked child: async-signal-safe calls only.
@@ -171,7 +293,10 @@ std::vector<std::string> path_candidates(const ProcessSpec& spec) {
                      : 65536;
     for (int fd = nstd; fd < max_fd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
+  child_sandbox(plan);
+  // After the mounts, so that a writable cwd is the writable bind mount.
   if (!plan.cwd.empty() && ::chdir(plan.cwd.c_str()) != 0) child_fail(plan.error_fd, 2);
+  child_drop_privileges(plan);
 
   // Like execvp: try each PATH entry; remember EACCES so it wins over a later ENOENT.
   int saved = ENOENT;
@@ -210,6 +335,237 @@ int remaining_ms(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
 
+// ---- sandbox helpers (parent side) -------------------------------------------------------------
+
+constexpr auto kCapPollInterval = std::chrono::milliseconds(200);
+
+std::optional<std::string> read_small_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+bool write_small_file(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = ::write(fd, text.data(), text.size());
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  return n == static_cast<ssize_t>(text.size());
+}
+
+// The fields of /proc/<pid>/stat after the command name: [0] is field 3 (state).
+std::vector<std::string_view> stat_fields(std::string_view text) {
+  std::vector<std::string_view> fields;
+  size_t paren = text.rfind(')');
+  if (paren == std::string_view::npos) return fields;
+  size_t pos = paren + 1;
+  while (pos < text.size()) {
+    while (pos < text.size() && text[pos] == ' ') ++pos;
+    size_t end = text.find(' ', pos);
+    if (end == std::string_view::npos) end = text.size();
+    if (end > pos) fields.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  return fields;
+}
+
+long long to_ll(std::string_view text) {
+  long long value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') break;
+    value = value * 10 + (c - '0');
+  }
+  return text.size() > 0 && text[0] == '-' ? -to_ll(text.substr(1)) : value;
+}
+
+// Calls fn(pid) for every process in /proc.
+template <class Fn>
+void for_each_process(Fn fn) {
+  DIR* dir = ::opendir("/proc");
+  if (!dir) return;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    fn(static_cast<pid_t>(to_ll(entry->d_name)));
+  }
+  ::closedir(dir);
+}
+
+// Tasks (threads included, zombies counted) of the processes in process group `pgid`.
+uint64_t count_group_tasks(pid_t pgid) {
+  uint64_t tasks = 0;
+  for_each_process([&](pid_t pid) {
+    auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+    if (!text) return;
+    auto f = stat_fields(*text);
+    if (f.size() > 17 && to_ll(f[2]) == pgid) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
+  });
+  return tasks;
+}
+
+// Tasks of the processes owned by `uid` (what RLIMIT_NPROC counts, near enough).
+uint64_t count_user_tasks(uid_t uid) {
+  uint64_t tasks = 0;
+  for_each_process([&](pid_t pid) {
+    std::string dir = "/proc/" + std::to_string(pid);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || st.st_uid != uid) return;
+    auto text = read_small_file(dir + "/stat");
+    auto f = text ? stat_fields(*text) : std::vector<std::string_view>{};
+    tasks += f.size() > 17 ? static_cast<uint64_t>(std::max(1LL, to_ll(f[17]))) : 1;
+  });
+  return tasks;
+}
+
+// User + system CPU seconds of a process (a zombie too, until reaped); -1 if unreadable.
+double process_cpu_seconds(pid_t pid) {
+  auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!text) return -1;
+  auto f = stat_fields(*text);
+  if (f.size() < 13) return -1;
+  return static_cast<double>(to_ll(f[11]) + to_ll(f[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// The pids cgroups: <base>/<supervisor pid>-<n>, one per sandboxed process with a task cap.
+// base: /sys/fs/cgroup/kernelzero (v2, pids enabled in its subtree) or
+// /sys/fs/cgroup/pids/kernelzero (v1). Empty with a reason when neither can be used.
+std::string pids_cgroup_base(std::string& why) {
+  static std::mutex mutex;
+  static std::string base, reason;
+  static bool done = false;
+  if (const char* off = std::getenv("KZ_SANDBOX_NO_CGROUP"); off && *off && std::string(off) != "0") {
+    why = "disabled by KZ_SANDBOX_NO_CGROUP";  // tests and debugging: the polling path
+    return "";
+  }
+  std::lock_guard lock(mutex);
+  if (!done) {
+    done = true;
+    auto make_base = [&](const std::string& dir) -> bool {
+      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        reason = fmt::format("mkdir {}: {}", dir, std::strerror(errno));
+        return false;
+      }
+      return true;
+    };
+    if (auto controllers = read_small_file("/sys/fs/cgroup/cgroup.controllers")) {
+      std::string dir = "/sys/fs/cgroup/kernelzero";
+      std::istringstream words(*controllers);
+      bool has_pids = false;
+      for (std::string word; words >> word;) has_pids |= word == "pids";
+      if (!has_pids) {
+        reason = "cgroup v2 without the pids controller";
+      } else if (make_base(dir)) {
+        auto root_control = read_small_file("/sys/fs/cgroup/cgroup.subtree_control").value_or("");
+        if (root_control.find("pids") == std::string::npos)
+          write_small_file("/sys/fs/cgroup/cgroup.subtree_control", "+pids");
+        if (write_small_file(dir + "/cgroup.subtree_control", "+pids")) base = dir;
+        else reason = fmt::format("enabling pids in {}: {}", dir, std::strerror(errno));
+      }
+    } else if (::access("/sys/fs/cgroup/pids/cgroup.procs", F_OK) == 0) {
+      std::string dir = "/sys/fs/cgroup/pids/kernelzero";
+      if (make_base(dir)) base = dir;
+    } else {
+      reason = "no pids cgroup controller mounted";
+    }
+    if (!base.empty()) {
+      // Remove what supervisors that are gone left behind (their groups were killed, or are empty).
+      if (DIR* dir = ::opendir(base.c_str())) {
+        while (dirent* entry = ::readdir(dir)) {
+          pid_t owner = static_cast<pid_t>(to_ll(entry->d_name));
+          if (owner > 0 && owner != ::getpid() && ::kill(owner, 0) != 0 && errno == ESRCH)
+            ::rmdir((base + "/" + entry->d_name).c_str());
+        }
+        ::closedir(dir);
+      }
+    }
+  }
+  why = reason;
+  return base;
+}
+
+std::vector<pid_t> cgroup_members(const std::string& dir) {
+  std::vector<pid_t> pids;
+  std::istringstream in(read_small_file(dir + "/cgroup.procs").value_or(""));
+  for (long long pid; in >> pid;) pids.push_back(static_cast<pid_t>(pid));
+  return pids;
+}
+
+// Kills every process of the cgroup, then removes it (bounded: about 1 s).
+void remove_cgroup(const std::string& dir) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    for (pid_t pid : cgroup_members(dir)) ::kill(pid, SIGKILL);
+    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// How often a fork was refused at pids.max ("max N" in pids.events).
+long long cgroup_max_events(const std::string& dir) {
+  auto text = read_small_file(dir + "/pids.events");
+  if (!text) return 0;
+  size_t pos = text->find("max ");
+  return pos == std::string::npos ? 0 : to_ll(std::string_view(*text).substr(pos + 4));
+}
+
+// Mount points to remount read-only: every mount in our namespace but the writable paths, what
+// lies under them, and autofs (remounting it could trigger or break automounts).
+std::vector<std::string> mounts_to_protect(const std::vector<std::string>& writable) {
+  auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '\\' && i + 3 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]))) {
+        out += static_cast<char>((text[i + 1] - '0') * 64 + (text[i + 2] - '0') * 8 + (text[i + 3] - '0'));
+        i += 3;
+      } else {
+        out += text[i];
+      }
+    }
+    return out;
+  };
+  auto under = [](const std::string& path, const std::string& dir) {
+    return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+                           (dir.back() == '/' || path[dir.size()] == '/'));
+  };
+  std::vector<std::string> mounts;
+  std::istringstream info(read_small_file("/proc/self/mountinfo").value_or(""));
+  for (std::string line; std::getline(info, line);) {
+    std::istringstream fields(line);
+    std::string id, parent, devno, root, point, word;
+    fields >> id >> parent >> devno >> root >> point;
+    while (fields >> word && word != "-") {
+    }
+    std::string fstype;
+    fields >> fstype;
+    if (point.empty() || fstype == "autofs") continue;
+    point = unescape(point);
+    if (std::any_of(writable.begin(), writable.end(), [&](const std::string& w) { return under(point, w); })) continue;
+    if (std::find(mounts.begin(), mounts.end(), point) == mounts.end()) mounts.push_back(point);
+  }
+  return mounts;
+}
+
+const char* step_name(int32_t step) {
+  switch (step) {
+    case kStepCgroup: return "joining the pids cgroup";
+    case kStepNetns: return "unshare(CLONE_NEWNET)";
+    case kStepMountns: return "unshare(CLONE_NEWNS)";
+    case kStepMountPrivate: return "making mounts private";
+    case kStepBind: return "bind-mounting a writable path";
+    case kStepRemount: return "remounting read-only";
+    case kStepCaps: return "dropping capabilities";
+    case kStepNoNewPrivs: return "PR_SET_NO_NEW_PRIVS";
+    default: return "sandbox step";
+  }
+}
+
 }  // namespace
 
 std::string ExitInfo::describe() const {
@@ -232,17 +588,54 @@ struct Process::Impl {
   bool has_msg_pipe = false;
   std::optional<ExitInfo> exit;  // observed with WNOWAIT: the child is a zombie until reaped
   bool reaped = false;
+  // Sandbox.
+  SandboxReport report;
+  std::string cgroup;             // the pids cgroup holding the child; empty: none
+  uint64_t max_tasks = 0;         // the task cap (0: none)
+  uint64_t cpu_limit_s = 0;
+  Clock::time_point next_cap_check{};
+  bool cap_hit = false;           // the task cap was reached (the group was then killed)
+  bool signalled = false;         // we sent the child a signal
+  double exit_cpu_s = -1;         // the child's CPU time, read when its exit was first seen
 
   ~Impl() {
-    if (pid <= 0) return;
-    kill_group(SIGKILL);  // also takes out grandchildren left behind by an exited child
-    reap();
+    if (pid > 0) {
+      kill_group(SIGKILL);  // also takes out grandchildren left behind by an exited child
+      reap();
+    }
+    if (!cgroup.empty()) remove_cgroup(cgroup);  // and whatever left the group but not the cgroup
   }
 
   void kill_group(int sig) {
+    if (!cgroup.empty())
+      for (pid_t member : cgroup_members(cgroup)) ::kill(member, sig);
     if (reaped) return;  // the pid may belong to someone else now
+    signalled = true;
     if (group && ::kill(-pid, sig) == 0) return;
     ::kill(pid, sig);
+  }
+
+  // Past the task cap: kill the group. The cgroup refuses forks at the cap and counts them; the
+  // polled group is counted here.
+  void check_task_cap() {
+    next_cap_check = Clock::now() + kCapPollInterval;
+    if (cap_hit || max_tasks == 0) return;
+    bool over = !cgroup.empty() ? cgroup_max_events(cgroup) > 0 : group && count_group_tasks(pid) > max_tasks;
+    if (!over) return;
+    cap_hit = true;
+    kill_group(SIGKILL);
+  }
+
+  LimitHit limit_hit() const {
+    if (cap_hit) return LimitHit::processes;
+    if (!exit || exit->exited) return LimitHit::none;
+    if (exit->term_signal == SIGXCPU) return LimitHit::cpu_time;
+    if (exit->term_signal == SIGXFSZ) return LimitHit::file_size;
+    // SIGXCPU ignored: the kernel sends SIGKILL at the hard limit.
+    if (exit->term_signal == SIGKILL && cpu_limit_s > 0 && !signalled &&
+        exit_cpu_s >= static_cast<double>(cpu_limit_s))
+      return LimitHit::cpu_time;
+    return LimitHit::none;
   }
 
   void reap() {
@@ -262,7 +655,14 @@ struct Process::Impl {
     int rc;
     do rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
     while (rc != 0 && errno == EINTR);
-    if (rc == 0 && info.si_pid == pid) exit = decode(info);
+    if (rc == 0 && info.si_pid == pid) {
+      exit = decode(info);
+      if (cpu_limit_s > 0) exit_cpu_s = process_cpu_seconds(pid);  // still a zombie: readable
+      // A last look: forks refused by the cgroup, or a group still past the cap (its children
+      // outlive a leader that died of a refused fork).
+      if (max_tasks > 0 && !cap_hit)
+        cap_hit = !cgroup.empty() ? cgroup_max_events(cgroup) > 0 : group && count_group_tasks(pid) > max_tasks;
+    }
   }
 
   // Reads once from a readable fd; closes it on EOF or error. Returns bytes read.
@@ -311,6 +711,8 @@ struct Process::Impl {
     if (!exit) add(pidfd, POLLIN);
     // Without a pidfd nothing wakes us on exit: poll in short slices and check.
     if (!exit && !pidfd.valid()) timeout_ms = std::min(timeout_ms, 10);
+    bool watch_cap = max_tasks > 0 && !exit && !cap_hit;
+    if (watch_cap) timeout_ms = std::min(timeout_ms, remaining_ms(next_cap_check));
     int rc = ::poll(fds, n, timeout_ms);
     if (rc > 0) {
       for (nfds_t i = 0; i < n; ++i) {
@@ -323,6 +725,7 @@ struct Process::Impl {
       }
     }
     check_exit();
+    if (watch_cap && !exit && Clock::now() >= next_cap_check) check_task_cap();
   }
 
   // After exit: takes what is already in the pipes without waiting for EOF, since a surviving
@@ -358,6 +761,8 @@ pid_t Process::pid() const { return impl_->pid; }
 const std::string& Process::stdout_tail() const { return impl_->out_tail; }
 const std::string& Process::stderr_tail() const { return impl_->err_tail; }
 void Process::kill_group(int sig) { impl_->kill_group(sig); }
+const SandboxReport& Process::sandbox() const { return impl_->report; }
+LimitHit Process::limit_hit() const { return impl_->limit_hit(); }
 
 Result<Process> Process::spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return invalid_argument("spawning a process: empty argv");
@@ -377,7 +782,53 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   plan.cwd = spec.cwd.string();
   plan.new_group = spec.new_process_group;
 
+  plan.new_netns = spec.new_network_namespace;
+  plan.read_only = spec.read_only_filesystem;
+  plan.drop_caps = spec.drop_capabilities;
+  if (plan.read_only) {
+    for (const auto& path : spec.writable_paths) {
+      std::error_code ec;
+      auto canonical = std::filesystem::canonical(path, ec);
+      if (ec) return invalid_argument(fmt::format("spawning {}: writable path {}: {}", prog, path.string(), ec.message()));
+      plan.writable.push_back(canonical.string());
+    }
+    plan.readonly_mounts = mounts_to_protect(plan.writable);
+  }
+
   auto impl = std::make_unique<Impl>();
+  // Sandbox: everything the child will need, and the pids cgroup.
+  const ResourceLimits& lim = spec.limits;
+  auto add_limit = [&](int resource, uint64_t value, uint64_t extra_hard = 0) {
+    if (value > 0) plan.limits.push_back({resource, static_cast<rlim_t>(value), static_cast<rlim_t>(value + extra_hard)});
+  };
+  add_limit(RLIMIT_CPU, lim.cpu_time_s, 2);  // SIGXCPU at the soft limit, SIGKILL at the hard one
+  add_limit(RLIMIT_FSIZE, lim.file_size_bytes);
+  add_limit(RLIMIT_AS, lim.address_space_bytes);
+  add_limit(RLIMIT_NOFILE, lim.open_files);
+  if (lim.no_core_dumps) plan.limits.push_back({RLIMIT_CORE, 0, 0});
+  // Root: the kernel ignores RLIMIT_NPROC. Otherwise one more than the cap, so that a group stopped
+  // by it is seen past the cap.
+  if (lim.max_processes > 0 && ::getuid() != 0)
+    add_limit(RLIMIT_NPROC, lim.max_processes + 1 + count_user_tasks(::getuid()));
+  impl->cpu_limit_s = lim.cpu_time_s;
+  impl->max_tasks = lim.max_processes;
+  if (lim.max_processes > 0) {
+    std::string why;
+    std::string base = pids_cgroup_base(why);
+    if (!base.empty()) {
+      static std::atomic<uint64_t> counter{0};
+      std::string dir = fmt::format("{}/{}-{}", base, ::getpid(), counter++);
+      if (::mkdir(dir.c_str(), 0755) == 0 && write_small_file(dir + "/pids.max", std::to_string(lim.max_processes))) {
+        impl->cgroup = dir;
+        plan.cgroup_procs = dir + "/cgroup.procs";
+      } else {
+        why = fmt::format("creating {}: {}", dir, std::strerror(errno));
+        ::rmdir(dir.c_str());
+      }
+    }
+    impl->report.process_cap = impl->cgroup.empty() ? "polling" : "cgroup";
+    if (impl->cgroup.empty()) impl->report.notes.push_back("pids cgroup: " + why + "; polling the process group");
+  }
   Fd child_in, child_out, child_err, child_msg, error_r, error_w;
   if (!make_pipe(child_in, impl->in) || !make_pipe(impl->out, child_out) ||
       !make_pipe(impl->err, child_err) || !make_pipe(error_r, error_w) ||
@@ -414,18 +865,48 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   child_err.reset();
   child_msg.reset();
 
-  ChildError ce{};
-  ssize_t n;
-  do n = ::read(error_r.get(), &ce, sizeof ce);
-  while (n < 0 && errno == EINTR);
-  if (n == static_cast<ssize_t>(sizeof ce)) {
-    impl->reap();  // the child already _exit()ed
-    impl->pid = -1;
-    std::string msg = fmt::format("spawning {}: {}{}: {}", prog, kStageNames[ce.stage],
-                                  ce.stage == 2 ? " " + plan.cwd : std::string(),
-                                  std::strerror(ce.err));
-    return ce.err == ENOENT && ce.stage == 3 ? not_found(std::move(msg)) : io_error(std::move(msg));
+  // The child's records until exec (EOF: the pipe is CLOEXEC) or its _exit.
+  std::string records;
+  for (;;) {
+    char buf[4096];
+    ssize_t n = ::read(error_r.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    records.append(buf, static_cast<size_t>(n));
   }
+  std::vector<int32_t> skipped;
+  for (size_t off = 0; off + sizeof(ChildRecord) <= records.size(); off += sizeof(ChildRecord)) {
+    ChildRecord r;
+    std::memcpy(&r, records.data() + off, sizeof r);
+    if (r.kind == kFailed) {
+      impl->reap();  // the child already _exit()ed
+      impl->pid = -1;
+      std::string msg = fmt::format("spawning {}: {}{}: {}", prog, kStageNames[r.what],
+                                    r.what == 2 ? " " + plan.cwd : std::string(), std::strerror(r.err));
+      return r.err == ENOENT && r.what == 3 ? not_found(std::move(msg)) : io_error(std::move(msg));
+    }
+    skipped.push_back(r.what);
+    std::string what = step_name(r.what);
+    if (r.what == kStepBind && r.index >= 0 && static_cast<size_t>(r.index) < plan.writable.size())
+      what += " (" + plan.writable[r.index] + ")";
+    if (r.what == kStepRemount && r.index >= 0 && static_cast<size_t>(r.index) < plan.readonly_mounts.size())
+      what += " (" + plan.readonly_mounts[r.index] + ")";
+    impl->report.notes.push_back(fmt::format("{}: {}", what, std::strerror(r.err)));
+  }
+  auto was_skipped = [&](std::initializer_list<int32_t> steps) {
+    return std::any_of(steps.begin(), steps.end(),
+                       [&](int32_t s) { return std::find(skipped.begin(), skipped.end(), s) != skipped.end(); });
+  };
+  impl->report.network_isolated = spec.new_network_namespace && !was_skipped({kStepNetns});
+  impl->report.filesystem_read_only =
+      spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
+  impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
+  if (!impl->cgroup.empty() && was_skipped({kStepCgroup})) {  // the child is not in it: poll instead
+    ::rmdir(impl->cgroup.c_str());
+    impl->cgroup.clear();
+    impl->report.process_cap = "polling";
+  }
+  impl->next_cap_check = Clock::now() + kCapPollInterval;
 
   impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));  // -1: slice instead
   impl->has_msg_pipe = spec.message_pipe;

@@ -4,13 +4,21 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 namespace kz {
 namespace {
@@ -265,6 +273,268 @@ TEST(Subprocess, MovedProcessKeepsOwnership) {
   auto exit = moved.wait_for(5s);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 5);
+}
+
+// ---- sandbox -----------------------------------------------------------------------------------
+
+// Waits for the child's exit (or kills it at `timeout`), draining its output.
+ExitInfo finish(Process& proc, std::chrono::milliseconds timeout) {
+  if (auto exit = proc.wait_for(timeout)) return *exit;
+  ADD_FAILURE() << "still running after " << timeout.count() << " ms; stderr: " << proc.stderr_tail();
+  return proc.kill_and_reap();
+}
+
+std::string notes(const Process& proc) {
+  std::string text;
+  for (const auto& n : proc.sandbox().notes) text += n + "\n";
+  return text;
+}
+
+// A fresh directory, removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/kz-sandbox-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// Processes (zombies excluded) in process group `pgid`.
+int live_in_group(pid_t pgid) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(text.substr(paren + 2));
+    std::string state, ppid, pgrp;
+    fields >> state >> ppid >> pgrp;
+    if (state != "Z" && std::atoi(pgrp.c_str()) == pgid) ++count;
+  }
+  return count;
+}
+
+TEST(SubprocessSandbox, DefaultSpecHasNoSandbox) {
+  auto proc = Process::spawn(sh("exit 0"));
+  ASSERT_TRUE(proc.ok());
+  finish(*proc, 5s);
+  const SandboxReport& r = proc->sandbox();
+  EXPECT_FALSE(r.network_isolated);
+  EXPECT_FALSE(r.filesystem_read_only);
+  EXPECT_FALSE(r.capabilities_dropped);
+  EXPECT_EQ(r.process_cap, "");
+  EXPECT_TRUE(r.notes.empty());
+  EXPECT_EQ(proc->limit_hit(), LimitHit::none);
+}
+
+TEST(SubprocessSandbox, CpuLimitKillsBusyLoop) {
+  ProcessSpec spec = sh("while :; do :; done");
+  spec.limits.cpu_time_s = 1;
+  spec.limits.no_core_dumps = true;
+  auto start = Clock::now();
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  ExitInfo exit = finish(*proc, 30s);
+  EXPECT_TRUE(exit.term_signal == SIGXCPU || exit.term_signal == SIGKILL) << exit.describe();
+  EXPECT_EQ(proc->limit_hit(), LimitHit::cpu_time) << exit.describe();
+  EXPECT_LT(Clock::now() - start, 20s);
+}
+
+TEST(SubprocessSandbox, CpuLimitStillKillsWhenSigxcpuIsIgnored) {
+  ProcessSpec spec = sh("trap '' XCPU; while :; do :; done");
+  spec.limits.cpu_time_s = 1;
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok());
+  ExitInfo exit = finish(*proc, 30s);
+  EXPECT_EQ(exit.term_signal, SIGKILL) << exit.describe();  // the hard limit, 2 CPU-seconds later
+  EXPECT_EQ(proc->limit_hit(), LimitHit::cpu_time);
+}
+
+TEST(SubprocessSandbox, FileSizeLimitStopsBigWrite) {
+  TempDir dir;
+  ProcessSpec spec = sh("exec head -c 10485760 /dev/zero > big");
+  spec.cwd = dir.path;
+  spec.limits.file_size_bytes = 1 << 20;
+  spec.limits.no_core_dumps = true;
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok());
+  ExitInfo exit = finish(*proc, 10s);
+  EXPECT_EQ(exit.term_signal, SIGXFSZ) << exit.describe();
+  EXPECT_EQ(proc->limit_hit(), LimitHit::file_size);
+  EXPECT_EQ(std::filesystem::file_size(dir.path / "big"), 1u << 20);
+}
+
+TEST(SubprocessSandbox, AddressSpaceLimitFailsBigAllocation) {
+  ProcessSpec spec = sh("exec dd if=/dev/zero of=/dev/null bs=512M count=1");
+  spec.limits.address_space_bytes = 256ull << 20;
+  RunResult r = run_ok(spec);
+  EXPECT_TRUE(r.exit.exited);
+  EXPECT_NE(r.exit.exit_code, 0);
+  EXPECT_NE(r.stderr_text.find("memory"), std::string::npos) << r.stderr_text;
+}
+
+// A listener on the parent's loopback; the child tries to connect to it with bash's /dev/tcp.
+class LoopbackListener {
+ public:
+  LoopbackListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      ADD_FAILURE() << "listener: " << std::strerror(errno);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~LoopbackListener() { ::close(fd_); }
+  int port() const { return port_; }
+  // Whether a connection arrived (non-blocking accept).
+  bool accepted() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    if (c < 0) return false;
+    ::close(c);
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+ProcessSpec connect_probe(int port) {
+  ProcessSpec spec;
+  spec.argv = {"bash", "-c",
+               "if exec 3<>/dev/tcp/127.0.0.1/" + std::to_string(port) + "; then echo connected; else echo failed; fi"};
+  spec.env = {{"PATH", "/usr/bin:/bin"}};
+  return spec;
+}
+
+TEST(SubprocessSandbox, NetworkNamespaceLeavesOnlyLoopback) {
+  LoopbackListener listener;
+  // Control: without the namespace the probe does reach the listener (so the test means something).
+  RunResult control = run_ok(connect_probe(listener.port()));
+  ASSERT_EQ(control.stdout_text, "connected\n") << control.stderr_text;
+  EXPECT_TRUE(listener.accepted());
+
+  ProcessSpec devs = sh("cat /proc/net/dev");
+  devs.new_network_namespace = true;
+  auto proc = Process::spawn(devs);
+  ASSERT_TRUE(proc.ok());
+  finish(*proc, 5s);
+  if (!proc->sandbox().network_isolated) GTEST_SKIP() << "no network namespace here: " << notes(*proc);
+  std::istringstream lines(proc->stdout_tail());
+  std::vector<std::string> interfaces;
+  for (std::string line; std::getline(lines, line);) {
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;  // the two header lines
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    interfaces.push_back(name);
+  }
+  EXPECT_EQ(interfaces, std::vector<std::string>{"lo"}) << proc->stdout_tail();
+
+  // The namespace's own loopback is not the parent's: the connection fails, and fails fast.
+  ProcessSpec probe = connect_probe(listener.port());
+  probe.new_network_namespace = true;
+  auto start = Clock::now();
+  RunResult r = run_ok(probe);
+  EXPECT_EQ(r.stdout_text, "failed\n") << r.stderr_text;
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_FALSE(listener.accepted());
+}
+
+// A shell starting 2000 sleeping children: the cap stops it, the group is killed, no child stays.
+void expect_process_cap_stops_fork_bomb(const char* expected_mechanism) {
+  ProcessSpec spec = sh("i=0; while [ $i -lt 2000 ]; do sleep 60 & i=$((i+1)); done; wait");
+  spec.limits.max_processes = 40;
+  auto start = Clock::now();
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok());
+  EXPECT_EQ(proc->sandbox().process_cap, expected_mechanism) << notes(*proc);
+  pid_t pgid = proc->pid();
+  ExitInfo exit = finish(*proc, 30s);
+  // Killed by the supervisor, or (cgroup: fork fails with EAGAIN at the cap) exited by itself first.
+  EXPECT_EQ(proc->limit_hit(), LimitHit::processes) << exit.describe();
+  EXPECT_LT(Clock::now() - start, 20s);
+  proc->kill_and_reap();
+  int left = 0;
+  for (int i = 0; i < 50 && (left = live_in_group(pgid)) > 0; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(left, 0);
+}
+
+TEST(SubprocessSandbox, ProcessCapStopsForkBomb) {
+  ProcessSpec probe = sh("true");
+  probe.limits.max_processes = 10;
+  auto proc = Process::spawn(probe);
+  ASSERT_TRUE(proc.ok());
+  finish(*proc, 5s);
+  std::string mechanism = proc->sandbox().process_cap;
+  ASSERT_TRUE(mechanism == "cgroup" || mechanism == "polling") << mechanism;
+  expect_process_cap_stops_fork_bomb(mechanism.c_str());
+}
+
+TEST(SubprocessSandbox, ProcessCapByPollingStopsForkBomb) {
+  ::setenv("KZ_SANDBOX_NO_CGROUP", "1", 1);
+  expect_process_cap_stops_fork_bomb("polling");
+  ::unsetenv("KZ_SANDBOX_NO_CGROUP");
+}
+
+TEST(SubprocessSandbox, UnderTheCapNothingHappens) {
+  ProcessSpec spec = sh("sleep 0.5 & sleep 0.5 & wait; echo done");
+  spec.limits.max_processes = 40;
+  RunResult r = run_ok(spec);
+  EXPECT_EQ(r.stdout_text, "done\n");
+  EXPECT_EQ(r.exit.exit_code, 0);
+}
+
+TEST(SubprocessSandbox, ReadOnlyFilesystemButWritablePaths) {
+  TempDir writable, other;
+  ProcessSpec spec = sh("echo ok > inside && echo inside-ok; (echo no > " + (other.path / "outside").string() +
+                        ") 2>/dev/null && echo outside-written || echo outside-denied");
+  spec.cwd = writable.path;
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {writable.path};
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  if (!proc->sandbox().filesystem_read_only) GTEST_SKIP() << "no read-only mount namespace here: " << notes(*proc);
+  EXPECT_EQ(proc->stdout_tail(), "inside-ok\noutside-denied\n") << proc->stderr_tail();
+  EXPECT_TRUE(std::filesystem::exists(writable.path / "inside"));
+  EXPECT_FALSE(std::filesystem::exists(other.path / "outside"));
+  // The parent's namespace is untouched.
+  std::ofstream(other.path / "parent") << "still writable";
+  EXPECT_TRUE(std::filesystem::exists(other.path / "parent"));
+}
+
+TEST(SubprocessSandbox, DroppedCapabilitiesCannotUndoTheReadOnlyMounts) {
+  TempDir writable;
+  ProcessSpec spec = sh("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
+                        "mount -o remount,rw / 2>/dev/null && echo remounted || echo remount-denied");
+  spec.cwd = writable.path;
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {writable.path};
+  spec.drop_capabilities = true;
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok());
+  finish(*proc, 10s);
+  ASSERT_TRUE(proc->sandbox().capabilities_dropped) << notes(*proc);
+  const std::string& out = proc->stdout_tail();
+  EXPECT_NE(out.find("CapEff:\t0000000000000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("NoNewPrivs:\t1"), std::string::npos) << out;
+  EXPECT_NE(out.find("remount-denied"), std::string::npos) << out;
+  // Root gets an empty bounding set; another user has no capabilities to drop (no_new_privs keeps
+  // setuid and file capabilities from granting any).
+  if (::geteuid() == 0) {
+    EXPECT_NE(out.find("CapBnd:\t0000000000000000"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -10,30 +10,17 @@
 #include <regex>
 
 #include "kz/core/files.h"
+#include "kz/core/hash.h"
 #include "kz/core/subprocess.h"
-
-#ifndef KZ_DEFAULT_PYTHON
-#define KZ_DEFAULT_PYTHON "python3"
-#endif
-#ifndef KZ_DEFAULT_WORKER_DIR
-#define KZ_DEFAULT_WORKER_DIR "worker"
-#endif
+#include "kz/eval/sandbox.h"
+#include "kz/eval/static_checks.h"
+#include "kz/eval/worker_client.h"
 
 namespace kz {
 namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? value : fallback;
-}
-
-fs::path default_cache_dir() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "kernelzero";
-  return fs::path(env_or("HOME", "/tmp")) / ".cache" / "kernelzero";
-}
 
 uint64_t fresh_seed() {
   std::random_device device;
@@ -49,106 +36,38 @@ double stage_timeout_s(const StageTimeouts& t, const std::string& stage) {
   return t.startup_s;
 }
 
-// The worker's environment: nothing inherited but what it needs (no API keys, no tokens).
-std::map<std::string, std::string> worker_environment(const std::string& python, const fs::path& worker_dir,
-                                                      const fs::path& cache_dir, const fs::path& scratch) {
-  auto parent = current_environment();
-  std::map<std::string, std::string> env;
-  std::string path = env_or("PATH", "/usr/local/bin:/usr/bin:/bin");
-  if (python.find('/') != std::string::npos) path = fs::path(python).parent_path().string() + ":" + path;
-  std::string cuda_home = env_or("CUDA_HOME", fs::exists("/usr/local/cuda") ? "/usr/local/cuda" : "");
-  if (!cuda_home.empty()) path += ":" + cuda_home + "/bin";
-  env["PATH"] = path;
-  env["HOME"] = scratch.string();
-  env["TMPDIR"] = scratch.string();
-  env["PYTHONPATH"] = worker_dir.string();
-  env["PYTHONUNBUFFERED"] = "1";
-  env["PYTHONDONTWRITEBYTECODE"] = "1";
-  env["PYTHONNOUSERSITE"] = "1";
-  env["TORCH_EXTENSIONS_DIR"] = (cache_dir / "torch_extensions").string();
-  env["TRITON_CACHE_DIR"] = (cache_dir / "triton").string();
-  env["MAX_JOBS"] = std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
-  for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
-                           "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                           "LANG", "LC_ALL"}) {
-    if (auto it = parent.find(name); it != parent.end()) env[name] = it->second;
-  }
-  return env;
-}
-
+// The protocol options (device, trials, sizes, tolerances, timing) come from
+// protocol_options_json, the same object the verdict cache key is made of.
 nlohmann::json make_request(const EvalOptions& o, const Task& task, const Candidate& candidate, Format format,
                             uint64_t seed, const fs::path& scratch, EvalMode mode) {
-  const auto& t = o.tolerance;
-  return {
-      {"task_id", task.id},
-      {"reference_source", task.source},
-      {"candidate_source", candidate.source},
-      {"format", format_name(format)},
-      {"device", o.device},
-      {"mode", mode == EvalMode::compile_only ? "compile" : "eval"},
-      {"seed", seed},
-      {"trials", o.trials},
-      {"scratch_dir", scratch.string()},
-      {"use_cpu_sizes", o.use_cpu_sizes},
-      {"size_overrides", o.size_overrides},
-      {"tolerance",
-       {{"atol_fp32", t.atol_fp32}, {"rtol_fp32", t.rtol_fp32}, {"norm_tol_fp32", t.norm_tol_fp32},
-        {"atol_half", t.atol_half}, {"rtol_half", t.rtol_half}, {"norm_tol_half", t.norm_tol_half}}},
-      {"timing",
-       {{"enabled", o.timing.enabled}, {"warmup_runs", o.timing.warmup_runs}, {"runs", o.timing.runs},
-        {"input_sets", o.timing.input_sets}, {"l2_flush_mb", o.timing.l2_flush_mb}}},
-  };
+  nlohmann::json request = protocol_options_json(o);
+  request["task_id"] = task.id;
+  request["reference_source"] = task.source;
+  request["candidate_source"] = candidate.source;
+  request["format"] = format_name(format);
+  request["mode"] = mode == EvalMode::compile_only ? "compile" : "eval";
+  request["seed"] = seed;
+  request["scratch_dir"] = scratch.string();
+  return request;
 }
 
-std::string tail(const std::string& text, size_t max_chars = 3000) {
-  return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
-}
-
-// Follows the worker's stage messages until a verdict, a deadline or the worker's death.
-Verdict supervise(Process& worker, const StageTimeouts& timeouts) {
-  std::string stage = "startup";
-  auto deadline = Clock::now() + std::chrono::duration<double>(timeouts.startup_s);
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    std::string line;
-    auto event = worker.read_message(line, std::max(left, std::chrono::milliseconds(0)));
-    if (event == Process::ReadEvent::timeout) {
-      worker.kill_and_reap();
-      Verdict v = make_verdict(EvalStatus::timeout, {Check::stage_timeout},
-                               fmt::format("stage '{}' ran past its {:g} s limit; the worker was killed", stage,
-                                           stage_timeout_s(timeouts, stage)));
-      v.stage = stage;
-      return v;
-    }
-    if (event == Process::ReadEvent::eof) {
-      auto exit = worker.wait_for(std::chrono::seconds(10));
-      std::string how = exit ? exit->describe() : "no exit after closing its pipe";
-      worker.kill_and_reap();  // the group may still hold the worker's orphans
-      Verdict v = make_verdict(EvalStatus::runtime_error, {Check::worker_crashed},
-                               fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
-                                           how, tail(worker.stderr_tail())));
-      v.stage = stage;
-      return v;
-    }
-    auto message = nlohmann::json::parse(line, nullptr, false);
-    std::string type = message.is_object() ? message.value("type", "") : "";
-    if (type == "stage") {
-      stage = message.value("name", "?");
-      deadline = Clock::now() + std::chrono::duration<double>(stage_timeout_s(timeouts, stage));
-    } else if (type == "result") {
-      auto verdict = verdict_from_json(message);
-      worker.wait_for(std::chrono::seconds(10));
-      worker.kill_and_reap();  // nothing the candidate started may outlive its evaluation
-      if (verdict.ok()) return *verdict;
-      return make_verdict(EvalStatus::infra_error, {Check::worker_protocol},
-                          "worker sent an unreadable verdict: " + verdict.status().message());
-    } else {
-      worker.kill_and_reap();
-      return make_verdict(EvalStatus::infra_error, {Check::worker_protocol},
-                          "worker sent an unknown message: " + tail(line, 300));
-    }
+// The verdict for a worker run: its own verdict, or the supervisor's for a timeout, crash or
+// protocol violation.
+Verdict verdict_from_outcome(const WorkerOutcome& outcome) {
+  using Kind = WorkerOutcome::Kind;
+  if (outcome.kind == Kind::result) {
+    auto verdict = verdict_from_json(outcome.result);
+    if (verdict.ok()) return *verdict;
+    return make_verdict(EvalStatus::infra_error, {Check::worker_protocol},
+                        "worker sent an unreadable verdict: " + verdict.status().message());
   }
+  if (outcome.kind == Kind::protocol_error)
+    return make_verdict(EvalStatus::infra_error, {Check::worker_protocol}, outcome.message);
+  Verdict v = outcome.kind == Kind::timeout
+                  ? make_verdict(EvalStatus::timeout, {Check::stage_timeout}, outcome.message)
+                  : make_verdict(EvalStatus::runtime_error, {Check::worker_crashed}, outcome.message);
+  v.stage = outcome.stage;
+  return v;
 }
 
 }  // namespace
@@ -164,16 +83,39 @@ Evaluator::Evaluator(EvalOptions options, std::string python, fs::path worker_di
 
 Result<Evaluator> Evaluator::create(EvalOptions options) {
   KZ_RETURN_IF_ERROR(options.validate());
-  std::string python = !options.worker.python.empty() ? options.worker.python : env_or("KZ_PYTHON", KZ_DEFAULT_PYTHON);
-  fs::path worker_dir = !options.worker.worker_dir.empty() ? options.worker.worker_dir
-                                                            : fs::path(env_or("KZ_WORKER_DIR", KZ_DEFAULT_WORKER_DIR));
-  if (!fs::exists(worker_dir / "kz_worker" / "__main__.py"))
-    return not_found(fmt::format("evaluation worker not found: {} (set KZ_WORKER_DIR or [worker] worker_dir)",
-                                 (worker_dir / "kz_worker").string()));
-  if (python.find('/') != std::string::npos && !fs::exists(python))
-    return not_found(fmt::format("worker Python '{}' does not exist (run scripts/setup.sh, or set KZ_PYTHON)", python));
-  fs::path cache_dir = !options.worker.cache_dir.empty() ? options.worker.cache_dir : default_cache_dir();
-  return Evaluator(std::move(options), std::move(python), fs::absolute(worker_dir), std::move(cache_dir));
+  auto setup = resolve_worker_setup(options.worker);
+  if (!setup.ok()) return setup.status();
+  Evaluator evaluator(std::move(options), setup->python, setup->worker_dir, setup->cache_dir);
+  if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
+  return evaluator;
+}
+
+Status Evaluator::open_cache() {
+  fs::path path = verdict_cache_path(options_, cache_dir_);
+  auto cache = VerdictCache::open(path);
+  if (!cache.ok())
+    return Status(cache.status().code(),
+                  cache.status().message() + " (turn the cache off with --no-cache or [cache] enabled = false)");
+  cache_ = std::make_shared<VerdictCache>(std::move(*cache));
+  auto code = worker_code_version(worker_dir_);
+  if (!code.ok()) return code.status();
+  // The interpreter's real path names its venv (venv-<hash of requirements.txt>): new torch, new keys.
+  std::error_code ec;
+  fs::path interpreter = python_.find('/') != std::string::npos ? fs::canonical(python_, ec) : fs::path(python_);
+  code_version_ = content_hash({*code, ec ? python_ : interpreter.string(), supervisor_version()});
+  if (options_.device != "cpu") gpu_name_ = gpu_model_names();
+  return Status::ok();
+}
+
+Result<Evaluator> Evaluator::with_format(const std::string& format) const {
+  Evaluator copy = *this;
+  copy.options_.format = format;
+  KZ_RETURN_IF_ERROR(copy.options_.validate());
+  return copy;
+}
+
+std::string Evaluator::cache_key(const Task& task, const Candidate& candidate, Format format) const {
+  return verdict_cache_key(options_, {task.source, candidate.source, format, gpu_name_, code_version_});
 }
 
 Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate, EvalMode mode) const {
@@ -198,28 +140,42 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   if (*format != Format::torch && !std::regex_search(candidate.source, std::regex(R"((^|\n)class\s+ModelNew\b)")))
     return finish(make_verdict(EvalStatus::format_error, {Check::no_model_new}, "candidate defines no class ModelNew"),
                   format_name(*format), 0);
+  // Static anti-cheating checks on the source (static_checks.h): cheap, so before the cache and any worker.
+  if (auto findings = static_checks(candidate.source, *format, task.source); !findings.empty())
+    return finish(static_checks_verdict(findings), format_name(*format), 0);
 
-  uint64_t seed = options_.seed ? options_.seed : fresh_seed();
-  fs::path scratch_root = !options_.worker.scratch_root.empty() ? options_.worker.scratch_root
-                                                                 : fs::path(env_or("TMPDIR", "/tmp"));
-  auto scratch = make_unique_dir(scratch_root, "kz-eval-");
-  if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
-
-  ProcessSpec spec;
-  spec.argv = {python_, "-m", "kz_worker"};
-  spec.env = worker_environment(python_, worker_dir_, cache_dir_, *scratch);
-  spec.cwd = *scratch;
-  spec.stdin_data = make_request(options_, task, candidate, *format, seed, *scratch, mode).dump();
-  spec.message_pipe = true;
-  auto worker = Process::spawn(spec);
-  if (!worker.ok()) return worker.status().with_context(fmt::format("task {}: starting the worker", task.id));
-
-  Verdict verdict = supervise(*worker, options_.timeouts);
-  if (!options_.worker.keep_scratch) {
-    std::error_code ignored;
-    fs::remove_all(*scratch, ignored);
+  bool use_cache = cache_ && mode == EvalMode::full;  // pre-build verdicts say nothing about correctness
+  std::string key = use_cache ? cache_key(task, candidate, *format) : "";
+  if (use_cache) {
+    auto hit = cache_->lookup(key);  // a failing lookup is a miss: the cache only saves time
+    if (hit.ok() && hit->has_value()) return finish(**hit, format_name(*format), (*hit)->seed);
   }
-  return finish(std::move(verdict), format_name(*format), seed);
+  uint64_t seed = options_.seed ? options_.seed : fresh_seed();
+  auto verdict = run_worker(task, candidate, *format, seed, mode);
+  if (!verdict.ok()) return verdict.status();
+  Verdict done = finish(std::move(*verdict), format_name(*format), seed);
+  if (use_cache && is_cacheable(done)) (void)cache_->store(key, done);  // a failed store costs a re-run later
+  return done;
+}
+
+Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
+                                      EvalMode mode) const {
+  WorkerSetup setup{python_, worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch};
+  auto outcome = run_worker_request(
+      setup, "kz-eval-",
+      [&](const fs::path& scratch) {
+        auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
+        request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);
+        return request;
+      },
+      [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
+      [&](ProcessSpec& spec) { apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec); });
+  if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));
+  warn_sandbox_gaps(outcome->sandbox);
+  Verdict verdict = verdict_from_outcome(*outcome);
+  // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
+  if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) return *violation;
+  return verdict;
 }
 
 }  // namespace kz

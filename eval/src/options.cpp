@@ -86,6 +86,17 @@ std::vector<std::pair<std::string, Field>> fields(EvalOptions& o) {
       {"worker.cache_dir", field(o.worker.cache_dir)},
       {"worker.scratch_root", field(o.worker.scratch_root)},
       {"worker.keep_scratch", field(o.worker.keep_scratch)},
+      {"cache.enabled", field(o.cache.enabled)},
+      {"cache.path", field(o.cache.path)},
+      {"sandbox.enabled", field(o.sandbox.enabled)},
+      {"sandbox.cpu_time_s", field(o.sandbox.cpu_time_s)},
+      {"sandbox.file_size_mb", field(o.sandbox.file_size_mb)},
+      {"sandbox.max_processes", field(o.sandbox.max_processes)},
+      {"sandbox.memory_mb", field(o.sandbox.memory_mb)},
+      {"sandbox.open_files", field(o.sandbox.open_files)},
+      {"sandbox.network", field(o.sandbox.network)},
+      {"sandbox.read_only_filesystem", field(o.sandbox.read_only_filesystem)},
+      {"sandbox.gpu_memory_fraction", field(o.sandbox.gpu_memory_fraction)},
   };
 }
 
@@ -130,6 +141,11 @@ Status EvalOptions::validate() const {
   for (double t : {tolerance.atol_fp32, tolerance.rtol_fp32, tolerance.norm_tol_fp32, tolerance.atol_half,
                    tolerance.rtol_half, tolerance.norm_tol_half})
     if (t < 0) return invalid_argument("tolerances must be non-negative");
+  if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
+      sandbox.open_files < 0)
+    return invalid_argument("sandbox limits must be non-negative (0: no limit)");
+  if (sandbox.gpu_memory_fraction < 0 || sandbox.gpu_memory_fraction > 1)
+    return invalid_argument("sandbox.gpu_memory_fraction must be within [0, 1] (0: no limit)");
   return Status::ok();
 }
 

@@ -78,8 +78,9 @@ nlohmann::json to_json(const Verdict& v) {
       {"correct", v.correct},       {"stage", v.stage},                 {"checks", checks},
       {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
       {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
-      {"seed", v.seed},             {"wall_s", v.wall_s}};
+      {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
+  if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
   if (v.candidate_timing && v.reference_timing)
@@ -115,7 +116,10 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.max_rel_norm_error = number_or_zero(j, "max_rel_norm_error");
   v.seed = j.value("seed", uint64_t{0});
   v.wall_s = number_or_zero(j, "wall_s");
+  v.cached = j.value("cached", false);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
+  if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
+    v.custom_kernel_share = j["custom_kernel_share"].get<double>();
   if (j.contains("timing") && j["timing"].is_object()) {
     const auto& t = j["timing"];
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);

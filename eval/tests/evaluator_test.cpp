@@ -278,9 +278,12 @@ TEST_F(EvaluatorTest, WrongDtypeIsIncorrect) {
   expect_verdict(v, EvalStatus::incorrect, {Check::output_dtype});
 }
 
-TEST_F(EvaluatorTest, TensorSubclassOutputIsIncorrect) {
+// Subclassing torch.Tensor is refused by the static checks before any worker starts (a subclass
+// could fake values lazily); the worker's exact-type rule (output_type) stays as the second line,
+// tested in worker/tests/test_compare.py.
+TEST_F(EvaluatorTest, TensorSubclassOutputIsCaught) {
   Verdict v = evaluate(kRelu, kFixtures + "triton_tensor_subclass.py");
-  expect_verdict(v, EvalStatus::incorrect, {Check::output_type});
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::tensor_subclass});
 }
 
 TEST_F(EvaluatorTest, NaNInOutputIsIncorrect) {
@@ -290,36 +293,39 @@ TEST_F(EvaluatorTest, NaNInOutputIsIncorrect) {
 
 // ---- tampering ---------------------------------------------------------------------------------
 
-// torch.allclose / torch.equal / Tensor.__eq__ ... patched at import: the harness compares with its
-// own float64 arithmetic, so the wrong output is still caught, and the next worker is clean.
-TEST_F(EvaluatorTest, PatchingTorchComparisonsDoesNotHideWrongOutput) {
+// torch.allclose / torch.equal / Tensor.__eq__ ... patched at import: refused by the static checks
+// (rebinding torch attributes), and the next worker is clean. Without the static scan the identity
+// snapshot catches it after the import (harness_patched; eval/tests/cheats/ has hidden variants).
+TEST_F(EvaluatorTest, PatchingTorchComparisonsIsCaught) {
   Evaluator evaluator = make_evaluator(options());
   Verdict v = evaluate(evaluator, kRelu, kFixtures + "triton_patches_torch.py");
-  expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::harness_access});
   expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
 }
 
-// KNOWN GAPS (disabled; run with --gtest_also_run_disabled_tests): the candidate runs in the
-// worker's own Python process, so it can patch what the harness itself calls, or the reference's
-// ops, or forge the verdict message. Each of these currently gets status ok with a wrong output.
-TEST_F(EvaluatorTest, DISABLED_PatchingTensorMethodsUsedByTheHarnessIsCaught) {
+// The four gaps a colleague found (the candidate runs in the worker's own Python process). Each is
+// now refused by the static checks; eval/tests/cheats/ holds variants that hide from the static scan
+// (tensor_methods_hidden, reference_tampered, function_mode_hidden, forged_result_hidden), run by
+// eval_cheats_test: the first three are caught by the worker's dynamic checks, the last one is a
+// known hole (docs/evaluation.md).
+TEST_F(EvaluatorTest, PatchingTensorMethodsUsedByTheHarnessIsCaught) {
   Verdict v = evaluate(kRelu, kFixtures + "cheat_patches_tensor_methods.py");
-  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::harness_access});
 }
 
-TEST_F(EvaluatorTest, DISABLED_PatchingAnOpTheReferenceCallsIsCaught) {
+TEST_F(EvaluatorTest, PatchingAnOpTheReferenceCallsIsCaught) {
   Verdict v = evaluate(kRelu, kFixtures + "cheat_patches_reference_op.py");
-  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::harness_access});
 }
 
-TEST_F(EvaluatorTest, DISABLED_TorchFunctionModeLeftActiveIsCaught) {
+TEST_F(EvaluatorTest, TorchFunctionModeLeftActiveIsCaught) {
   Verdict v = evaluate(kRelu, kFixtures + "cheat_torch_function_mode.py");
-  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::tensor_subclass});
 }
 
-TEST_F(EvaluatorTest, DISABLED_ForgedResultMessageIsRejected) {
+TEST_F(EvaluatorTest, ForgedResultMessageIsRejected) {
   Verdict v = evaluate(kRelu, kFixtures + "cheat_forges_result.py");
-  EXPECT_NE(status_name(v.status), std::string("ok")) << dump(v);
+  expect_verdict(v, EvalStatus::cheat_detected, {Check::harness_access});
 }
 
 // ---- torch format (never auto-detected: asked for with format = "torch") -----------------------

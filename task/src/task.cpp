@@ -137,6 +137,8 @@ Result<std::vector<Task>> load_task_jsonl(const std::filesystem::path& path) {
     auto row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded())
       return parse_error(fmt::format("{}:{}: not valid JSON", path.string(), line_number));
+    // `kz propose` keeps rejected modules in its output, marked so; they are not tasks.
+    if (row.is_object() && row.value("status", "") == "rejected") continue;
     auto task = task_from_row(row, path, line_number);
     if (!task.ok()) return task.status();
     KZ_RETURN_IF_ERROR(check_reference_source(*task));

@@ -74,6 +74,15 @@ TEST_F(TaskTest, LoadsJsonlRowsWithOptionalFields) {
   EXPECT_EQ((*tasks)[1].origin, path.string() + ":3");
 }
 
+TEST_F(TaskTest, RejectedProposerRowsAreSkipped) {
+  nlohmann::json kept = {{"py_code", kReference}, {"id", "kept"}, {"status", "kept"}};
+  nlohmann::json rejected = {{"py_code", ""}, {"id", "bad"}, {"status", "rejected"}, {"reason", "no code"}};
+  auto tasks = load_tasks(write("modules.jsonl", kept.dump() + "\n" + rejected.dump() + "\n"));
+  ASSERT_TRUE(tasks.ok()) << tasks.status().to_string();
+  ASSERT_EQ(tasks->size(), 1u);
+  EXPECT_EQ(tasks->front().id, "kept");
+}
+
 TEST_F(TaskTest, MalformedJsonlNamesTheLine) {
   auto path = write("bad.jsonl", nlohmann::json{{"py_code", kReference}}.dump() + "\n{not json\n");
   auto tasks = load_tasks(path);

@@ -1,5 +1,6 @@
-"""Entry point: `python -m kz_worker` reads one JSON request on stdin, evaluates it and writes the
-verdict on fd 3 (protocol.py). Run by the C++ supervisor, one process per evaluation."""
+"""Entry point: `python -m kz_worker` reads one JSON request on stdin, evaluates it (or, with
+"mode": "validate_module", validates a proposed module) and writes the verdict on fd 3
+(protocol.py). Run by the C++ supervisor, one process per evaluation."""
 import json
 import os
 import sys
@@ -10,11 +11,17 @@ def main() -> int:
     if request["device"] == "cpu":
         # Must be set before triton is imported (by us or by the candidate).
         os.environ["TRITON_INTERPRET"] = "1"
-    from . import protocol
+    from . import protocol, sandbox
     channel = protocol.Channel()
     protocol.silence_stdout()
-    from .harness import Evaluation
-    result = Evaluation(request, channel).run()
+    sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
+    if request.get("mode") == "validate_module":  # a Proposer's module (validate.py)
+        from .validate import validate_module
+        result = validate_module(request, channel)
+    else:
+        from .harness import Evaluation
+        result = Evaluation(request, channel).run()
+        sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
     result["type"] = "result"
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict

@@ -9,6 +9,7 @@ device, and how its exceptions are classified.
 On a CPU-only machine `cuda` and `cuda-rtc` candidates are really compiled (nvcc / NVRTC) but
 cannot run: their verdict is compiled_not_run, never ok.
 """
+import errno
 import os
 import re
 
@@ -94,9 +95,36 @@ def classify_exception(exc: BaseException, stage: str):
     """(status, check) for an exception raised by candidate code in `stage`."""
     if _is_compile_exception(exc):
         return v.COMPILE_ERROR, v.KERNEL_COMPILE
+    # A refused allocation (the sandbox's CPU address-space limit, the GPU memory fraction, or the
+    # machine's memory) is an ordinary failure of the kernel, as a CUDA OOM is: runtime_error.
+    if _is_memory_exception(exc):
+        return v.RUNTIME_ERROR, v.MEMORY_LIMIT
+    if _chain_has(exc, lambda e: isinstance(e, OSError) and e.errno == errno.EFBIG):  # SIGXFSZ ignored
+        return v.SANDBOX_VIOLATION, v.FILE_SIZE_LIMIT
     if stage == "compile":
         return v.RUNTIME_ERROR, v.CONSTRUCTOR_FAILED
     return v.RUNTIME_ERROR, v.FORWARD_FAILED
+
+
+def _chain_has(exc: BaseException, test) -> bool:
+    """test() on the exception and the ones it was raised from (a few levels)."""
+    for _ in range(6):
+        if exc is None:
+            return False
+        if test(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+_OUT_OF_MEMORY = ("DefaultCPUAllocator: not enough memory", "DefaultCPUAllocator: can't allocate memory",
+                  "CUDA out of memory", "Cannot allocate memory")
+
+
+def _is_memory_exception(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    return _chain_has(exc, lambda e: isinstance(e, (MemoryError, oom))
+                      or (isinstance(e, RuntimeError) and any(text in str(e) for text in _OUT_OF_MEMORY)))
 
 
 def _is_compile_exception(exc: BaseException) -> bool:

@@ -3,13 +3,71 @@ over several trials, time both on the GPU, and check correctness again after tim
 
 Every outcome is a verdict dict (never an exception): the status, the checks that fired, the
 stage reached and a message. The C++ supervisor applies the stage deadlines.
+
+Everything the reference decides (the inputs of every trial, of the replay probe, of the timing
+sets and of the recheck, and the reference outputs for all of them) is computed before the
+candidate module is imported, so a candidate that rebinds torch cannot change it; the anti-cheating
+checks (cheats.py) watch the candidate from its import on.
 """
 import pathlib
 
 import torch
 
-from . import compare, formats, loading, timing
+from . import cheats, compare, formats, loading, timing
 from . import verdict as v
+
+
+def trial_key(trial: int) -> str:
+    return f"trial{trial}"
+
+
+PROBE = "probe"      # the second input set of the pointer-reuse probe
+RECHECK = "recheck"  # after timing
+
+
+def timing_key(k: int) -> str:
+    return f"timing{k}"
+
+
+class Expected:
+    """Input sets and the reference's outputs for them, computed before any candidate code runs."""
+
+    def __init__(self, reference, model, device: torch.device, tolerances: dict):
+        self.reference, self.model, self.device, self.tolerances = reference, model, device, tolerances
+        self.sets = {}  # key -> (inputs, reference output)
+        self._differ = {}
+
+    def add(self, key: str, seed: int) -> None:
+        inputs = self.reference.inputs(seed, self.device)
+        try:
+            with torch.no_grad():
+                out = self.model(*loading.clone_all(inputs))
+            formats.synchronize(self.device)
+        except Exception as exc:
+            raise v.Failure(v.INFRA_ERROR, "reference Model failed to run:\n" + v.describe_exception(exc),
+                            [v.REFERENCE_FAILED])
+        self.sets[key] = (inputs, cheats.clone_output(out))
+
+    def inputs(self, key: str):
+        return self.sets[key][0]
+
+    def output(self, key: str):
+        return self.sets[key][1]
+
+    def outputs(self):
+        return [out for _, out in self.sets.values()]
+
+    def differ(self, a: str, b: str) -> bool:
+        """Whether the references of two input sets differ beyond tolerance (so that one output
+        cannot be right for both)."""
+        pair = tuple(sorted((a, b)))
+        if pair not in self._differ:
+            try:
+                compare.compare_outputs(self.output(a), self.output(b), self.tolerances)
+                self._differ[pair] = False
+            except v.Failure:
+                self._differ[pair] = True
+        return self._differ[pair]
 
 
 class Evaluation:
@@ -23,6 +81,9 @@ class Evaluation:
         self.stage = "start"
         self.result = {"status": None, "correct": False, "compiled": False, "checks": [], "message": "",
                        "trials": int(request["trials"]), "trials_passed": 0, "timing": None}
+        self.expected = None
+        self.guard = None
+        self.replays = None
 
     def enter(self, stage: str) -> None:
         self.stage = stage
@@ -50,22 +111,34 @@ class Evaluation:
                                            use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
                                            overrides=self.request.get("size_overrides", {}))
         formats.prepare(self.format, self.device)
-
-        self.enter("compile")
-        model_class = formats.model_class_name(self.format, self.request["candidate_source"])
-        candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
         init_inputs = reference.init_inputs()
         try:
             reference_model = reference.build(init_inputs, self.seed, self.device)
         except Exception as exc:
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to build:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
+        runs = formats.runnable(self.format, self.device) and self.request.get("mode") != "compile"
+        timed = runs and self.device.type == "cuda" and self.request["timing"]["enabled"]
+        if runs:
+            self._precompute(reference, reference_model, timed)
+        cheats.install_launch_hooks(self.format)
+        if runs and cheats.POLICY.get(self.format) is not None:
+            cheats.warm_up(self.device)
+        self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
+
+        self.enter("compile")
+        model_class = formats.model_class_name(self.format, self.request["candidate_source"])
+        candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
+        self.guard.verify("importing the candidate")
         torch.manual_seed(self.seed)
         candidate_model = candidate_class(*loading.clone_all(init_inputs)).to(self.device).eval()
+        self.guard.verify("constructing ModelNew")
         self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
+        self.guard.verify("copying the reference weights")
 
-        if not formats.runnable(self.format, self.device) or self.request.get("mode") == "compile":
+        if not runs:
             formats.finish_compile_only(self.format, candidate_model, reference, self.seed, self.device)
+            self.guard.verify("compiling ModelNew")
             self.result.update(status=v.COMPILED_NOT_RUN, compiled=True,
                                message=formats.compile_only_message(self.format, self.device))
             return
@@ -73,54 +146,114 @@ class Evaluation:
             self.result["compiled"] = True
 
         self.enter("correctness")
+        self.replays = cheats.ReplayDetector(self.expected.differ)
         with torch.no_grad():
-            self._check_trials(reference, reference_model, candidate_model)
+            if cheats.POLICY.get(self.format) is not None:
+                self._audit(candidate_model)
+            self._check_trials(reference_model, candidate_model)
+            self._replay_probe(candidate_model)
         self.result["compiled"] = True
-        if self.device.type == "cuda" and self.request["timing"]["enabled"]:
+        if timed:
             self.enter("timing")
-            self._time(reference, reference_model, candidate_model)
+            self._time(reference_model, candidate_model)
             self.enter("recheck")
             with torch.no_grad():
-                self._check_once(reference, reference_model, candidate_model, self.seed + 777_777,
-                                 recheck=True)
+                self._check_once(reference_model, candidate_model, RECHECK, recheck=True)
         self.result.update(status=v.OK, correct=True,
                            message="correct" + (f", speedup {self.result['speedup']:.3f}x"
                                                 if self.result.get("speedup") else ""))
 
-    def _check_trials(self, reference, reference_model, candidate_model):
+    # ---- before the candidate --------------------------------------------------------------------
+
+    def _precompute(self, reference, reference_model, timed: bool) -> None:
+        self.expected = Expected(reference, reference_model, self.device, self.request["tolerance"])
+        for trial in range(self.result["trials"]):
+            self.expected.add(trial_key(trial), self.seed + 1000 * (trial + 1))
+        if self.result["trials"] == 0:
+            self.expected.add(trial_key(0), self.seed + 1000)
+        self.expected.add(PROBE, self.seed + 880_000)
+        if timed:
+            for k in range(self.request["timing"]["input_sets"]):
+                self.expected.add(timing_key(k), self.seed + 50_000 + k)
+            self.expected.add(RECHECK, self.seed + 777_777)
+
+    # ---- candidate runs and their checks ---------------------------------------------------------
+
+    def _forward(self, model, inputs, where: str):
+        out = model(*inputs)
+        self.guard.verify(f"after {where}")
+        formats.synchronize(self.device)
+        # Triton compiles at the first launch: a forward that returned has compiled, even
+        # when a check below fails (as for cuda/cuda-rtc, where compiled is set before).
+        self.result["compiled"] = True
+        return out
+
+    def _check_output(self, out, key, inputs, live=None, live_inputs=None) -> dict:
+        """Every check of one candidate output for input set `key` (its inputs: `inputs`), against the
+        precomputed reference output; `live`: the live reference run on the same inputs, if any."""
+        expected = self.expected.output(key)
+        with self.guard.comparing("comparing outputs"):
+            compare.check_inputs_unchanged(inputs, self.expected.inputs(key))
+            cheats.check_output_types(out, expected)
+            cheats.check_aliases_reference(out, self.expected.outputs() + ([live] if live is not None else []))
+            self.replays.check(key, out)
+            stats = compare.compare_outputs(out, expected, self.request["tolerance"])
+            if live is not None:
+                compare.check_aliasing(out, inputs, live, live_inputs)
+        return stats
+
+    def _audit(self, candidate_model) -> None:
+        """One extra forward (the first): ATen ops traced, kernel launches counted, kernels profiled
+        on a GPU. Its output is checked like a trial's."""
+        key = trial_key(0)
+        inputs = loading.clone_all(self.expected.inputs(key))
+        formats.poison_free_memory(self.device, inputs)
+        out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device)
+        self.guard.verify("after the traced forward")
+        formats.synchronize(self.device)
+        self.result["compiled"] = True
+        if report.custom_share is not None:
+            self.result["custom_kernel_share"] = report.custom_share
+        failure = cheats.audit_failure(self.format, report)
+        if failure is not None:
+            raise failure
+        self._check_output(out, key, inputs)
+        cheats.poison(inputs)
+
+    def _check_trials(self, reference_model, candidate_model):
         errors = {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
         for trial in range(self.result["trials"]):
-            stats = self._check_once(reference, reference_model, candidate_model, self.seed + 1000 * (trial + 1))
+            stats = self._check_once(reference_model, candidate_model, trial_key(trial))
             for key in errors:
                 errors[key] = max(errors[key], stats[key])
             self.result["trials_passed"] = trial + 1
         self.result.update(errors)
 
-    def _check_once(self, reference, reference_model, candidate_model, seed, recheck=False):
-        """One trial: candidate, reference, candidate again, on clones of one fresh input set."""
-        inputs = reference.inputs(seed, self.device)
-        originals = loading.clone_all(inputs)
+    def _check_once(self, reference_model, candidate_model, key, recheck=False):
+        """One trial: candidate, reference, candidate again, on clones of one input set."""
+        inputs = self.expected.inputs(key)
         tolerances = self.request["tolerance"]
         try:
             formats.poison_free_memory(self.device, inputs)
             first_inputs = loading.clone_all(inputs)
-            first = candidate_model(*first_inputs)
-            formats.synchronize(self.device)
-            # Triton compiles at the first launch: a forward that returned has compiled, even
-            # when a check below fails (as for cuda/cuda-rtc, where compiled is set before).
-            self.result["compiled"] = True
-            compare.check_inputs_unchanged(first_inputs, originals)
+            first = self._forward(candidate_model, first_inputs, "a correctness trial")
+            # The live reference, on other clones: it must still give what it gave before the
+            # candidate was imported.
             ref_inputs = loading.clone_all(inputs)
-            ref_out = reference_model(*ref_inputs)
-            stats = compare.compare_outputs(first, ref_out, tolerances)
-            compare.check_aliasing(first, first_inputs, ref_out, ref_inputs)
+            live = reference_model(*ref_inputs)
+            formats.synchronize(self.device)
+            self._check_reference(live, key)
+            stats = self._check_output(first, key, first_inputs, live, ref_inputs)
             del first
             formats.poison_free_memory(self.device, inputs)
             second_inputs = loading.clone_all(inputs)
-            second = candidate_model(*second_inputs)
-            formats.synchronize(self.device)
-            compare.check_inputs_unchanged(second_inputs, originals)
-            compare.compare_outputs(second, ref_out, tolerances)
+            second = self._forward(candidate_model, second_inputs, "a correctness trial")
+            self._check_output(second, key, second_inputs, live, ref_inputs)
+            del second
+            # The harness's own clones are overwritten before they are freed (on the CPU too, where
+            # free memory is not poisoned): whatever reuses their memory holds nothing correct.
+            cheats.poison(first_inputs + second_inputs + ref_inputs,
+                          keep=list(reference_model.parameters()) + list(reference_model.buffers()))
         except v.Failure as failure:
             if recheck:
                 failure.checks.append(v.WRONG_AFTER_TIMING)
@@ -128,11 +261,85 @@ class Evaluation:
             raise
         return stats
 
-    def _time(self, reference, reference_model, candidate_model):
+    def _check_reference(self, live, key) -> None:
+        with self.guard.comparing("checking the reference"):
+            try:
+                compare.compare_outputs(live, self.expected.output(key), self.request["tolerance"])
+            except v.Failure as failure:
+                raise v.Failure(v.CHEAT_DETECTED,
+                                "the reference, run after the candidate was imported, no longer gives the output it "
+                                f"gave before ({failure.message}): torch or the reference was tampered with",
+                                [v.REFERENCE_TAMPERED])
+
+    def _replay_probe(self, candidate_model) -> None:
+        """The same input buffers with new data: a candidate that caches by pointer (or by shape)
+        returns the old result."""
+        first, second = trial_key(0), PROBE
+        buffers = loading.clone_all(self.expected.inputs(first))
+        out = self._forward(candidate_model, buffers, "the pointer-reuse probe")
+        self._check_output(out, first, buffers)
+        for buffer, data in zip(buffers, self.expected.inputs(second)):
+            if isinstance(buffer, torch.Tensor):
+                buffer.copy_(data)
+        again = self._forward(candidate_model, buffers, "the pointer-reuse probe")
+        self._check_output(again, second, buffers)
+        del out, again
+        cheats.poison(buffers)
+
+    # ---- timing ----------------------------------------------------------------------------------
+
+    def _time(self, reference_model, candidate_model):
         settings = self.request["timing"]
-        input_sets = [reference.inputs(self.seed + 50_000 + k, self.device) for k in range(settings["input_sets"])]
-        measured = timing.time_interleaved(reference_model, candidate_model, input_sets, settings, self.device)
+        n = settings["input_sets"]
+        keys = [timing_key(k) for k in range(n)]
+        buffers = [loading.clone_all(self.expected.inputs(key)) for key in keys]
+        holds = list(range(n))  # buffers[k] holds the data of input set holds[k]
+
+        def new_round(r):
+            # Each round moves every input set to another buffer: a result cached by pointer is
+            # stale, and a sampled check below catches it.
+            for k in range(n):
+                holds[k] = (k + r) % n
+                for buffer, data in zip(buffers[k], self.expected.inputs(keys[holds[k]])):
+                    if isinstance(buffer, torch.Tensor):
+                        buffer.copy_(data)
+
+        sampled = sample_runs(settings["runs"], n)
+
+        def after_candidate(k, out, run):
+            self.guard.verify("after a timed forward")
+            if run in sampled:
+                self._check_timed(out, keys[holds[k]], buffers[k], run)
+
+        measured = timing.time_interleaved(reference_model, candidate_model, buffers, settings, self.device,
+                                           after_candidate=after_candidate,
+                                           new_round=new_round if n > 1 else None)
         self.result["timing"] = measured
         self.result["runtime_ms"] = measured["candidate"]["median_ms"]
         self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
         self.result["speedup"] = measured["speedup"]
+
+    def _check_timed(self, out, key, inputs, run) -> None:
+        try:
+            with self.guard.comparing("checking a timed output"):
+                compare.check_inputs_unchanged(inputs, self.expected.inputs(key))
+                cheats.check_output_types(out, self.expected.output(key))
+                cheats.check_aliases_reference(out, self.expected.outputs())
+                compare.compare_outputs(out, self.expected.output(key), self.request["tolerance"])
+        except v.Failure as failure:
+            raise v.Failure(v.CHEAT_DETECTED, f"timed run {run}: {failure.message}",
+                            failure.checks + [v.WRONG_DURING_TIMING])
+
+
+def sample_runs(runs: int, n: int) -> set:
+    """The timed runs whose candidate output is checked: for every buffer, its last run, and its last
+    run in a round that holds other data than the warm-up's (round % n != 0)."""
+    sampled = set()
+    for k in range(n):
+        mine = [i for i in range(runs) if i % n == k]
+        if mine:
+            sampled.add(mine[-1])
+        moved = [i for i in mine if (i // n) % n != 0]
+        if moved:
+            sampled.add(moved[-1])
+    return sampled

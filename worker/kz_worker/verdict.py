@@ -35,6 +35,28 @@ OUTPUT_ALIASES_INPUT = "output_aliases_input"
 INPUT_MUTATED = "input_mutated"
 WRONG_AFTER_TIMING = "wrong_after_timing"
 REFERENCE_FAILED = "reference_failed"
+# Anti-cheating checks (cheats.py; the static ones run in the supervisor, eval/src/static_checks.cpp).
+HARNESS_PATCHED = "harness_patched"                    # torch / the harness / timers changed, or a mode left active
+REFERENCE_TAMPERED = "reference_tampered"              # the live reference no longer matches its precomputed output
+TORCH_COMPUTE_IN_FORWARD = "torch_compute_in_forward"  # ATen compute ops traced inside ModelNew.forward
+NO_CUSTOM_KERNEL = "no_custom_kernel"                  # forward launched no kernel of the candidate's own
+OUTPUT_ALIASES_REFERENCE = "output_aliases_reference"  # the output shares memory with a reference output
+REPLAYED_OUTPUT = "replayed_output"                    # bitwise the same output for inputs whose references differ
+WRONG_DURING_TIMING = "wrong_during_timing"            # a sampled timed output was wrong
+BACKGROUND_THREAD = "background_thread"                # threads started by the candidate
+INHERITS_REFERENCE = "inherits_reference"              # static: ModelNew subclasses the reference's class
+SIDE_STREAM = "side_stream"                            # static: CUDA streams of its own
+TENSOR_SUBCLASS = "tensor_subclass"                    # static: Tensor subclasses, __torch_function__, modes
+HARNESS_ACCESS = "harness_access"                      # static: touches the harness, frames, fds, timers, builtins
+# Sandbox checks (the supervisor's limits, and sandbox.py's audit hook in the worker).
+CPU_LIMIT = "cpu_limit"                # killed at its CPU-time limit (SIGXCPU)
+FILE_SIZE_LIMIT = "file_size_limit"    # a write past the file size limit (SIGXFSZ / EFBIG)
+PROCESS_LIMIT = "process_limit"        # more processes/threads than the cap; the group was killed
+MEMORY_LIMIT = "memory_limit"          # an allocation refused (CPU address-space limit, GPU memory fraction)
+NETWORK_ACCESS = "network_access"      # a socket connect / sendto
+FILESYSTEM_WRITE = "filesystem_write"  # a write, remove, rename... outside scratch and the caches
+PROCESS_SPAWN = "process_spawn"        # candidate code started a process (fork, subprocess, system, exec)
+PROCESS_SIGNAL = "process_signal"      # candidate code signalled a process outside its own group
 
 
 class Failure(Exception):

@@ -6,11 +6,18 @@
 // each message with a deadline; on a timeout it kills the child's whole process group, so
 // grandchildren (nvcc, ninja, a fork bomb's children) die with it. stdout and stderr are drained
 // while waiting (no pipe-full deadlock) and their tails kept for error messages.
+//
+// Optionally the child is sandboxed before exec (ProcessSpec::limits and the namespace flags):
+// resource limits (setrlimit), a process-count cap (a pids cgroup, else the supervisor polls the
+// process group), its own network namespace, a mount namespace in which everything but a few
+// writable paths is read-only, and no capabilities. Optional parts that the system refuses
+// (EPERM without root, no cgroup) are skipped and reported in Process::sandbox(), never fatal.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -22,6 +29,27 @@
 
 namespace kz {
 
+// Limits applied with setrlimit in the child before exec, inherited by everything it starts.
+// 0 leaves a limit as the parent has it. RLIMIT_* limits count per process (CPU time, file size,
+// address space), so each grandchild (nvcc, ...) gets its own budget.
+struct ResourceLimits {
+  uint64_t cpu_time_s = 0;           // RLIMIT_CPU: SIGXCPU at the limit, SIGKILL 2 CPU-seconds later
+  uint64_t file_size_bytes = 0;      // RLIMIT_FSIZE: a write past it gets SIGXFSZ (EFBIG if ignored)
+  // The cap on tasks (processes and threads, as the kernel counts them) of the child and all it
+  // starts. Enforced by a pids cgroup (pids.max; fork fails with EAGAIN at the cap) when this
+  // process may create one (root, cgroup v1 `pids` or v2 with the pids controller), else by
+  // counting the process group's tasks every 200 ms while the caller waits on the Process (and
+  // once more when the child exits; needs new_process_group). Either way, once the cap is passed
+  // (a fork refused by the cgroup, or more tasks than the cap counted) the supervisor kills the
+  // group and limit_hit() says `processes`. RLIMIT_NPROC is also set (cap + 1 + the tasks the real
+  // uid already has) when the uid is not root; it counts per uid across the system (parallel
+  // workers share it) and the kernel ignores it for root, so it is only a backstop.
+  uint64_t max_processes = 0;
+  uint64_t address_space_bytes = 0;  // RLIMIT_AS; never for CUDA processes (they reserve TBs of VA)
+  uint64_t open_files = 0;           // RLIMIT_NOFILE
+  bool no_core_dumps = false;        // RLIMIT_CORE = 0 (SIGXCPU, SIGXFSZ, SIGSEGV dump core by default)
+};
+
 struct ProcessSpec {
   std::vector<std::string> argv;              // argv[0] is looked up on PATH when it has no '/'
   std::map<std::string, std::string> env;     // the child's whole environment (nothing inherited)
@@ -30,7 +58,34 @@ struct ProcessSpec {
   bool message_pipe = false;                  // open fd 3 in the child as a write-only message pipe
   bool new_process_group = true;              // setpgid(0,0) in the child, so kill_group reaches all
   size_t output_tail_bytes = 64 * 1024;       // how much of stdout/stderr to keep (the last bytes)
+
+  // ---- sandbox (all off by default) ----
+  ResourceLimits limits;
+  // unshare(CLONE_NEWNET): the child sees only its own loopback device, which is down, so every
+  // connection fails at once. Without the permission (EPERM) it runs in the parent's namespace.
+  bool new_network_namespace = false;
+  // unshare(CLONE_NEWNS), every mount made private, `writable_paths` bind-mounted onto themselves,
+  // then every other mount remounted read-only (bind remounts keep nosuid/nodev/noexec). autofs
+  // mounts are left alone. If a writable path cannot be bound, nothing is made read-only.
+  bool read_only_filesystem = false;
+  std::vector<std::filesystem::path> writable_paths;  // must exist
+  // PR_SET_NO_NEW_PRIVS, and every capability dropped from the bounding, inheritable and ambient
+  // sets: a root child keeps uid 0 (it owns root's files) but cannot mount, undo the read-only
+  // remounts, leave the network namespace (setns), raise its rlimits, ptrace or load modules.
+  bool drop_capabilities = false;
 };
+
+// What the sandbox of a spawned process really got (see Process::sandbox()).
+struct SandboxReport {
+  bool network_isolated = false;     // in its own network namespace
+  bool filesystem_read_only = false; // every mount but writable_paths remounted read-only
+  bool capabilities_dropped = false;
+  std::string process_cap;           // "cgroup", "polling", or "" without max_processes
+  std::vector<std::string> notes;    // what was asked for but not applied, and why
+};
+
+// Which limit ended (or, for `processes`, was crossed by) a sandboxed process.
+enum class LimitHit { none, cpu_time, file_size, processes };
 
 struct ExitInfo {
   bool exited = false;      // exited normally (exit_code valid)
@@ -67,6 +122,13 @@ class Process {
 
   const std::string& stdout_tail() const;
   const std::string& stderr_tail() const;
+
+  // What the sandbox requested in the spec really got.
+  const SandboxReport& sandbox() const;
+  // Which limit ended the process: SIGXCPU (or SIGKILL past the CPU limit, not sent by us) is
+  // cpu_time, SIGXFSZ is file_size; `processes` once the task cap was reached (the group is then
+  // killed). Meaningful once the child exited; `none` otherwise.
+  LimitHit limit_hit() const;
 
  private:
   struct Impl;

@@ -10,10 +10,12 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "kz/core/status.h"
+#include "kz/eval/cache.h"
 #include "kz/eval/format.h"
 #include "kz/eval/options.h"
 #include "kz/eval/verdict.h"
@@ -30,28 +32,43 @@ struct Candidate {
 // parallel before the GPU evaluations, so the slow load_inline builds overlap.
 enum class EvalMode { full, compile_only };
 
+// Copies share one verdict cache connection; evaluate() may run on several threads at once.
 class Evaluator {
  public:
-  // Fails when the options are invalid or the worker cannot be found.
+  // Fails when the options are invalid, the worker cannot be found, or the verdict cache (when
+  // enabled) cannot be opened.
   static Result<Evaluator> create(EvalOptions options);
 
   // Always yields a verdict for the candidate (compile errors, crashes, timeouts included);
   // a non-ok Result means KernelZero itself could not run (e.g. spawning Python failed).
+  // With the cache enabled, a full evaluation seen before returns the stored verdict (cached =
+  // true) without a worker, and a new cacheable verdict is stored; compile_only never touches it.
   Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
 
   const EvalOptions& options() const { return options_; }
+  // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
+  Result<Evaluator> with_format(const std::string& format) const;
 
   // The resolved Python interpreter and worker folder.
   const std::string& python() const { return python_; }
   const std::filesystem::path& worker_dir() const { return worker_dir_; }
+  // The verdict cache; null when disabled.
+  const VerdictCache* cache() const { return cache_.get(); }
 
  private:
   Evaluator(EvalOptions options, std::string python, std::filesystem::path worker_dir,
             std::filesystem::path cache_dir);
+  Status open_cache();
+  std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
+  Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
+                             EvalMode mode) const;
   EvalOptions options_;
   std::string python_;
   std::filesystem::path worker_dir_;
   std::filesystem::path cache_dir_;
+  std::shared_ptr<VerdictCache> cache_;  // shared by copies; thread-safe
+  std::string code_version_;             // worker code, interpreter, supervisor build: for cache keys
+  std::string gpu_name_;                 // GPU model(s), for cache keys on a GPU
 };
 
 // The format to evaluate a candidate in: the requested one, or the detected one for "auto".

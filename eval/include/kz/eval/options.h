@@ -47,6 +47,31 @@ struct WorkerOptions {
   bool keep_scratch = false;     // keep scratch dirs (debugging)
 };
 
+// The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
+// stored verdict without starting a worker.
+struct CacheOptions {
+  bool enabled = true;           // look verdicts up and store them (`--no-cache` turns it off)
+  std::filesystem::path path;    // SQLite file; empty: <worker.cache_dir>/verdicts.sqlite
+};
+
+// The sandbox around each worker (docs/evaluation.md, "Sandbox", says what each part enforces and
+// what it does not). Limits apply to the worker and to every process it starts, each on its own.
+struct SandboxOptions {
+  bool enabled = true;           // false: only the process group, scrubbed environment and deadlines
+  double cpu_time_s = 3600;      // RLIMIT_CPU per process (all its threads): far above the stage timeouts'
+                                 // sum of wall time for one thread; a backstop, not the hang detector
+  int file_size_mb = 1024;       // RLIMIT_FSIZE: no file written past this (a torch extension is ~10s of MB)
+  int max_processes = 2048;      // tasks (processes + threads) of the worker and its children; nvcc builds
+                                 // run MAX_JOBS = cores compilers at once
+  int memory_mb = 32768;         // RLIMIT_AS (address space), CPU device only: CUDA reserves TBs of address
+                                 // space, so a GPU worker gets no limit here (gpu_memory_fraction instead)
+  int open_files = 4096;         // RLIMIT_NOFILE
+  bool network = false;          // false: the worker gets its own network namespace (no network at all)
+  bool read_only_filesystem = true;  // everything read-only but scratch, the compile caches and /dev/shm
+  double gpu_memory_fraction = 0.9;  // torch.cuda.set_per_process_memory_fraction before any candidate code:
+                                     // the caching allocator refuses more (an OOM error); 0: no limit
+};
+
 struct EvalOptions {
   std::string device = "cpu";    // "cpu" or "cuda:N"
   std::string format = "auto";   // auto | cuda | triton | cuda-rtc | torch
@@ -59,6 +84,8 @@ struct EvalOptions {
   TimingOptions timing;
   StageTimeouts timeouts;
   WorkerOptions worker;
+  CacheOptions cache;
+  SandboxOptions sandbox;
 
   Status validate() const;
 };

@@ -33,6 +33,14 @@ namespace kz {
   X(output_shape) X(output_dtype) X(output_device) X(output_not_finite)         \
   X(output_mismatch) X(output_norm_mismatch) X(output_aliases_input)            \
   X(input_mutated) X(wrong_after_timing) X(reference_failed)                    \
+  /* anti-cheating (worker/kz_worker/cheats.py, eval/src/static_checks.cpp) */   \
+  X(harness_patched) X(reference_tampered) X(torch_compute_in_forward)          \
+  X(no_custom_kernel) X(output_aliases_reference) X(replayed_output)            \
+  X(wrong_during_timing) X(background_thread) X(inherits_reference)             \
+  X(side_stream) X(tensor_subclass) X(harness_access)                           \
+  /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
+  X(cpu_limit) X(file_size_limit) X(process_limit) X(memory_limit)              \
+  X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
   X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 
 enum class EvalStatus {
@@ -73,8 +81,10 @@ struct Verdict {
   double max_abs_error = 0, max_rel_norm_error = 0;
   std::optional<TimingStats> reference_timing, candidate_timing;
   std::optional<double> speedup;    // reference median / candidate median, when timed
+  std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
+  bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;
 };

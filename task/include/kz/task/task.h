@@ -3,7 +3,8 @@
 // A task is one reference module (`class Model`, `get_inputs()`, `get_init_inputs()`, size
 // constants). Sources: a single `NAME.py`, a directory of them (KernelBench's `level1/19_ReLU.py`
 // layout or flat; the task id is the file's stem, the level comes from a `levelN` folder), or a
-// JSONL dataset whose rows carry `py_code` plus optional `id`, `ops` and `level`.
+// JSONL dataset whose rows carry `py_code` plus optional `id`, `ops` and `level` (rows with
+// `"status": "rejected"`, as `kz propose` writes them, are skipped).
 #pragma once
 
 #include <filesystem>

@@ -1,0 +1,110 @@
+// `kz serve-eval --port P`: the evaluation service (kz/eval/service.h) until SIGINT or SIGTERM.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "commands.h"
+#include "kz/eval/service.h"
+
+namespace kz::cli {
+namespace {
+
+struct ServeArgs {
+  ServiceOptions service;
+  EvalFlags flags;
+};
+
+// Blocks SIGINT and SIGTERM in this thread, and so in every thread started after it: the main
+// thread alone takes them, with sigwait, and stops the service in an orderly way.
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// Kills the process group of every child of this process. In `kz serve-eval` the only children
+// are evaluation workers, each the leader of its own group (nvcc and the like die with it).
+void kill_worker_groups() {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = std::atoi(entry.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    auto close = text.rfind(')');  // "pid (comm) state ppid ...": comm may hold spaces
+    if (close == std::string::npos) continue;
+    char state = 0;
+    pid_t ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == getpid()) {
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+    }
+  }
+}
+
+// Stops the service without waiting out running evaluations: nobody could fetch their verdicts
+// after the exit. Workers are killed until stop() returns (a thread may start one meanwhile).
+void stop_now(EvalService& service) {
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    service.stop();
+    stopped = true;
+  });
+  while (!stopped) {
+    kill_worker_groups();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  stopper.join();
+}
+
+int run(const ServeArgs& args) {
+  auto options = resolve_eval_options(args.flags);
+  if (!options.ok()) return report_error(options.status());
+  sigset_t stop_signals = block_stop_signals();
+  auto service = EvalService::start(*options, args.service);
+  if (!service.ok()) return report_error(service.status());
+  const VerdictCache* cache = (*service)->cache();
+  std::cerr << fmt::format("kz: serving evaluations on http://{}:{}/v1 (device {}, {} workers, cache {}); "
+                           "Ctrl-C stops\n",
+                           args.service.host, (*service)->port(), options->device, (*service)->workers(),
+                           cache ? cache->path().string() : "off");
+  if (cache && cache->rebuilt())
+    std::cerr << fmt::format("kz: the verdict cache was corrupt: moved to {}.corrupt, started afresh\n",
+                             cache->path().string());
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  auto counts = (*service)->counts();
+  std::cerr << fmt::format("kz: stopping: {} running evaluations cancelled, {} queued dropped\n", counts.running,
+                           counts.queued);
+  stop_now(**service);
+  return kExitOk;
+}
+
+}  // namespace
+
+Action add_serve_eval_command(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  auto* command = app.add_subcommand("serve-eval", "Serve evaluations over HTTP/JSON (POST /v1/evaluations)");
+  command->add_option("--port", args->service.port, "TCP port (0: any free port, printed)")
+      ->required()
+      ->check(CLI::Range(0, 65535));
+  command->add_option("--host", args->service.host, "address to listen on (default 127.0.0.1: this machine only)");
+  command->add_option("--workers", args->service.workers,
+                      "evaluations at once (default: cores on cpu, 1 on a GPU, where they never overlap)")
+      ->check(CLI::NonNegativeNumber);
+  add_eval_flags(*command, args->flags);
+  return [args] { return run(*args); };
+}
+
+}  // namespace kz::cli

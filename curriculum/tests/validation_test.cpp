@@ -1,0 +1,106 @@
+// validate_module through the real Python worker (device cpu): a good module is valid with its
+// ATen ops and fingerprint; a module that skips a requested API, one that kills its worker and
+// one that hangs are rejected with a reason naming the check.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kz/curriculum/validation.h"
+#include "kz/task/catalogue.h"
+
+namespace kz {
+namespace {
+
+std::string module_with_forward(const std::string& forward_body) {
+  return R"PY(
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, n) * 0.1)
+
+    def forward(self, x):
+)PY" + forward_body +
+         R"PY(
+
+batch = 256
+k = 512
+n = 256
+cpu_sizes = {"batch": 8, "k": 32, "n": 16}
+
+
+def get_inputs():
+    return [torch.randn(batch, k)]
+
+
+def get_init_inputs():
+    return [k, n]
+)PY";
+}
+
+std::vector<ApiEntry> gelu_and_matmul() {
+  auto catalogue = load_api_catalogue(default_api_catalogue_path());
+  EXPECT_TRUE(catalogue.ok()) << catalogue.status().to_string();
+  if (!catalogue.ok()) return {};
+  auto apis = find_apis(*catalogue, {"torch.nn.functional.gelu", "torch.matmul"});
+  EXPECT_TRUE(apis.ok());
+  return apis.ok() ? *apis : std::vector<ApiEntry>{};
+}
+
+ModuleVerdict validate(const std::string& source, ModuleValidationOptions options = {}) {
+  auto verdict = validate_module(source, gelu_and_matmul(), options);
+  EXPECT_TRUE(verdict.ok()) << verdict.status().to_string();
+  return verdict.ok() ? *verdict : ModuleVerdict{};
+}
+
+TEST(ValidateModule, GoodModuleIsValid) {
+  auto verdict = validate(module_with_forward("        return F.gelu(torch.matmul(x, self.weight))"));
+  EXPECT_TRUE(verdict.valid) << verdict.reason;
+  EXPECT_EQ(verdict.reason, "valid");
+  EXPECT_TRUE(verdict.failed_check.empty());
+  for (const char* op : {"gelu", "mm"})
+    EXPECT_NE(std::find(verdict.aten_ops.begin(), verdict.aten_ops.end(), op), verdict.aten_ops.end()) << op;
+  EXPECT_EQ(verdict.output_shapes, (std::vector<std::vector<int64_t>>{{8, 16}}));
+  EXPECT_EQ(verdict.fingerprint.size(), 32u);
+  EXPECT_GT(verdict.runtime_ms, 0);
+}
+
+TEST(ValidateModule, MissingApiIsRejectedAndNamed) {
+  auto verdict = validate(module_with_forward("        return F.relu(torch.matmul(x, self.weight))"));
+  EXPECT_FALSE(verdict.valid);
+  EXPECT_EQ(verdict.failed_check, "apis");
+  EXPECT_NE(verdict.reason.find("torch.nn.functional.gelu"), std::string::npos) << verdict.reason;
+  EXPECT_TRUE(verdict.fingerprint.empty());
+}
+
+TEST(ValidateModule, CrashingModuleIsRejected) {
+  auto verdict = validate(module_with_forward("        import os\n        os._exit(3)"));
+  EXPECT_FALSE(verdict.valid);
+  EXPECT_EQ(verdict.failed_check, "worker_crashed");
+  EXPECT_NE(verdict.reason.find("exit code 3"), std::string::npos) << verdict.reason;
+}
+
+TEST(ValidateModule, HangingModuleIsKilledAtTheDeadline) {
+  ModuleValidationOptions options;
+  options.check_s = 3;
+  auto verdict = validate(module_with_forward("        import time\n        time.sleep(600)"), options);
+  EXPECT_FALSE(verdict.valid);
+  EXPECT_EQ(verdict.failed_check, "stage_timeout");
+  EXPECT_NE(verdict.reason.find("stage 'build'"), std::string::npos) << verdict.reason;
+}
+
+TEST(ValidateModule, InvalidOptionsAreAnError) {
+  ModuleValidationOptions options;
+  options.time_band_min_ms = 5;
+  options.time_band_max_ms = 1;
+  auto verdict = validate_module("", {}, options);
+  ASSERT_FALSE(verdict.ok());
+  EXPECT_EQ(verdict.status().code(), StatusCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kz

@@ -1,0 +1,42 @@
+// The sandbox around a worker process: [sandbox] options -> ProcessSpec (OS-level limits and
+// namespaces, core/subprocess.h), the worker's own share (the audit hook of
+// worker/kz_worker/sandbox.py, configured by the request's "sandbox" object), and the verdicts for
+// the limits only the supervisor sees (a worker killed by SIGXCPU / SIGXFSZ, the process cap).
+//
+// docs/evaluation.md ("Sandbox") has the table of what is enforced by what, and what is not.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "kz/core/subprocess.h"
+#include "kz/eval/options.h"
+#include "kz/eval/verdict.h"
+
+namespace kz {
+
+// Applies `options` to a worker's spec (nothing when disabled). spec.cwd must be the scratch dir:
+// it, <cache_dir>/torch_extensions, <cache_dir>/triton (created here) and /dev/shm stay writable.
+// The address-space limit applies only when `device` is "cpu". The first call with the sandbox
+// enabled also makes this (supervisor) process non-dumpable, so a worker without CAP_SYS_PTRACE
+// cannot read its /proc/<pid>/environ or memory, nor ptrace it.
+void apply_sandbox(const SandboxOptions& options, const std::string& device, const std::filesystem::path& cache_dir,
+                   ProcessSpec& spec);
+
+// The request's "sandbox" object: what the worker enforces itself (the audit hook's writable
+// directories, the GPU memory fraction).
+nlohmann::json sandbox_request_json(const SandboxOptions& options, const std::filesystem::path& cache_dir);
+
+// The sandbox_violation verdict for a limit the worker hit (cpu_limit, file_size_limit,
+// process_limit), keeping the stage and any sandbox checks of `verdict` (the worker's or the
+// supervisor's own conclusion); nullopt when no limit was hit.
+std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options, const Verdict& verdict);
+
+// Says once per process, on stderr, which requested sandbox parts this machine could not apply
+// (e.g. no network namespace without root). Never fails an evaluation.
+void warn_sandbox_gaps(const SandboxReport& report);
+
+}  // namespace kz

@@ -1,0 +1,84 @@
+// The evaluation service (`kz serve-eval`): evaluations over HTTP/JSON, for many clients at once.
+//
+// Clients submit batches of (reference, candidate) items; each item becomes a job in one FIFO
+// queue; N evaluation threads take jobs and run them through an Evaluator (one worker process per
+// evaluation, the verdict cache in front). Every accepted item is answered exactly once: a worker
+// that crashes or is killed (by anyone) becomes that job's runtime_error/worker_crashed verdict, a
+// failure to start one becomes infra_error, and the service goes on.
+//
+// API (JSON bodies; an error is {"error": message} with status 400, or 404 for unknown ids/paths):
+//   POST /v1/evaluations   {"items": [{"id": client id (string or integer), "reference": source,
+//                          "candidate": source, "format": "auto"|"cuda"|"triton"|"cuda-rtc"|"torch"
+//                          (optional: the server's --format), "task_id": optional label}]}
+//                          -> 202 {"batch": B, "jobs": [{"id": client id, "job": J}, ...]}
+//   GET /v1/jobs/J         -> {"job", "id", "batch", "state": "queued"|"running"|"done", "verdict" when done}
+//   GET /v1/batches/B      -> {"batch", "done": bool, "counts": {"queued", "running", "done"}, "jobs": [job, ...]}
+//   GET /v1/batches/B/stream -> chunked application/x-ndjson: one {"id", "job", "verdict"} line per job
+//                          as it finishes (those already finished first); ends when the batch is done
+//   GET /v1/health         -> {"status": "ok", "device", "workers", "queued", "running", "done",
+//                          "submitted", "cache": path or null}
+// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits.
+//
+// On a GPU, timings must not overlap: one evaluation at a time runs on the device, whatever the
+// number of threads. Finished batches are forgotten `retention_s` after their last verdict.
+// The process ignores SIGPIPE from the first EvalService on (a client that disconnects must not
+// kill the server; cpp-httplib writes to sockets without MSG_NOSIGNAL); worker processes reset it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kz/core/status.h"
+#include "kz/eval/cache.h"
+#include "kz/eval/options.h"
+
+namespace kz {
+
+struct ServiceItem {
+  nlohmann::json id;       // the client's id (string or integer), echoed back with the answer
+  std::string reference;   // reference module source (KernelBench format)
+  std::string candidate;   // candidate module source defining ModelNew
+  std::string format;      // empty: the server's configured format (EvalOptions::format)
+  std::string task_id;     // the verdict's task_id; empty: the client id
+};
+
+nlohmann::json to_json(const ServiceItem& item);
+// Validates one item; the message names the offending key.
+Result<ServiceItem> service_item_from_json(const nlohmann::json& json);
+
+struct ServiceOptions {
+  std::string host = "127.0.0.1";  // loopback: the service runs any code it is sent
+  int port = 0;                    // 0: any free port (port() says which)
+  int workers = 0;                 // evaluation threads; 0: default_jobs (cores on cpu, 1 on a GPU)
+  int http_threads = 64;           // connections served at once (a client waiting on a stream holds one)
+  double retention_s = 3600;       // finished batches are forgotten this long after their last verdict
+};
+
+class EvalService {
+ public:
+  // Opens the evaluator (and its cache), binds host:port and starts serving in the background.
+  static Result<std::unique_ptr<EvalService>> start(const EvalOptions& eval, const ServiceOptions& options);
+  ~EvalService();  // stop()
+
+  int port() const;
+  int workers() const;
+  const VerdictCache* cache() const;  // null when disabled
+  // Stops accepting requests, drops queued jobs, and waits for running evaluations to finish
+  // (each has its stage deadlines). Idempotent.
+  void stop();
+
+  struct Counts {
+    size_t queued = 0, running = 0, done = 0, submitted = 0;
+  };
+  Counts counts() const;
+
+ private:
+  struct Impl;
+  explicit EvalService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kz

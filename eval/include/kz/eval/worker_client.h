@@ -1,0 +1,63 @@
+// Running one Python worker process (`python -m kz_worker`): its scrubbed environment, its
+// scratch directory, the JSON request on stdin, a deadline per announced stage on the messages it
+// sends on fd 3, and the final "result" message.
+//
+// Shared by the Evaluator (a candidate against a reference) and the Proposer's module validation
+// (curriculum/, request mode "validate_module"), so both get the same process isolation: own
+// process group, nothing inherited but an allow-list of variables, a crash or a hang becomes an
+// outcome, never an exception or a stuck supervisor.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "kz/core/status.h"
+#include "kz/core/subprocess.h"
+#include "kz/eval/options.h"
+
+namespace kz {
+
+struct WorkerSetup {
+  std::string python;                  // the interpreter (resolved)
+  std::filesystem::path worker_dir;    // the folder holding kz_worker/ (absolute)
+  std::filesystem::path cache_dir;     // compile caches (torch extensions, Triton)
+  std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
+  bool keep_scratch = false;           // keep scratch dirs (debugging)
+};
+
+// Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
+// (option, else $KZ_WORKER_DIR, else the source tree's worker/), cache_dir (option, else
+// $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero). not_found when the worker or Python is missing.
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options);
+
+// Seconds the named stage may run before the worker is killed. Called with "startup" first (Python
+// and torch imports, up to the first message), then with each stage name the worker announces.
+using StageDeadline = std::function<double(const std::string& stage)>;
+
+struct WorkerOutcome {
+  enum class Kind { result, timeout, crashed, protocol_error };
+  Kind kind = Kind::protocol_error;
+  nlohmann::json result;  // the "result" message, when kind == result
+  std::string stage;      // the last stage entered ("startup" before the first message)
+  double limit_s = 0;     // the deadline that passed, when kind == timeout
+  // timeout: "stage 'X' ran past its N s limit; the worker was killed"; crashed: how it died and the
+  // tail of its stderr; protocol_error: the unexpected message.
+  std::string message;
+  LimitHit limit_hit = LimitHit::none;  // a sandbox limit that ended the worker (ProcessSpec::limits)
+  SandboxReport sandbox;                // what the sandbox requested in the spec really got
+};
+
+// Creates a scratch dir named `scratch_prefix`… under the scratch root, builds the request with
+// make_request(scratch), runs the worker there (HOME and TMPDIR point at it), follows its stage
+// messages until the result, a deadline or its death, then removes the scratch dir unless
+// keep_scratch. `customize` may adjust the process spec before the spawn (limits, sandboxing).
+// A non-ok Result: the scratch dir or the process could not be created (KernelZero's failure).
+Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
+                                         const std::function<nlohmann::json(const std::filesystem::path&)>& make_request,
+                                         const StageDeadline& deadline_s,
+                                         const std::function<void(ProcessSpec&)>& customize = {});
+
+}  // namespace kz

@@ -1,0 +1,108 @@
+// [sandbox] applied to the worker process, and the verdicts for the limits the supervisor sees.
+#include "kz/eval/sandbox.h"
+
+#include <fmt/format.h>
+#include <sys/prctl.h>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+namespace kz {
+namespace fs = std::filesystem;
+namespace {
+
+// The directories a worker may write to besides its scratch dir (the compile caches).
+std::vector<fs::path> cache_write_dirs(const fs::path& cache_dir) {
+  return {cache_dir / "torch_extensions", cache_dir / "triton"};
+}
+
+}  // namespace
+
+void apply_sandbox(const SandboxOptions& options, const std::string& device, const fs::path& cache_dir,
+                   ProcessSpec& spec) {
+  if (!options.enabled) return;
+  static std::once_flag protect_once;
+  std::call_once(protect_once, [] { ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); });
+
+  ResourceLimits& limits = spec.limits;
+  limits.cpu_time_s = static_cast<uint64_t>(std::ceil(options.cpu_time_s));
+  limits.file_size_bytes = static_cast<uint64_t>(options.file_size_mb) << 20;
+  limits.max_processes = static_cast<uint64_t>(options.max_processes);
+  limits.address_space_bytes = device == "cpu" ? static_cast<uint64_t>(options.memory_mb) << 20 : 0;
+  limits.open_files = static_cast<uint64_t>(options.open_files);
+  limits.no_core_dumps = true;
+  spec.new_network_namespace = !options.network;
+  spec.drop_capabilities = true;
+  spec.read_only_filesystem = options.read_only_filesystem;
+  if (options.read_only_filesystem) {
+    spec.writable_paths = {spec.cwd};
+    for (const fs::path& dir : cache_write_dirs(cache_dir)) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (fs::is_directory(dir, ec)) spec.writable_paths.push_back(dir);
+    }
+    std::error_code ec;
+    if (fs::is_directory("/dev/shm", ec)) spec.writable_paths.push_back("/dev/shm");
+  }
+}
+
+nlohmann::json sandbox_request_json(const SandboxOptions& options, const fs::path& cache_dir) {
+  nlohmann::json writable = nlohmann::json::array();
+  for (const fs::path& dir : cache_write_dirs(cache_dir)) writable.push_back(dir.string());
+  writable.push_back("/dev/shm");
+  return {{"enabled", options.enabled},
+          {"writable_dirs", writable},
+          {"gpu_memory_fraction", options.gpu_memory_fraction}};
+}
+
+std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options, const Verdict& verdict) {
+  Check check = Check::cpu_limit;
+  std::string message;
+  switch (hit) {
+    case LimitHit::none:
+      return std::nullopt;
+    case LimitHit::cpu_time:
+      check = Check::cpu_limit;
+      message = fmt::format("the worker used up its CPU-time limit ({:g} s, RLIMIT_CPU) and was killed",
+                            options.cpu_time_s);
+      break;
+    case LimitHit::file_size:
+      check = Check::file_size_limit;
+      message = fmt::format("a write went past the file size limit ({} MB, RLIMIT_FSIZE); the worker was killed",
+                            options.file_size_mb);
+      break;
+    case LimitHit::processes:
+      check = Check::process_limit;
+      message = fmt::format(
+          "the candidate started more than {} processes/threads (sandbox.max_processes); the worker's process "
+          "group was killed",
+          options.max_processes);
+      break;
+  }
+  Verdict v = make_verdict(EvalStatus::sandbox_violation, {check}, message);
+  v.stage = verdict.stage;
+  v.compiled = verdict.compiled;
+  if (!verdict.stage.empty()) v.message += fmt::format(" (stage '{}')", verdict.stage);
+  if (verdict.status == EvalStatus::sandbox_violation) {  // keep what the worker caught itself
+    for (Check c : verdict.checks)
+      if (!v.has_check(c)) v.checks.push_back(c);
+    v.message += "\n" + verdict.message;
+  }
+  return v;
+}
+
+void warn_sandbox_gaps(const SandboxReport& report) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard lock(mutex);
+  for (const std::string& note : report.notes) {
+    // Remount failures name a mount each: say the first kind of failure once, not once per mount.
+    std::string key = note.substr(0, note.find(" ("));
+    if (!said.insert(key).second) continue;
+    std::fprintf(stderr, "kz: sandbox: %s (continuing without it; docs/evaluation.md, \"Sandbox\")\n", note.c_str());
+  }
+}
+
+}  // namespace kz

@@ -1,0 +1,486 @@
+// The evaluation service: a job board (queue and states), evaluation threads, HTTP routes.
+#include "kz/eval/service.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "kz/eval/evaluator.h"
+#include "kz/eval/format.h"
+#include "kz/eval/suite.h"
+#include "kz/task/task.h"
+
+namespace kz {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// A submission as large as this is a mistake (or an attack); a thousand-item batch is ~10 MB.
+constexpr size_t kMaxRequestBytes = size_t(256) << 20;
+// How long a stream waits for the next verdict before checking the connection and the service.
+constexpr auto kStreamPoll = std::chrono::milliseconds(500);
+
+enum class JobState { queued, running, done };
+
+const char* state_name(JobState state) {
+  switch (state) {
+    case JobState::queued: return "queued";
+    case JobState::running: return "running";
+    case JobState::done: return "done";
+  }
+  return "?";
+}
+
+// JSON text that never throws: a crash verdict's stderr tail may hold bytes that are not UTF-8
+// (or a character cut in half); they become U+FFFD instead of failing the answer.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The client's id as text (labels in verdicts).
+std::string id_text(const json& id) { return id.is_string() ? id.get<std::string>() : id.dump(); }
+
+struct Job {
+  std::string batch;
+  ServiceItem item;
+  JobState state = JobState::queued;
+  json verdict;  // set once, when done
+};
+
+struct Batch {
+  std::vector<std::string> jobs;      // submission order
+  std::vector<std::string> finished;  // finish order: what streams send
+  bool complete() const { return finished.size() == jobs.size(); }
+};
+
+// What an evaluation thread takes from the board.
+struct Ticket {
+  std::string job;
+  ServiceItem item;
+};
+
+// A stream's next lines: the batch's jobs finished since the client's last read.
+struct StreamChunk {
+  std::vector<std::string> lines;
+  bool complete = false;
+};
+
+// Jobs and batches, the FIFO queue, and the one place where a job becomes done (exactly once).
+class JobBoard {
+ public:
+  JobBoard(std::string id_prefix, double retention_s) : id_prefix_(std::move(id_prefix)), retention_(retention_s) {}
+
+  // Queues every item; answers {"batch", "jobs": [{"id", "job"}]}.
+  json submit(std::vector<ServiceItem> items) {
+    std::lock_guard lock(mutex_);
+    forget_old_batches();
+    std::string batch_id = fmt::format("{}-b{}", id_prefix_, ++next_id_);
+    Batch& batch = batches_[batch_id];
+    json answer = {{"batch", batch_id}, {"jobs", json::array()}};
+    for (auto& item : items) {
+      std::string job_id = fmt::format("{}-j{}", id_prefix_, ++next_id_);
+      answer["jobs"].push_back({{"id", item.id}, {"job", job_id}});
+      batch.jobs.push_back(job_id);
+      queue_.push_back(job_id);
+      jobs_.emplace(job_id, Job{batch_id, std::move(item), JobState::queued, json()});
+    }
+    submitted_ += items.size();
+    work_ready_.notify_all();
+    return answer;
+  }
+
+  // The next queued job, now running; nullopt once stop() was called.
+  std::optional<Ticket> take() {
+    std::unique_lock lock(mutex_);
+    work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return std::nullopt;
+    std::string id = queue_.front();
+    queue_.pop_front();
+    Job& job = jobs_.at(id);
+    job.state = JobState::running;
+    ++running_;
+    return Ticket{id, job.item};
+  }
+
+  // Records the verdict of a running job; a second answer for the same job is ignored.
+  void finish(const std::string& id, json verdict) {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.state != JobState::running) return;
+    Job& job = it->second;
+    job.state = JobState::done;
+    job.verdict = std::move(verdict);
+    --running_;
+    ++done_;
+    Batch& batch = batches_.at(job.batch);
+    batch.finished.push_back(id);
+    if (batch.complete()) finished_batches_.emplace_back(Clock::now(), job.batch);
+    job_done_.notify_all();
+  }
+
+  std::optional<json> job(const std::string& id) const {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return std::nullopt;
+    return job_json(id, it->second);
+  }
+
+  std::optional<json> batch(const std::string& id) const {
+    std::lock_guard lock(mutex_);
+    auto it = batches_.find(id);
+    if (it == batches_.end()) return std::nullopt;
+    json jobs = json::array();
+    std::map<std::string, int> counts = {{"queued", 0}, {"running", 0}, {"done", 0}};
+    for (const auto& job_id : it->second.jobs) {
+      const Job& job = jobs_.at(job_id);
+      ++counts[state_name(job.state)];
+      jobs.push_back(job_json(job_id, job));
+    }
+    return json{{"batch", id}, {"done", it->second.complete()}, {"counts", counts}, {"jobs", jobs}};
+  }
+
+  // The batch's jobs finished after the first `from`, waiting up to `wait` for one when there are
+  // none yet. nullopt: no such batch, or the service is stopping.
+  std::optional<StreamChunk> finished_since(const std::string& id, size_t from, std::chrono::milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    auto ready = [&] {
+      auto it = batches_.find(id);
+      return stopping_ || it == batches_.end() || it->second.finished.size() > from || it->second.complete();
+    };
+    job_done_.wait_for(lock, wait, ready);
+    auto it = batches_.find(id);
+    if (stopping_ || it == batches_.end()) return std::nullopt;
+    StreamChunk chunk;
+    for (size_t i = from; i < it->second.finished.size(); ++i) {
+      const std::string& job_id = it->second.finished[i];
+      const Job& job = jobs_.at(job_id);
+      chunk.lines.push_back(dump(json{{"id", job.item.id}, {"job", job_id}, {"verdict", job.verdict}}));
+    }
+    chunk.complete = it->second.complete();
+    return chunk;
+  }
+
+  EvalService::Counts counts() const {
+    std::lock_guard lock(mutex_);
+    return {queue_.size(), running_, done_, submitted_};
+  }
+
+  // take() returns nullopt from now on; queued jobs are dropped with the service.
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    work_ready_.notify_all();
+    job_done_.notify_all();
+  }
+
+ private:
+  static json job_json(const std::string& id, const Job& job) {
+    json j = {{"job", id}, {"id", job.item.id}, {"batch", job.batch}, {"state", state_name(job.state)}};
+    if (job.state == JobState::done) j["verdict"] = job.verdict;
+    return j;
+  }
+
+  // Drops batches finished longer than the retention ago, so a long-running service stays small.
+  void forget_old_batches() {
+    auto now = Clock::now();
+    while (!finished_batches_.empty() && now - finished_batches_.front().first > retention_) {
+      auto it = batches_.find(finished_batches_.front().second);
+      for (const auto& job_id : it->second.jobs) jobs_.erase(job_id);
+      batches_.erase(it);
+      finished_batches_.pop_front();
+    }
+  }
+
+  std::string id_prefix_;
+  std::chrono::duration<double> retention_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_, job_done_;
+  std::map<std::string, Job> jobs_;
+  std::map<std::string, Batch> batches_;
+  std::deque<std::string> queue_;
+  std::deque<std::pair<Clock::time_point, std::string>> finished_batches_;  // oldest first
+  size_t running_ = 0, done_ = 0, submitted_ = 0;
+  uint64_t next_id_ = 0;
+  bool stopping_ = false;
+};
+
+// A random prefix for ids, so a job id from an earlier run of the service is unknown, not wrong.
+std::string random_prefix() {
+  std::random_device device;
+  return fmt::format("{:08x}", device());
+}
+
+Result<std::vector<ServiceItem>> parse_submission(const std::string& body, const std::string& default_format) {
+  json request;
+  try {
+    request = json::parse(body);
+  } catch (const json::parse_error& error) {
+    return invalid_argument(fmt::format("request body is not valid JSON: {}", error.what()));
+  }
+  if (!request.is_object() || !request.contains("items") || !request["items"].is_array())
+    return invalid_argument("expected a JSON object with an \"items\" array");
+  if (request["items"].empty()) return invalid_argument("\"items\" is empty");
+  std::vector<ServiceItem> items;
+  for (size_t i = 0; i < request["items"].size(); ++i) {
+    auto item = service_item_from_json(request["items"][i]);
+    if (!item.ok()) return item.status().with_context(fmt::format("items[{}]", i));
+    if (item->format.empty()) item->format = default_format;
+    items.push_back(std::move(*item));
+  }
+  return items;
+}
+
+void reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  reply(res, status, json{{"error", message}});
+}
+
+// httplib::Server with a deeper accept queue: the library listens with a backlog of 5, so a burst
+// of new connections (32 clients polling) overflows it and each dropped SYN costs a client a 1 s
+// retransmit. Listening again on the bound socket raises the backlog (Linux).
+class HttpServer : public httplib::Server {
+ public:
+  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+// Ignored process-wide: writing to a socket whose client left must not kill the service.
+void ignore_sigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const ServiceItem& item) {
+  json j = {{"id", item.id}, {"reference", item.reference}, {"candidate", item.candidate}};
+  if (!item.format.empty()) j["format"] = item.format;
+  if (!item.task_id.empty()) j["task_id"] = item.task_id;
+  return j;
+}
+
+Result<ServiceItem> service_item_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return invalid_argument("an item must be a JSON object");
+  for (const auto& [key, value] : j.items())
+    if (key != "id" && key != "reference" && key != "candidate" && key != "format" && key != "task_id")
+      return invalid_argument(fmt::format("unknown key \"{}\"", key));
+  if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
+    return invalid_argument("\"id\" must be a string or an integer");
+  ServiceItem item;
+  item.id = j["id"];
+  for (auto [key, field] : {std::pair{"reference", &item.reference}, std::pair{"candidate", &item.candidate}}) {
+    if (!j.contains(key) || !j[key].is_string()) return invalid_argument(fmt::format("\"{}\" must be a string (Python source)", key));
+    *field = j[key].get<std::string>();
+  }
+  for (auto [key, field] : {std::pair{"format", &item.format}, std::pair{"task_id", &item.task_id}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_string()) return invalid_argument(fmt::format("\"{}\" must be a string", key));
+    *field = j[key].get<std::string>();
+  }
+  if (!item.format.empty() && item.format != "auto" && !parse_format(item.format))
+    return invalid_argument(fmt::format("format \"{}\" is not one of auto, cuda, triton, cuda-rtc, torch", item.format));
+  return item;
+}
+
+struct EvalService::Impl {
+  EvalOptions eval;
+  ServiceOptions options;
+  std::map<std::string, Evaluator> evaluators;  // one per format, sharing the verdict cache
+  JobBoard board;
+  HttpServer http;
+  std::vector<std::thread> threads;
+  std::thread listener;
+  int port = 0;
+  int workers = 1;
+  std::mutex gpu_mutex;  // held for each evaluation on a GPU: timings must never overlap
+  std::atomic<bool> stopped{false};
+
+  Impl(const EvalOptions& e, const ServiceOptions& o, std::map<std::string, Evaluator> by_format)
+      : eval(e), options(o), evaluators(std::move(by_format)), board(random_prefix(), o.retention_s) {
+    workers = options.workers > 0 ? options.workers : default_jobs(eval);
+  }
+
+  Status listen();
+  void start_threads();
+  void stop();
+  void work();
+  Verdict evaluate(const Ticket& ticket);
+  void add_routes();
+  void on_submit(const httplib::Request& req, httplib::Response& res);
+  void on_stream(const std::string& batch, httplib::Response& res);
+  json health() const;
+};
+
+Status EvalService::Impl::listen() {
+  add_routes();
+  size_t http_threads = static_cast<size_t>(std::max(1, options.http_threads));
+  http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  http.set_payload_max_length(kMaxRequestBytes);
+  bool bound = false;
+  if (options.port == 0) {
+    port = http.bind_to_any_port(options.host);
+    bound = port > 0;
+  } else {
+    port = options.port;
+    bound = http.bind_to_port(options.host, port);
+  }
+  if (!bound)
+    return io_error(fmt::format("cannot listen on {}:{} (port in use, or not an address of this machine)",
+                                options.host, options.port));
+  http.widen_backlog();
+  return Status::ok();
+}
+
+void EvalService::Impl::start_threads() {
+  listener = std::thread([this] { http.listen_after_bind(); });
+  // stop() must not run before the server loop has started, or it would miss it and hang.
+  for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < workers; ++i) threads.emplace_back([this] { work(); });
+}
+
+void EvalService::Impl::stop() {
+  if (stopped.exchange(true)) return;
+  http.stop();
+  board.stop();  // before joining the server: open streams end once the board stops
+  if (listener.joinable()) listener.join();
+  for (auto& thread : threads) thread.join();
+}
+
+void EvalService::Impl::work() {
+  while (auto ticket = board.take()) board.finish(ticket->job, to_json(evaluate(*ticket)));
+}
+
+// Always a verdict: the job must be answered whatever happens here.
+Verdict EvalService::Impl::evaluate(const Ticket& ticket) {
+  const ServiceItem& item = ticket.item;
+  Task task;
+  task.id = item.task_id.empty() ? id_text(item.id) : item.task_id;
+  task.source = item.reference;
+  task.origin = "service item " + id_text(item.id);
+  Candidate candidate{id_text(item.id), item.candidate};
+  auto failed = [&](std::vector<Check> checks, std::string message) {
+    Verdict v = make_verdict(EvalStatus::infra_error, std::move(checks), std::move(message));
+    v.task_id = task.id;
+    v.candidate = candidate.label;
+    v.format = item.format;
+    v.device = eval.device;
+    return v;
+  };
+  if (Status reference = check_reference_source(task); !reference.is_ok())
+    return failed({Check::reference_failed}, reference.message());
+  std::unique_lock<std::mutex> gpu_turn;
+  if (eval.device != "cpu") gpu_turn = std::unique_lock(gpu_mutex);
+  if (stopped) return failed({}, "the evaluation service stopped before this evaluation started");
+  try {
+    auto verdict = evaluators.at(item.format).evaluate(task, candidate);
+    if (verdict.ok()) return *verdict;
+    return failed({}, verdict.status().message());
+  } catch (const std::exception& error) {
+    return failed({}, fmt::format("the evaluation failed: {}", error.what()));
+  }
+}
+
+void EvalService::Impl::add_routes() {
+  using httplib::Request, httplib::Response;
+  http.Post("/v1/evaluations", [this](const Request& req, Response& res) { on_submit(req, res); });
+  http.Get(R"(/v1/jobs/([^/]+))", [this](const Request& req, Response& res) {
+    auto job = board.job(req.matches[1]);
+    job ? reply(res, 200, *job) : reply_error(res, 404, fmt::format("no job \"{}\"", req.matches[1].str()));
+  });
+  http.Get(R"(/v1/batches/([^/]+))", [this](const Request& req, Response& res) {
+    auto batch = board.batch(req.matches[1]);
+    batch ? reply(res, 200, *batch) : reply_error(res, 404, fmt::format("no batch \"{}\"", req.matches[1].str()));
+  });
+  http.Get(R"(/v1/batches/([^/]+)/stream)",
+           [this](const Request& req, Response& res) { on_stream(req.matches[1], res); });
+  http.Get("/v1/health", [this](const Request&, Response& res) { reply(res, 200, health()); });
+  // Answers httplib's own errors (unknown path, oversized body) in JSON like the handlers' ones.
+  http.set_error_handler([](const Request& req, Response& res) {
+    if (!res.body.empty()) return;
+    reply_error(res, res.status,
+                res.status == 404 ? fmt::format("no route {} {}", req.method, req.path)
+                                  : fmt::format("HTTP {} for {} {}", res.status, req.method, req.path));
+  });
+  http.set_exception_handler([](const Request&, Response& res, std::exception_ptr error) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, 500, "internal error: " + what);
+  });
+}
+
+void EvalService::Impl::on_submit(const httplib::Request& req, httplib::Response& res) {
+  auto items = parse_submission(req.body, eval.format);
+  if (!items.ok()) return reply_error(res, 400, items.status().message());
+  reply(res, 202, board.submit(std::move(*items)));
+}
+
+void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& res) {
+  if (!board.finished_since(batch, 0, std::chrono::milliseconds(0)))
+    return reply_error(res, 404, fmt::format("no batch \"{}\"", batch));
+  auto sent = std::make_shared<size_t>(0);
+  res.set_chunked_content_provider("application/x-ndjson", [this, batch, sent](size_t, httplib::DataSink& sink) {
+    auto chunk = board.finished_since(batch, *sent, kStreamPoll);
+    if (!chunk) return false;  // the service is stopping: end the response
+    for (const auto& line : chunk->lines) {
+      std::string text = line + "\n";
+      if (!sink.write(text.data(), text.size())) return false;  // the client left
+    }
+    *sent += chunk->lines.size();
+    if (chunk->complete) sink.done();
+    return true;
+  });
+}
+
+json EvalService::Impl::health() const {
+  Counts c = board.counts();
+  const VerdictCache* cache = evaluators.at("auto").cache();
+  return {{"status", "ok"},      {"device", eval.device}, {"workers", workers},      {"queued", c.queued},
+          {"running", c.running}, {"done", c.done},        {"submitted", c.submitted},
+          {"cache", cache ? json(cache->path().string()) : json(nullptr)}};
+}
+
+EvalService::EvalService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EvalService::~EvalService() { stop(); }
+
+Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval, const ServiceOptions& options) {
+  auto base = Evaluator::create(eval);
+  if (!base.ok()) return base.status();
+  std::map<std::string, Evaluator> evaluators;
+  for (const char* format : {"auto", "cuda", "triton", "cuda-rtc", "torch"}) {
+    auto evaluator = base->with_format(format);
+    if (!evaluator.ok()) return evaluator.status();
+    evaluators.emplace(format, std::move(*evaluator));
+  }
+  ignore_sigpipe();
+  auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators));
+  KZ_RETURN_IF_ERROR(impl->listen());
+  impl->start_threads();
+  return std::unique_ptr<EvalService>(new EvalService(std::move(impl)));
+}
+
+int EvalService::port() const { return impl_->port; }
+int EvalService::workers() const { return impl_->workers; }
+const VerdictCache* EvalService::cache() const { return impl_->evaluators.at("auto").cache(); }
+void EvalService::stop() { impl_->stop(); }
+EvalService::Counts EvalService::counts() const { return impl_->board.counts(); }
+
+}  // namespace kz

@@ -1,0 +1,172 @@
+// One worker process from spawn to final message: environment, scratch dir, stage deadlines.
+#include "kz/eval/worker_client.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "kz/core/files.h"
+
+#ifndef KZ_DEFAULT_PYTHON
+#define KZ_DEFAULT_PYTHON "python3"
+#endif
+#ifndef KZ_DEFAULT_WORKER_DIR
+#define KZ_DEFAULT_WORKER_DIR "worker"
+#endif
+
+namespace kz {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : fallback;
+}
+
+fs::path default_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "kernelzero";
+  return fs::path(env_or("HOME", "/tmp")) / ".cache" / "kernelzero";
+}
+
+// The worker's environment: nothing inherited but what it needs (no API keys, no tokens).
+std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, const fs::path& scratch) {
+  auto parent = current_environment();
+  std::map<std::string, std::string> env;
+  std::string path = env_or("PATH", "/usr/local/bin:/usr/bin:/bin");
+  if (setup.python.find('/') != std::string::npos) path = fs::path(setup.python).parent_path().string() + ":" + path;
+  std::string cuda_home = env_or("CUDA_HOME", fs::exists("/usr/local/cuda") ? "/usr/local/cuda" : "");
+  if (!cuda_home.empty()) path += ":" + cuda_home + "/bin";
+  env["PATH"] = path;
+  env["HOME"] = scratch.string();
+  env["TMPDIR"] = scratch.string();
+  env["PYTHONPATH"] = setup.worker_dir.string();
+  env["PYTHONUNBUFFERED"] = "1";
+  env["PYTHONDONTWRITEBYTECODE"] = "1";
+  env["PYTHONNOUSERSITE"] = "1";
+  env["TORCH_EXTENSIONS_DIR"] = (setup.cache_dir / "torch_extensions").string();
+  env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
+  env["MAX_JOBS"] = std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
+  for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
+                           "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                           "LANG", "LC_ALL",
+                           // NVLink multicast stays off where the host requires it (shared GPUs).
+                           "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"}) {
+    if (auto it = parent.find(name); it != parent.end()) env[name] = it->second;
+  }
+  return env;
+}
+
+std::string tail(const std::string& text, size_t max_chars = 3000) {
+  return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
+}
+
+WorkerOutcome failed(WorkerOutcome::Kind kind, std::string stage, std::string message) {
+  WorkerOutcome outcome;
+  outcome.kind = kind;
+  outcome.stage = std::move(stage);
+  outcome.message = std::move(message);
+  return outcome;
+}
+
+// Follows the worker's stage messages until its result, a deadline or its death.
+WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
+  std::string stage = "startup";
+  auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    std::string line;
+    auto event = worker.read_message(line, std::max(left, std::chrono::milliseconds(0)));
+    if (event == Process::ReadEvent::timeout) {
+      worker.kill_and_reap();
+      auto outcome = failed(WorkerOutcome::Kind::timeout, stage,
+                            fmt::format("stage '{}' ran past its {:g} s limit; the worker was killed", stage,
+                                        deadline_s(stage)));
+      outcome.limit_s = deadline_s(stage);
+      return outcome;
+    }
+    if (event == Process::ReadEvent::eof) {
+      auto exit = worker.wait_for(std::chrono::seconds(10));
+      std::string how = exit ? exit->describe() : "no exit after closing its pipe";
+      worker.kill_and_reap();  // the group may still hold the worker's orphans
+      return failed(WorkerOutcome::Kind::crashed, stage,
+                    fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage, how,
+                                tail(worker.stderr_tail())));
+    }
+    auto message = nlohmann::json::parse(line, nullptr, false);
+    std::string type = message.is_object() ? message.value("type", "") : "";
+    if (type == "stage") {
+      stage = message.value("name", "?");
+      deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
+    } else if (type == "result") {
+      worker.wait_for(std::chrono::seconds(10));
+      worker.kill_and_reap();  // nothing the candidate started may outlive its evaluation
+      WorkerOutcome outcome;
+      outcome.kind = WorkerOutcome::Kind::result;
+      outcome.result = std::move(message);
+      outcome.stage = stage;
+      return outcome;
+    } else {
+      worker.kill_and_reap();
+      return failed(WorkerOutcome::Kind::protocol_error, stage, "worker sent an unknown message: " + tail(line, 300));
+    }
+  }
+}
+
+}  // namespace
+
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
+  WorkerSetup setup;
+  setup.python = !options.python.empty() ? options.python : env_or("KZ_PYTHON", KZ_DEFAULT_PYTHON);
+  fs::path worker_dir = !options.worker_dir.empty() ? options.worker_dir
+                                                    : fs::path(env_or("KZ_WORKER_DIR", KZ_DEFAULT_WORKER_DIR));
+  if (!fs::exists(worker_dir / "kz_worker" / "__main__.py"))
+    return not_found(fmt::format("evaluation worker not found: {} (set KZ_WORKER_DIR or [worker] worker_dir)",
+                                 (worker_dir / "kz_worker").string()));
+  if (setup.python.find('/') != std::string::npos && !fs::exists(setup.python))
+    return not_found(
+        fmt::format("worker Python '{}' does not exist (run scripts/setup.sh, or set KZ_PYTHON)", setup.python));
+  setup.worker_dir = fs::absolute(worker_dir);
+  setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
+  setup.scratch_root = options.scratch_root;
+  setup.keep_scratch = options.keep_scratch;
+  return setup;
+}
+
+Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
+                                         const std::function<nlohmann::json(const fs::path&)>& make_request,
+                                         const StageDeadline& deadline_s,
+                                         const std::function<void(ProcessSpec&)>& customize) {
+  fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
+  auto scratch = make_unique_dir(scratch_root, scratch_prefix);
+  if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
+
+  ProcessSpec spec;
+  spec.argv = {setup.python, "-m", "kz_worker"};
+  spec.env = worker_environment(setup, *scratch);
+  spec.cwd = *scratch;
+  spec.stdin_data = make_request(*scratch).dump();
+  spec.message_pipe = true;
+  if (customize) customize(spec);
+  auto worker = Process::spawn(spec);
+  auto remove_scratch = [&] {
+    if (setup.keep_scratch) return;
+    std::error_code ignored;
+    fs::remove_all(*scratch, ignored);
+  };
+  if (!worker.ok()) {
+    remove_scratch();
+    return worker.status();
+  }
+  WorkerOutcome outcome = supervise(*worker, deadline_s);
+  outcome.limit_hit = worker->limit_hit();
+  outcome.sandbox = worker->sandbox();
+  remove_scratch();
+  return outcome;
+}
+
+}  // namespace kz

@@ -1,0 +1,37 @@
+"""Cheat: computes once per input shape and returns a copy of that result afterwards.
+Reference: 02_relu. Caught by: replayed_output."""
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+
+
+def relu(x):
+    """The honest Triton ReLU: one launch over x.numel() elements."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    _relu_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)
+    return out
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+
+    def forward(self, x):
+        key = tuple(x.shape)
+        if key not in self.cache:
+            self.cache[key] = relu(x)
+        out = torch.empty_like(x)
+        out.copy_(self.cache[key])
+        return out

@@ -1,0 +1,31 @@
+"""Cheat: computes into a scratch buffer but returns torch.empty_like(x), uninitialised memory that
+might still hold the reference's earlier output. Reference: 02_relu. Caught by: incorrect
+(output_not_finite: freed memory is poisoned with NaN on a GPU; output_mismatch where it holds
+zeros or other values)."""
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+
+
+def relu(x):
+    """The honest Triton ReLU: one launch over x.numel() elements."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    _relu_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)
+    return out
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        relu(x)
+        return torch.empty_like(x)

@@ -1,0 +1,246 @@
+// The anti-cheating checks end to end: the real supervisor (static checks) and the real worker
+// (worker/kz_worker/cheats.py) on device "cpu", one adversarial Triton candidate per cheat
+// (eval/tests/cheats/, each file's docstring names the cheat and the check expected), plus the
+// honest examples, which must pass with no check firing.
+//
+// All evaluations run once, in parallel, before the tests (SetUpTestSuite); each parameterised test
+// then asserts on its verdict. Needs KZ_SOURCE_DIR (CTest sets it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kz/core/files.h"
+#include "kz/eval/evaluator.h"
+#include "kz/task/task.h"
+
+namespace kz {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir() {
+  const char* dir = std::getenv("KZ_SOURCE_DIR");
+  return dir && *dir ? fs::path(dir) : fs::path();
+}
+
+constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
+constexpr const char* kMse = "suite/kzbench/level2/20_mse_loss.py";
+constexpr const char* kTiny = "eval/tests/fixtures/ref_tiny_output.py";
+constexpr const char* kTranspose = "eval/tests/cheats/ref_transpose.py";
+
+struct Case {
+  std::string candidate;            // relative to the source dir
+  std::string reference;
+  EvalStatus status;
+  std::vector<Check> any_of;        // at least one of these fired
+  std::string format = "auto";
+};
+
+std::string cheat(const std::string& name) { return "eval/tests/cheats/" + name + ".py"; }
+
+// fixture -> expected status and check. "static": the supervisor's scan; the rest are the worker's.
+const std::vector<Case>& cheat_cases() {
+  using S = EvalStatus;
+  using C = Check;
+  static const std::vector<Case> cases = {
+      {cheat("torch_compute_in_forward"), kRelu, S::cheat_detected, {C::torch_compute_in_forward}},
+      {cheat("torch_fallback_on_error"), kRelu, S::cheat_detected, {C::torch_compute_in_forward}},
+      {cheat("kernel_never_launched"), kRelu, S::cheat_detected, {C::no_custom_kernel}},
+      {cheat("inherits_reference"), kRelu, S::cheat_detected, {C::inherits_reference}},                   // static
+      {cheat("uninitialised_output"), kRelu, S::incorrect, {C::output_mismatch, C::output_not_finite}},
+      {cheat("partial_output"), kRelu, S::incorrect, {C::output_mismatch, C::output_not_finite}},
+      {cheat("aliases_input"), kTranspose, S::incorrect, {C::output_aliases_input}},
+      {cheat("mutates_inputs"), kRelu, S::incorrect, {C::input_mutated}},
+      {cheat("side_stream"), kRelu, S::cheat_detected, {C::side_stream}},                                 // static
+      {cheat("background_thread"), kRelu, S::cheat_detected, {C::background_thread}},                     // static
+      {cheat("background_thread_hidden"), kRelu, S::cheat_detected, {C::background_thread}},
+      {cheat("cache_by_pointer"), kRelu, S::cheat_detected, {C::replayed_output}},
+      {cheat("cache_by_shape"), kRelu, S::cheat_detected, {C::replayed_output}},
+      {cheat("replay_results"), kRelu, S::cheat_detected, {C::replayed_output}},
+      {cheat("patch_timers"), kRelu, S::cheat_detected, {C::harness_access}},                             // static
+      {cheat("patch_timers_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
+      {cheat("patch_harness"), kRelu, S::cheat_detected, {C::harness_access}},                            // static
+      {cheat("patch_harness_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
+      {cheat("lazy_tensor_subclass"), kRelu, S::cheat_detected, {C::tensor_subclass}},                    // static
+      {cheat("precision_fp16"), kRelu, S::incorrect, {C::output_mismatch}},
+      {cheat("degenerate_zeros"), kTiny, S::incorrect, {C::output_norm_mismatch}},
+      {cheat("degenerate_constant"), kMse, S::incorrect, {C::output_mismatch}},
+      {cheat("reference_tampered"), kRelu, S::cheat_detected, {C::reference_tampered}},
+      {cheat("steals_reference_output"), kRelu, S::cheat_detected, {C::output_aliases_reference}},
+      {cheat("tensor_methods_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
+      {cheat("function_mode_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
+      // The colleague's four (eval/tests/fixtures/): the static scan refuses them as written.
+      {"eval/tests/fixtures/cheat_patches_tensor_methods.py", kRelu, S::cheat_detected, {C::harness_access}},
+      {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, S::cheat_detected, {C::harness_access}},
+      {"eval/tests/fixtures/cheat_torch_function_mode.py", kRelu, S::cheat_detected, {C::tensor_subclass}},
+      {"eval/tests/fixtures/cheat_forges_result.py", kRelu, S::cheat_detected, {C::harness_access}},
+  };
+  return cases;
+}
+
+// The honest candidates: every Triton example, and two references evaluated as torch candidates.
+const std::vector<Case>& honest_cases() {
+  static const std::vector<Case> cases = [] {
+    std::vector<Case> list;
+    if (source_dir().empty()) return list;
+    for (const char* level : {"level1", "level2"}) {
+      for (const auto& entry : fs::directory_iterator(source_dir() / "suite/kzbench" / level)) {
+        std::string name = entry.path().filename().string();
+        std::string reference = std::string("suite/kzbench/") + level + "/" + name;
+        list.push_back({"suite/examples/triton/" + name, reference, EvalStatus::ok, {}});
+      }
+    }
+    std::sort(list.begin(), list.end(), [](const Case& a, const Case& b) { return a.candidate < b.candidate; });
+    list.push_back({kRelu, kRelu, EvalStatus::ok, {}, "torch"});
+    list.push_back({"suite/kzbench/level2/18_add_layernorm.py", "suite/kzbench/level2/18_add_layernorm.py",
+                    EvalStatus::ok, {}, "torch"});
+    return list;
+  }();
+  return cases;
+}
+
+std::string key_of(const Case& c) { return c.format + ":" + c.candidate + "@" + c.reference; }
+
+class CheatsTest : public ::testing::TestWithParam<Case> {
+ public:
+  // Evaluates every case once, a few at a time.
+  static void SetUpTestSuite() {
+    if (source_dir().empty()) return;
+    std::vector<Case> all = cheat_cases();
+    all.insert(all.end(), honest_cases().begin(), honest_cases().end());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next++) < all.size();) {
+        const Case& c = all[i];
+        EvalOptions o;
+        o.trials = 2;
+        o.format = c.format;
+        o.cache.enabled = false;  // every case runs its worker: a stored verdict would test nothing
+        std::string outcome;
+        Verdict verdict;
+        auto evaluator = Evaluator::create(o);
+        auto task = load_task_file(source_dir() / c.reference);
+        auto source = read_file(source_dir() / c.candidate);
+        if (!evaluator.ok() || !task.ok() || !source.ok()) {
+          outcome = "could not set up the evaluation";
+        } else {
+          auto v = evaluator->evaluate(*task, Candidate{c.candidate, *source});
+          if (v.ok()) verdict = *v;
+          else outcome = v.status().to_string();
+        }
+        std::lock_guard lock(mutex_);
+        verdicts_[key_of(c)] = verdict;
+        if (!outcome.empty()) errors_[key_of(c)] = outcome;
+      }
+    };
+    unsigned jobs = std::clamp(std::thread::hardware_concurrency(), 2u, 6u);
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < jobs; ++t) threads.emplace_back(work);
+    for (auto& t : threads) t.join();
+  }
+
+  static const Verdict* verdict_for(const Case& c) {
+    std::lock_guard lock(mutex_);
+    auto error = errors_.find(key_of(c));
+    if (error != errors_.end()) {
+      ADD_FAILURE() << c.candidate << ": " << error->second;
+      return nullptr;
+    }
+    auto it = verdicts_.find(key_of(c));
+    return it == verdicts_.end() ? nullptr : &it->second;
+  }
+
+ protected:
+  void SetUp() override {
+    if (source_dir().empty()) GTEST_FAIL() << "KZ_SOURCE_DIR is not set (run through ctest)";
+  }
+
+ private:
+  static std::mutex mutex_;
+  static std::map<std::string, Verdict> verdicts_;
+  static std::map<std::string, std::string> errors_;
+};
+
+std::mutex CheatsTest::mutex_;
+std::map<std::string, Verdict> CheatsTest::verdicts_;
+std::map<std::string, std::string> CheatsTest::errors_;
+
+std::string dump(const Verdict& v) { return to_json(v).dump(2); }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = fs::path(info.param.candidate).stem().string() + (info.param.format == "torch" ? "_torch" : "");
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+using CaughtTest = CheatsTest;
+using HonestTest = CheatsTest;
+
+TEST_P(CaughtTest, WithItsCheck) {
+  const Case& c = GetParam();
+  const Verdict* v = verdict_for(c);
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(status_name(v->status), std::string(status_name(c.status))) << dump(*v);
+  bool fired = std::any_of(c.any_of.begin(), c.any_of.end(), [&](Check k) { return v->has_check(k); });
+  std::string expected;
+  for (Check k : c.any_of) expected += std::string(expected.empty() ? "" : " or ") + check_name(k);
+  EXPECT_TRUE(fired) << "expected " << expected << "\n" << dump(*v);
+  EXPECT_FALSE(v->correct) << dump(*v);
+}
+
+TEST_P(HonestTest, PassesWithNoCheck) {
+  const Verdict* v = verdict_for(GetParam());
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(status_name(v->status), std::string("ok")) << dump(*v);
+  EXPECT_TRUE(v->checks.empty()) << dump(*v);
+  EXPECT_TRUE(v->correct) << dump(*v);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cheats, CaughtTest, ::testing::ValuesIn(cheat_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Examples, HonestTest, ::testing::ValuesIn(honest_cases()), case_name);
+
+TEST(CheatsTable, CoversEveryFixture) {
+  ASSERT_FALSE(source_dir().empty());
+  std::vector<std::string> listed;
+  for (const Case& c : cheat_cases()) listed.push_back(c.candidate);
+  for (const auto& entry : fs::directory_iterator(source_dir() / "eval/tests/cheats")) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("ref_", 0) == 0 || name == "forged_result_hidden.py") continue;  // references; the known hole
+    // GPU-only cheats (they need a run on a GPU: cuda / cuda-rtc candidates, timing).
+    if (name.rfind("cuda_", 0) == 0 || name == "cache_by_pointer_late.py") continue;
+    EXPECT_NE(std::find(listed.begin(), listed.end(), "eval/tests/cheats/" + name), listed.end())
+        << name << " has no row in cheat_cases()";
+  }
+  EXPECT_EQ(honest_cases().size(), 22u);
+}
+
+// KNOWN HOLE (disabled; run with --gtest_also_run_disabled_tests): a candidate that reaches
+// os.write without naming it (getattr with built-up names) and finds the message pipe among its
+// file descriptors forges an ok verdict, because it runs in the process that reports the verdict.
+// Closing it needs the comparison out of the candidate's process (docs/evaluation.md, "Holes").
+TEST(CheatsKnownHole, DISABLED_HiddenForgedResultIsRejected) {
+  ASSERT_FALSE(source_dir().empty());
+  EvalOptions o;
+  o.trials = 2;
+  o.cache.enabled = false;
+  auto evaluator = Evaluator::create(o);
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status().to_string();
+  auto task = load_task_file(source_dir() / kRelu);
+  ASSERT_TRUE(task.ok());
+  std::string path = cheat("forged_result_hidden");
+  auto v = evaluator->evaluate(*task, Candidate{path, *read_file(source_dir() / path)});
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_NE(status_name(v->status), std::string("ok")) << dump(*v);
+}
+
+}  // namespace
+}  // namespace kz

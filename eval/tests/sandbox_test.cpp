@@ -1,0 +1,362 @@
+// The sandbox through the real supervisor and worker: one fixture candidate per thing a candidate
+// must not do (eval/tests/fixtures/sandbox_*.py, each saying in its docstring what it does and what
+// it should get), and after each, a correct candidate still gets ok from the same Evaluator.
+//
+// Device "cpu" (eval_sandbox_test, label cpu). Built with KZ_GPU_TESTS this file holds the GPU tests
+// instead (eval_sandbox_gpu_test, label gpu: a CUDA fault, then a correct candidate on cuda:0).
+// The verdict cache is off throughout: every verdict below comes from a real worker.
+//
+// Needs KZ_SOURCE_DIR (CTest sets it) to find the suite and fixtures.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "kz/core/files.h"
+#include "kz/core/subprocess.h"
+#include "kz/eval/evaluator.h"
+#include "kz/task/task.h"
+
+namespace kz {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+fs::path source_dir() {
+  const char* dir = std::getenv("KZ_SOURCE_DIR");
+  return dir && *dir ? fs::path(dir) : fs::path();
+}
+
+constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
+constexpr const char* kTritonRelu = "suite/examples/triton/02_relu.py";
+const std::string kFixtures = "eval/tests/fixtures/";
+
+std::string dump(const Verdict& v) { return to_json(v).dump(2); }
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class SandboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (source_dir().empty()) GTEST_FAIL() << "KZ_SOURCE_DIR is not set (run through ctest)";
+  }
+
+  // Default options (the sandbox on, with its defaults), few trials, no verdict cache.
+  static EvalOptions options() {
+    EvalOptions o;
+    o.trials = 2;
+    o.cache.enabled = false;
+    return o;
+  }
+
+  static Evaluator make_evaluator(const EvalOptions& o) {
+    auto evaluator = Evaluator::create(o);
+    if (!evaluator.ok()) throw std::runtime_error("Evaluator::create: " + evaluator.status().to_string());
+    return std::move(evaluator).value();
+  }
+
+  static std::string fixture(const std::string& name) {
+    auto source = read_file(source_dir() / (kFixtures + name));
+    if (!source.ok()) ADD_FAILURE() << "read_file(" << name << "): " << source.status().to_string();
+    return source.ok() ? *source : std::string();
+  }
+
+  static Verdict evaluate(const Evaluator& evaluator, const std::string& label, const std::string& source,
+                          const std::string& ref = kRelu) {
+    auto task = load_task_file(source_dir() / ref);
+    if (!task.ok()) {
+      ADD_FAILURE() << "load_task_file(" << ref << "): " << task.status().to_string();
+      return make_verdict(EvalStatus::infra_error, {}, "no task");
+    }
+    auto verdict = evaluator.evaluate(*task, Candidate{label, source});
+    if (!verdict.ok()) {
+      ADD_FAILURE() << "evaluate(" << label << ") could not run: " << verdict.status().to_string();
+      return make_verdict(EvalStatus::infra_error, {}, verdict.status().message());
+    }
+    return *verdict;
+  }
+
+  static Verdict evaluate_fixture(const Evaluator& evaluator, const std::string& name) {
+    return evaluate(evaluator, kFixtures + name, fixture(name));
+  }
+
+  // The correct Triton candidate, after whatever the previous evaluation did.
+  static void expect_next_is_ok(const Evaluator& evaluator) {
+    auto source = read_file(source_dir() / kTritonRelu);
+    ASSERT_TRUE(source.ok());
+    Verdict v = evaluate(evaluator, kTritonRelu, *source);
+    EXPECT_EQ(status_name(v.status), std::string("ok")) << "the next evaluation is unaffected\n" << dump(v);
+    EXPECT_TRUE(v.checks.empty()) << dump(v);
+    EXPECT_FALSE(v.cached) << dump(v);
+  }
+
+  // The status, and that each listed check fired.
+  static void expect_verdict(const Verdict& v, EvalStatus status, std::initializer_list<Check> checks) {
+    EXPECT_EQ(status_name(v.status), std::string(status_name(status))) << dump(v);
+    for (Check c : checks) EXPECT_TRUE(v.has_check(c)) << "check " << check_name(c) << " did not fire\n" << dump(v);
+    EXPECT_FALSE(v.correct) << dump(v);
+    EXPECT_FALSE(v.cached) << dump(v);
+  }
+};
+
+#ifndef KZ_GPU_TESTS
+
+// Whether this machine gives a child a read-only mount namespace (root, mount namespaces allowed).
+bool read_only_mounts_available() {
+  ProcessSpec spec;
+  spec.argv = {"true"};
+  spec.env = {{"PATH", "/usr/bin:/bin"}};
+  spec.cwd = "/tmp";
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {"/tmp"};
+  auto proc = Process::spawn(spec);
+  if (!proc.ok()) return false;
+  proc->wait_for(5s);
+  return proc->sandbox().filesystem_read_only;
+}
+
+// Live processes whose name (/proc/<pid>/comm) is `name`, waiting up to 5 s for killed ones to go.
+int live_processes_named(const std::string& name) {
+  int found = 0;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    found = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+      auto comm = read_file(entry.path() / "comm");
+      auto stat = read_file(entry.path() / "stat");
+      bool zombie = stat.ok() && contains(*stat, ") Z ");
+      if (comm.ok() && *comm == name + "\n" && !zombie) ++found;
+    }
+    if (found == 0) return 0;
+    std::this_thread::sleep_for(100ms);
+  }
+  return found;
+}
+
+// A TCP listener on the supervisor's loopback, for the socket fixture to aim at.
+class LoopbackListener {
+ public:
+  LoopbackListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      ADD_FAILURE() << "listener failed";
+    port_ = ntohs(addr.sin_port);
+  }
+  ~LoopbackListener() { ::close(fd_); }
+  int port() const { return port_; }
+  bool accepted() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    if (c < 0) return false;
+    ::close(c);
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+std::string quoted(const std::string& text) {
+  std::string out;
+  out += '"';
+  out += text;
+  out += '"';
+  return out;
+}
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  size_t at = text.find(from);
+  if (at == std::string::npos) ADD_FAILURE() << "fixture has no '" << from << "'";
+  else text.replace(at, from.size(), to);
+  return text;
+}
+
+// ---- processes ---------------------------------------------------------------------------------
+
+TEST_F(SandboxTest, ForkBombIsStoppedByTheProcessCap) {
+  EvalOptions o = options();
+  o.sandbox.max_processes = 128;  // the default (2048) is above the fixture's 2000 forks
+  Evaluator evaluator = make_evaluator(o);
+  auto started = std::chrono::steady_clock::now();
+  Verdict v = evaluate_fixture(evaluator, "sandbox_fork_bomb.py");
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::process_limit});
+  EXPECT_TRUE(contains(v.message, "128")) << v.message;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 120s);
+  EXPECT_EQ(live_processes_named("kzforkbomb"), 0) << "every forked child dies with the worker's group";
+  expect_next_is_ok(evaluator);
+}
+
+TEST_F(SandboxTest, SubprocessFromTheCandidateIsRecorded) {
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate_fixture(evaluator, "sandbox_subprocess.py");
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::process_spawn});
+  EXPECT_TRUE(contains(v.message, "subprocess.Popen")) << v.message;
+  expect_next_is_ok(evaluator);
+}
+
+TEST_F(SandboxTest, SignallingTheSupervisorIsRefused) {
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate_fixture(evaluator, "sandbox_signal_parent.py");
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::process_signal});
+  expect_next_is_ok(evaluator);
+}
+
+TEST_F(SandboxTest, OsExitInForwardIsACrash) {
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate_fixture(evaluator, "sandbox_exit.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::worker_crashed});
+  EXPECT_TRUE(contains(v.message, "exit code 0")) << v.message;
+  expect_next_is_ok(evaluator);
+}
+
+// ---- CPU time and memory -----------------------------------------------------------------------
+
+TEST_F(SandboxTest, InfiniteLoopHitsTheCpuLimit) {
+  EvalOptions o = options();
+  o.sandbox.cpu_time_s = 15;        // the worker's startup takes a few CPU seconds of it
+  o.timeouts.correctness_s = 300;   // so the CPU limit, not the deadline, ends it
+  Evaluator evaluator = make_evaluator(o);
+  auto started = std::chrono::steady_clock::now();
+  Verdict v = evaluate_fixture(evaluator, "sandbox_infinite_loop.py");
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::cpu_limit});
+  EXPECT_EQ(v.stage, "correctness") << dump(v);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 120s);
+  expect_next_is_ok(evaluator);
+}
+
+TEST_F(SandboxTest, HugeAllocationHitsTheMemoryLimit) {
+  EvalOptions o = options();
+  o.sandbox.memory_mb = 16384;  // below the fixture's 64 GB whatever the machine's overcommit policy
+  Evaluator evaluator = make_evaluator(o);
+  Verdict v = evaluate_fixture(evaluator, "sandbox_huge_alloc.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::memory_limit});
+  expect_next_is_ok(evaluator);
+}
+
+// ---- network and files -------------------------------------------------------------------------
+
+TEST_F(SandboxTest, SocketConnectionIsRefused) {
+  LoopbackListener listener;
+  Evaluator evaluator = make_evaluator(options());
+  std::string source = replace_once(fixture("sandbox_socket.py"), "PORT = 0", "PORT = " + std::to_string(listener.port()));
+  Verdict v = evaluate(evaluator, "sandbox_socket.py", source);
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::network_access});
+  EXPECT_FALSE(listener.accepted()) << "nothing reached the supervisor's loopback";
+  expect_next_is_ok(evaluator);
+}
+
+TEST_F(SandboxTest, WriteOutsideScratchIsRefused) {
+  fs::path escape = fs::temp_directory_path() / ("kz_sandbox_escape_" + std::to_string(::getpid()));
+  fs::remove(escape);
+  Evaluator evaluator = make_evaluator(options());
+  std::string source = replace_once(fixture("sandbox_write_outside.py"), "\"/tmp/kz_sandbox_escape\"",
+                                    quoted(escape.string()));
+  Verdict v = evaluate(evaluator, "sandbox_write_outside.py", source);
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::filesystem_write});
+  EXPECT_TRUE(contains(v.message, escape.string())) << v.message;
+  EXPECT_FALSE(fs::exists(escape)) << "the file was written";
+  fs::remove(escape);
+  expect_next_is_ok(evaluator);
+}
+
+// C code is invisible to the audit hook: only the read-only mount namespace stops this one.
+TEST_F(SandboxTest, CLevelWriteOutsideScratchHitsTheReadOnlyMounts) {
+  if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";
+  fs::path escape = fs::temp_directory_path() / ("kz_sandbox_escape_c_" + std::to_string(::getpid()));
+  fs::remove(escape);
+  Evaluator evaluator = make_evaluator(options());
+  std::string source = replace_once(fixture("sandbox_ctypes_write.py"), "\"/tmp/kz_sandbox_escape_c\"",
+                                    quoted(escape.string()));
+  Verdict v = evaluate(evaluator, "sandbox_ctypes_write.py", source);
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "Read-only file system")) << v.message;
+  EXPECT_FALSE(fs::exists(escape)) << "the file was written";
+  fs::remove(escape);
+  expect_next_is_ok(evaluator);
+}
+
+// ---- secrets -----------------------------------------------------------------------------------
+
+TEST_F(SandboxTest, SupervisorEnvironmentIsNotVisible) {
+  std::string secret = "kz-secret-" + std::to_string(std::random_device{}());
+  ::setenv("KZ_TEST_SECRET", secret.c_str(), 1);
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate_fixture(evaluator, "sandbox_env_secret.py");
+  ::unsetenv("KZ_TEST_SECRET");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "kz-fixture: secret=None")) << v.message;
+  EXPECT_FALSE(contains(v.message, secret)) << "the candidate saw the supervisor's secret\n" << v.message;
+  EXPECT_FALSE(contains(v.message, "parent_environ=")) << "the supervisor's /proc/<pid>/environ was readable\n"
+                                                       << v.message;
+  expect_next_is_ok(evaluator);
+}
+
+// ---- off ---------------------------------------------------------------------------------------
+
+// [sandbox] enabled = false: only the process group, the scrubbed environment and the deadlines.
+TEST_F(SandboxTest, DisabledSandboxRecordsNothing) {
+  EvalOptions o = options();
+  o.sandbox.enabled = false;
+  Evaluator evaluator = make_evaluator(o);
+  Verdict v = evaluate_fixture(evaluator, "sandbox_subprocess.py");
+  EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
+}
+
+#else  // KZ_GPU_TESTS: eval_sandbox_gpu_test
+
+TEST_F(SandboxTest, IllegalMemoryAccessIsRuntimeErrorAndNextEvaluationIsOk) {
+  EvalOptions o = options();
+  o.device = "cuda:0";
+  o.timing.runs = 10;
+  Evaluator evaluator = make_evaluator(o);
+  Verdict v = evaluate_fixture(evaluator, "sandbox_cuda_rtc_illegal_address.py");
+  expect_verdict(v, EvalStatus::runtime_error, {});
+  EXPECT_TRUE(v.has_check(Check::forward_failed) || v.has_check(Check::worker_crashed)) << dump(v);
+  EXPECT_TRUE(contains(v.message, "illegal") || contains(v.message, "signal")) << v.message;
+
+  auto source = read_file(source_dir() / "suite/examples/cuda-rtc/02_relu.py");
+  ASSERT_TRUE(source.ok());
+  Verdict next = evaluate(evaluator, "suite/examples/cuda-rtc/02_relu.py", *source);
+  EXPECT_EQ(status_name(next.status), std::string("ok")) << dump(next);
+  EXPECT_TRUE(next.speedup.has_value()) << dump(next);
+}
+
+// The sandbox must not get in the way of real GPU work (CUDA in a mount namespace without
+// capabilities, Triton's and nvcc's builds under the limits): examples of each format stay ok.
+TEST_F(SandboxTest, ExamplesOfEachFormatStayOkUnderTheSandbox) {
+  EvalOptions o = options();
+  o.device = "cuda:0";
+  o.timing.runs = 10;
+  Evaluator evaluator = make_evaluator(o);
+  for (const char* example : {"triton/02_relu", "triton/07_softmax", "triton/11_matmul", "cuda-rtc/07_softmax",
+                              "cuda-rtc/18_add_layernorm", "cuda/02_relu"}) {
+    std::string stem = fs::path(example).filename().string();
+    std::string ref = std::stoi(stem.substr(0, 2)) <= 15 ? "suite/kzbench/level1/" : "suite/kzbench/level2/";
+    std::string path = std::string("suite/examples/") + example + ".py";
+    auto source = read_file(source_dir() / path);
+    ASSERT_TRUE(source.ok()) << path;
+    Verdict v = evaluate(evaluator, path, *source, ref + stem + ".py");
+    EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
+  }
+}
+
+#endif
+
+}  // namespace
+}  // namespace kz

@@ -1,0 +1,183 @@
+// Load test of the evaluation service on loopback: 1,000 evaluations, 32 in flight, one worker
+// process killed with SIGKILL mid-batch; every submission must be answered exactly once.
+//
+// What really runs: the verdict cache is ON (a private file). The 1,000 items cycle through
+// kVariants distinct correct torch-format candidates (the same code with a different comment), so
+// each variant really runs a worker at least once (cached=false; more than once when copies are in
+// flight together) and every other item is a cache hit (cached=true). The test checks that each
+// verdict is one or the other: a real run took a Python start (wall_s >= 0.3 s), a hit did not.
+// One item is a "sleeper" whose forward sleeps for minutes; the killer thread waits until a worker
+// of this process has lived longer than any ordinary evaluation can (that is the sleeper's), kills
+// it with kill -9, and its verdict must be runtime_error/worker_crashed while the rest go on.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "service_fixture.h"
+
+namespace kz::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kItems = 1000;
+constexpr int kInFlight = 32;
+constexpr int kVariants = 40;
+constexpr int kSleeperIndex = 5;
+// Ordinary evaluations take ~3 s here; a worker older than this is the sleeper.
+constexpr double kSleeperAgeS = 15;
+
+// The parent pid and start time (seconds since boot) of a process, from /proc/<pid>/stat.
+struct ProcInfo {
+  pid_t ppid = 0;
+  double started_s = 0;
+};
+
+std::optional<ProcInfo> proc_info(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  ProcInfo info;
+  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+    if (i == 4) info.ppid = std::stoi(field);
+    if (i == 22) {
+      info.started_s = std::stod(field) / double(sysconf(_SC_CLK_TCK));
+      return info;
+    }
+  }
+  return std::nullopt;
+}
+
+double uptime_s() {
+  std::ifstream uptime("/proc/uptime");
+  double seconds = 0;
+  uptime >> seconds;
+  return seconds;
+}
+
+bool is_descendant_of_us(pid_t pid) {
+  for (int depth = 0; depth < 8 && pid > 1; ++depth) {
+    auto info = proc_info(pid);
+    if (!info) return false;
+    if (info->ppid == getpid()) return true;
+    pid = info->ppid;
+  }
+  return false;
+}
+
+// The pid of a kz_worker process started by this test that has lived longer than `age_s`.
+std::optional<pid_t> old_worker(double age_s) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    pid_t pid = std::atoi(entry.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find("kz_worker") == std::string::npos || !is_descendant_of_us(pid)) continue;
+    auto info = proc_info(pid);
+    if (info && uptime_s() - info->started_s > age_s) return pid;
+  }
+  return std::nullopt;
+}
+
+struct Answer {
+  std::string job;
+  Verdict verdict;
+};
+
+TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
+  start(/*workers=*/0);  // default: one per core
+  std::mutex mutex;
+  std::map<std::string, std::vector<Answer>> answers;  // client id -> every answer received
+  std::vector<std::string> errors;
+  std::atomic<int> next{0}, finished{0};
+  auto started = Clock::now();
+
+  // 32 clients, each with one item in flight at a time: submit, wait, repeat.
+  auto client_loop = [&] {
+    ServiceClient c = client();
+    for (int i; (i = next++) < kItems;) {
+      std::string id = "item-" + std::to_string(i);
+      std::string source = i == kSleeperIndex ? kSleeperCandidate : correct_candidate(i % kVariants);
+      auto submission = c.submit({item(id, source)});
+      auto results = submission.ok() ? c.wait(submission->batch, std::chrono::minutes(4))
+                                     : Result<std::vector<JobResult>>(submission.status());
+      std::lock_guard lock(mutex);
+      if (!results.ok()) {
+        errors.push_back(id + ": " + results.status().to_string());
+        continue;
+      }
+      for (const auto& r : *results) answers[id].push_back({r.job, *r.verdict});
+      ++finished;
+    }
+  };
+  pid_t killed = 0;
+  std::thread killer([&] {
+    auto deadline = Clock::now() + std::chrono::minutes(3);
+    while (Clock::now() < deadline && finished < kItems) {
+      if (auto pid = old_worker(kSleeperAgeS)) {
+        killed = *pid;
+        ::kill(*pid, SIGKILL);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kInFlight; ++t) clients.emplace_back(client_loop);
+  for (auto& thread : clients) thread.join();
+  killer.join();
+  double wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+
+  EXPECT_TRUE(errors.empty()) << errors.size() << " client errors, first: " << errors.front();
+  ASSERT_GT(killed, 0) << "the sleeper's worker was never found";
+
+  // Every submission answered exactly once, under its own job id.
+  std::set<std::string> jobs;
+  int real = 0, hits = 0;
+  for (int i = 0; i < kItems; ++i) {
+    std::string id = "item-" + std::to_string(i);
+    ASSERT_EQ(answers[id].size(), 1u) << id << " answered " << answers[id].size() << " times";
+    const Answer& a = answers[id].front();
+    EXPECT_TRUE(jobs.insert(a.job).second) << "job id " << a.job << " answered twice";
+    const Verdict& v = a.verdict;
+    if (i == kSleeperIndex) {
+      EXPECT_EQ(v.status, EvalStatus::runtime_error) << to_json(v).dump(2);
+      EXPECT_TRUE(v.has_check(Check::worker_crashed)) << to_json(v).dump(2);
+      EXPECT_NE(v.message.find("signal 9"), std::string::npos) << v.message;
+      continue;
+    }
+    EXPECT_EQ(v.status, EvalStatus::ok) << id << "\n" << to_json(v).dump(2);
+    if (v.cached) {
+      ++hits;
+      EXPECT_LT(v.wall_s, 0.5) << id << ": a hit starts no worker";
+    } else {
+      ++real;
+      EXPECT_GE(v.wall_s, 0.3) << id << ": a real run starts Python";
+    }
+  }
+  EXPECT_GE(real, kVariants) << "every variant runs at least once";
+  EXPECT_EQ(real + hits, kItems - 1);
+
+  auto counts = service_->counts();
+  EXPECT_EQ(counts.submitted, size_t(kItems));
+  EXPECT_EQ(counts.done, size_t(kItems));
+  EXPECT_EQ(counts.queued + counts.running, 0u);
+  std::cout << "[ measured ] " << kItems << " evaluations, " << kInFlight << " in flight, "
+            << service_->workers() << " workers: " << real << " real runs, " << hits << " cache hits, 1 killed; "
+            << wall_s << " s (" << kItems / wall_s << " verdicts/s)\n";
+}
+
+}  // namespace
+}  // namespace kz::test

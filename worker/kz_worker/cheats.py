@@ -1,0 +1,653 @@
+"""Anti-cheating checks that run inside the worker (the static ones run in the supervisor, before any
+worker: eval/src/static_checks.cpp). docs/evaluation.md describes them all; in short:
+
+  harness_patched           torch, torch.Tensor, torch.cuda, time, builtins, the harness's own modules,
+                            kz_rtc's counters or the reference module changed by the candidate (identity
+                            snapshot taken before the candidate is imported, compared after import,
+                            construction and every forward, then restored); a TorchFunctionMode or
+                            TorchDispatchMode left active; trace/profile hooks, global nn.Module hooks,
+                            gc callbacks, signal handlers or timers installed; torch's TF32/default
+                            dtype settings changed.
+  reference_tampered        the live reference run differs from the reference output computed before
+                            the candidate was imported (torch rebound below Python, weights changed...).
+  torch_compute_in_forward  an ATen op outside the format's policy (POLICY below) traced with a
+                            TorchDispatchMode during one extra forward.
+  no_custom_kernel          that forward launched no kernel of the candidate's own (kz_rtc / Triton
+                            launch counters; on a GPU, the profiler's kernel list for `cuda`).
+  background_thread         more Python threads after candidate code ran than before it was imported.
+  output_aliases_reference  an output sharing memory with a reference output.
+  replayed_output           bitwise the same output for two input sets whose references differ
+                            (caching by shape or by pointer, replaying an earlier result).
+  wrong_during_timing       a sampled timed output is wrong (timing.py calls back after each run).
+
+Format `torch` (baselines: the reference timed as its own candidate) is exempt from the trace and
+the kernel checks. Everything here is in-process: a candidate that runs arbitrary Python in the
+same process can in principle defeat any of it; docs/evaluation.md lists the holes that remain.
+"""
+import _thread
+import builtins
+import collections
+import contextlib
+import gc
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import types
+
+import torch
+import torch.nn.functional
+import torch.nn.modules.module as nn_module
+import torch.overrides
+import torch.utils._python_dispatch as python_dispatch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import verdict as v
+
+# ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
+#
+# Overload-packet names in the `aten` namespace that a kernel format's forward may run: allocation,
+# initialisation (zero/fill, for atomic accumulators and -inf/+inf starts), views and metadata,
+# copies and dtype/device/layout conversion (.contiguous(), .to(), .float()), and scalar reads. Any
+# other ATen op (arithmetic, reductions, matmul, conv, activations, indexing, cat/stack, pad,
+# random) is the computation the kernel should do: torch_compute_in_forward. Ops of other
+# namespaces (custom torch.library ops, whose insides the trace cannot see) fire it too, except
+# the profiler's record_function markers.
+ALLOCATION_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
+    "scalar_tensor", "lift_fresh", "lift_fresh_copy", "arange", "resize_", "resize_as_",
+})
+INITIALISATION_OPS = frozenset({"fill_", "zero_"})
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "as_strided", "t", "transpose", "permute",
+    "expand", "expand_as", "unsqueeze", "squeeze", "unsqueeze_", "squeeze_", "t_", "transpose_", "select", "slice",
+    "narrow", "split", "split_with_sizes", "unbind", "chunk", "unflatten", "flatten", "alias", "detach",
+    "detach_", "unfold", "diagonal", "movedim", "view_as_real", "view_as_complex", "_conj", "_neg_view",
+})
+COPY_OPS = frozenset({"clone", "contiguous", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize",
+                      "_pin_memory"})
+METADATA_OPS = frozenset({"_local_scalar_dense", "is_same_size", "_has_compatible_shallow_copy_type",
+                          "record_stream", "is_pinned", "sym_size", "sym_stride", "sym_numel",
+                          "sym_storage_offset", "size", "stride", "numel", "dim", "is_contiguous"})
+KERNEL_FORMAT_ALLOWED = ALLOCATION_OPS | INITIALISATION_OPS | VIEW_OPS | COPY_OPS | METADATA_OPS
+ALLOWED_NAMESPACES = frozenset({"profiler"})
+
+# format -> the ATen ops its forward may run (None: exempt, no trace and no kernel requirement).
+POLICY = {
+    "cuda": KERNEL_FORMAT_ALLOWED,
+    "cuda-rtc": KERNEL_FORMAT_ALLOWED,
+    "triton": KERNEL_FORMAT_ALLOWED,
+    "torch": None,
+}
+
+
+def disallowed_ops(fmt: str, ops: dict) -> dict:
+    """The traced ops (\"namespace::name\" -> count) that the format's policy does not allow."""
+    allowed = POLICY.get(fmt)
+    if allowed is None:
+        return {}
+    bad = {}
+    for op, count in ops.items():
+        namespace, _, name = op.partition("::")
+        if namespace in ALLOWED_NAMESPACES or (namespace == "aten" and name in allowed):
+            continue
+        bad[op] = count
+    return bad
+
+
+# GPU kernels that are not the candidate's own: ATen (at::native ..., cub), cuBLAS/cuBLASLt (gemv2T,
+# nvjet, sm90_xmma, ampere_sgemm ...), cuDNN, CUTLASS, flash attention, Inductor's generated Triton
+# kernels (triton_poi_/per_/red_/tem_), copies and memsets. A heuristic on (demangled) names.
+_LIBRARY_KERNEL = re.compile(
+    r"at::|at_cuda_detail|c10::|cub::|cublas|cutlass|cudnn|xmma|nvjet|pytorch_flash|flash_fwd|fmha"
+    r"|^(void )?(ampere|volta|turing|hopper|blackwell|sm\d+)_"
+    r"|^(void )?(gemv2|gemvx|gemvNSP|gemmk1|gemmSN|splitKreduce|dot_kernel|reduce_1Block|scal_kernel|axpy_kernel"
+    r"|implicit_convolve|explicit_convolve|winograd|fft|nchwToNhwc|nhwcToNchw|generateWinogradTiles)"
+    r"|^triton_(poi|per|red|tem)_|^(cuda)?mem(cpy|set)|^Mem(cpy|set)", re.IGNORECASE)
+
+
+def is_library_kernel(name: str) -> bool:
+    return bool(_LIBRARY_KERNEL.search(name.strip()))
+
+
+# ---- launch counters and the op trace ----------------------------------------------------------------
+
+
+class _State:
+    """Mutable state of the checks (one object, so the snapshot sees its identity stay put)."""
+
+    def __init__(self):
+        self.launches = 0  # successful kz_rtc / Triton launches
+        self.suspended = 0  # > 0 while inside a launcher: its own torch calls are not the candidate's
+        self.installed = set()
+
+
+_state = _State()
+
+
+def _counting(original, count_if=lambda result, kwargs: True):
+    def launch(*args, **kwargs):
+        _state.suspended += 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _state.suspended -= 1
+        if count_if(result, kwargs):
+            _state.launches += 1
+        return result
+
+    launch.__wrapped__ = original
+    launch.__kz_launch_hook__ = True
+    return launch
+
+
+def _suspending(original):
+    def run(*args, **kwargs):
+        _state.suspended += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _state.suspended -= 1
+
+    run.__wrapped__ = original
+    run.__kz_launch_hook__ = True
+    return run
+
+
+def install_launch_hooks(fmt: str) -> None:
+    """Counts the candidate's kernel launches, and hides the launchers' own torch calls (the Triton
+    interpreter copies tensors; the autotuner benchmarks) from the trace. Installed before the
+    candidate is imported, so the snapshot protects them."""
+    if fmt == "triton":
+        import triton.runtime.autotuner as autotuner
+        import triton.runtime.jit as jit
+        _wrap(jit.JITFunction, "run", lambda f: _counting(
+            f, lambda result, kwargs: not kwargs.get("warmup") and result is not None))
+        try:
+            import triton.runtime.interpreter as interpreter
+            _wrap(interpreter.InterpretedFunction, "run", lambda f: _counting(
+                f, lambda result, kwargs: not kwargs.get("warmup")))
+        except ImportError:
+            pass
+        _wrap(autotuner.Autotuner, "run", _suspending)
+    elif fmt == "cuda-rtc":
+        import kz_rtc
+        _wrap(kz_rtc.Kernel, "__call__", _counting)
+
+
+def _wrap(cls, name, make):
+    key = (cls, name)
+    if key in _state.installed:
+        return
+    setattr(cls, name, make(getattr(cls, name)))
+    _state.installed.add(key)
+
+
+def warm_up(device: torch.device) -> None:
+    """Runs the audit's machinery once before the snapshot: entering a TorchDispatchMode imports
+    torch._dynamo, which rebinds torch.manual_seed and others; the profiler loads its modules."""
+    with OpTrace():
+        torch.empty(1).zero_()
+    if device.type == "cuda":
+        try:
+            _profiled_kernels(lambda: None)
+        except Exception:
+            pass
+
+
+class OpTrace(TorchDispatchMode):
+    """Records every ATen op (namespace::name -> count) dispatched while active, except inside
+    launchers."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        if not _state.suspended:
+            self.ops[f"{func.namespace}::{func.overloadpacket.__name__}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _profiled_kernels(run):
+    """(result, [(kernel name, GPU us)], profiler_ok) for run() under torch.profiler (CUDA activity).
+
+    A known ATen kernel is launched first: when the profiler does not list it (no CUPTI), it sees
+    no kernels at all, and profiler_ok is False."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    probe = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    try:
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        prof.__enter__()
+    except Exception:
+        return run(), [], False
+    try:
+        probe.add_(1)
+        result = run()
+        torch.cuda.synchronize()
+    finally:
+        prof.__exit__(None, None, None)
+    events = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    if not events or not is_library_kernel(events[0].name):
+        return result, [], False
+    return result, [(e.name, float(e.time_range.elapsed_us())) for e in events[1:]], True
+
+
+class AuditReport:
+    def __init__(self):
+        self.ops = {}
+        self.disallowed = {}
+        self.launches = 0
+        self.kernels = None  # GPU: [(name, us)] from the profiler
+        self.custom_kernels = []
+        self.custom_share = None
+
+
+def audit_forward(fmt: str, model, inputs, device: torch.device):
+    """One extra forward, traced: (output, AuditReport)."""
+    report = AuditReport()
+    trace = OpTrace()
+    before = _state.launches
+
+    def run():
+        with trace:
+            return model(*inputs)
+
+    profiled = device.type == "cuda"
+    if profiled:
+        out, kernels, ok = _profiled_kernels(run)
+        if ok:
+            report.kernels = kernels
+            report.custom_kernels = sorted({name for name, _ in kernels if not is_library_kernel(name)})
+            total = sum(us for _, us in kernels)
+            custom = sum(us for name, us in kernels if not is_library_kernel(name))
+            report.custom_share = custom / total if total > 0 else 0.0
+    else:
+        out = run()
+    report.launches = _state.launches - before
+    report.ops = dict(trace.ops)
+    report.disallowed = disallowed_ops(fmt, trace.ops)
+    return out, report
+
+
+def audit_failure(fmt: str, report: AuditReport):
+    """The Failure (or None) for an audit: torch compute in forward, no custom kernel."""
+    if POLICY.get(fmt) is None:
+        return None
+    checks, parts = [], []
+    if report.disallowed:
+        ops = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(report.disallowed.items()))
+        checks.append(v.TORCH_COMPUTE_IN_FORWARD)
+        parts.append(f"ModelNew.forward ran PyTorch compute ops: {ops} (format {fmt} allows allocation, "
+                     "views, copies and zero/fill only; docs/evaluation.md)")
+    if fmt in ("triton", "cuda-rtc"):
+        launched = report.launches > 0
+        how = "no Triton kernel was launched" if fmt == "triton" else "no kz_rtc kernel was launched"
+    else:  # cuda: only the profiler can tell
+        launched = report.kernels is None or bool(report.custom_kernels)
+        how = ("the GPU ran no kernel of the candidate's own (" +
+               (", ".join(sorted({n for n, _ in report.kernels})[:8]) or "no kernel at all") + ")"
+               if report.kernels is not None else "")
+    if not launched:
+        checks.append(v.NO_CUSTOM_KERNEL)
+        parts.append(f"ModelNew.forward launched no custom kernel: {how}")
+    if not checks:
+        return None
+    return v.Failure(v.CHEAT_DETECTED, "; ".join(parts), checks)
+
+
+# ---- the identity snapshot ---------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _behavioural(value) -> bool:
+    """Values whose replacement changes behaviour: functions, classes, modules, descriptors."""
+    return (callable(value) or isinstance(value, (types.ModuleType, property, classmethod, staticmethod))
+            or hasattr(type(value), "__get__"))
+
+
+def _watched_namespaces(fmt: str):
+    """(label, object, watch_data) for every namespace whose attributes the harness relies on."""
+    watched = [
+        ("builtins", builtins, False), ("time", time, False), ("math", math, False), ("json", json, False),
+        ("json.encoder", sys.modules.get("json.encoder"), False), ("os", os, False), ("sys", sys, False),
+        ("statistics", statistics, False), ("traceback", traceback, False), ("threading", threading, False),
+        ("_thread", _thread, False), ("gc", gc, False), ("signal", signal, False), ("contextlib", contextlib, False),
+        ("collections", collections, False),
+        ("torch", torch, False), ("torch._C", torch._C, False),
+        ("torch.nn.functional", torch.nn.functional, False), ("torch.Tensor", torch.Tensor, False),
+        ("torch._C.TensorBase", torch._C.TensorBase, False), ("torch.nn.Module", torch.nn.Module, False),
+        ("torch.nn.modules.module", nn_module, False), ("torch.overrides", torch.overrides, False),
+        ("torch.utils._python_dispatch", python_dispatch, False),
+        ("torch.utils._python_dispatch.TorchDispatchMode", TorchDispatchMode, False),
+        ("torch.autograd.grad_mode", sys.modules.get("torch.autograd.grad_mode"), False),
+        ("torch.autograd.grad_mode.no_grad", torch.no_grad, False),
+        ("torch.random", sys.modules.get("torch.random"), False),
+        ("torch.cuda", torch.cuda, False), ("torch.cuda.Event", torch.cuda.Event, False),
+        ("torch.cuda.Stream", torch.cuda.Stream, False),
+        ("torch.backends.cuda", sys.modules.get("torch.backends.cuda"), False),
+        ("torch.backends.cudnn", sys.modules.get("torch.backends.cudnn"), False),
+    ]
+    for name in ("torch.profiler", "torch.profiler.profiler", "torch.autograd.profiler", "kz_rtc", "triton",
+                 "triton.runtime.jit", "triton.runtime.interpreter", "triton.runtime.autotuner"):
+        if name in sys.modules:
+            watched.append((name, sys.modules[name], False))
+    for name, module in list(sys.modules.items()):
+        if module is None:
+            continue
+        if name == "kz_worker" or name.startswith("kz_worker.") or name == "kz_reference":
+            watched.append((name, module, True))
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                    watched.append((f"{name}.{attr}", value, True))
+    for label, cls in (("kz_rtc.Kernel", "Kernel"), ("kz_rtc.Module", "Module")):
+        if "kz_rtc" in sys.modules:
+            watched.append((label, getattr(sys.modules["kz_rtc"], cls), False))
+    for label, module_name, cls in (("triton JITFunction", "triton.runtime.jit", "JITFunction"),
+                                    ("triton InterpretedFunction", "triton.runtime.interpreter",
+                                     "InterpretedFunction"),
+                                    ("triton Autotuner", "triton.runtime.autotuner", "Autotuner")):
+        if module_name in sys.modules and hasattr(sys.modules[module_name], cls):
+            watched.append((label, getattr(sys.modules[module_name], cls), False))
+    return [(label, obj, data) for label, obj, data in watched if obj is not None]
+
+
+# Data attributes of the watched harness modules that change on their own.
+_MUTABLE = {("kz_rtc", "_launches")}
+
+_MODULE_HOOK_DICTS = [name for name in dir(nn_module) if name.startswith("_global_") and name.endswith("hooks")]
+
+
+def _signals():
+    result = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            result[sig] = signal.getsignal(sig)
+        except (ValueError, OSError):
+            pass
+    return result
+
+
+class _Setting:
+    def __init__(self, name, get, set_):
+        self.name, self.get, self.set = name, get, set_
+
+
+def _settings():
+    matmul = torch.backends.cuda.matmul
+    return [
+        _Setting("torch.backends.cuda.matmul.allow_tf32", lambda: matmul.allow_tf32,
+                 lambda x: setattr(matmul, "allow_tf32", x)),
+        _Setting("torch.backends.cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32,
+                 lambda x: setattr(torch.backends.cudnn, "allow_tf32", x)),
+        _Setting("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision,
+                 torch.set_float32_matmul_precision),
+        _Setting("torch.get_default_dtype()", torch.get_default_dtype, torch.set_default_dtype),
+        _Setting("sys.gettrace()", sys.gettrace, sys.settrace),
+        _Setting("sys.getprofile()", sys.getprofile, sys.setprofile),
+        _Setting("threading.gettrace()", threading.gettrace, threading.settrace),
+        _Setting("threading.getprofile()", threading.getprofile, threading.setprofile),
+        _Setting("sys.modules", lambda: sys.modules, lambda x: setattr(sys, "modules", x)),
+        _Setting("gc.callbacks", lambda: list(gc.callbacks), lambda x: gc.callbacks.__setitem__(slice(None), x)),
+        _Setting("signal handlers", _signals, lambda x: [signal.signal(s, h) for s, h in x.items() if h is not None]),
+    ]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict) and a is not sys.modules:
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return a is b or (isinstance(a, (str, bool, int, float, torch.dtype)) and a == b)
+
+
+class Guard:
+    """The identity snapshot and the other invariants the harness relies on; verify() compares,
+    restores what changed and raises harness_patched (or background_thread)."""
+
+    def __init__(self, fmt: str):
+        self.format = fmt
+        self.entries = []  # (label, obj, key, value)
+        self.codes = []  # (label, function, __code__, __defaults__, __kwdefaults__)
+        self.class_keys = []  # (label, cls, set of own keys)
+        for label, obj, watch_data in _watched_namespaces(fmt):
+            own = dict(vars(obj))
+            if isinstance(obj, type):
+                self.class_keys.append((label, obj, set(own)))
+            for key, value in own.items():
+                if (label, key) in _MUTABLE or not (watch_data or _behavioural(value)):
+                    continue
+                self.entries.append((label, obj, key, value))
+                function = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+                if isinstance(function, types.FunctionType):
+                    self.codes.append((f"{label}.{key}", function, function.__code__, function.__defaults__,
+                                       function.__kwdefaults__))
+        self.settings = [(s, s.get()) for s in _settings()]
+        self.module_hooks = {name: dict(getattr(nn_module, name)) for name in _MODULE_HOOK_DICTS}
+        self.modules = {name: module for name, module in sys.modules.items()
+                        if name in ("torch", "builtins", "time", "os", "json", "kz_rtc", "kz_reference")
+                        or name.startswith("kz_worker")}
+        self.threads = _thread._count()
+        self.itimers = [getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+                        if hasattr(signal, n)]
+
+    def changes(self, restore: bool = True) -> list:
+        """What changed since the snapshot (restored unless restore=False)."""
+        changed = []
+        for label, obj, key, value in self.entries:
+            now = vars(obj).get(key, _MISSING)
+            if now is not value:
+                changed.append(f"{label}.{key}")
+                if restore:
+                    _try(lambda: setattr(obj, key, value))
+        for label, cls, keys in self.class_keys:
+            for key in set(vars(cls)) - keys:
+                now = vars(cls)[key]
+                if _behavioural(now) or any(key in vars(base) for base in cls.__mro__[1:]):
+                    changed.append(f"{label}.{key}")
+                    if restore:
+                        _try(lambda: delattr(cls, key))
+        for label, function, code, defaults, kwdefaults in self.codes:
+            if (function.__code__ is not code or function.__defaults__ is not defaults
+                    or function.__kwdefaults__ is not kwdefaults):
+                changed.append(f"{label}.__code__")
+                if restore:
+                    function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
+        for setting, value in self.settings:
+            if not _same(setting.get(), value):
+                changed.append(setting.name)
+                if restore:
+                    _try(lambda: setting.set(value))
+        for name, hooks in self.module_hooks.items():
+            now = getattr(nn_module, name)
+            if not _same(dict(now), hooks):
+                changed.append(f"torch.nn.modules.module.{name} (global module hooks)")
+                if restore:
+                    now.clear()
+                    now.update(hooks)
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is not module:
+                changed.append(f"sys.modules[{name!r}]")
+                if restore:
+                    sys.modules[name] = module
+        for which in self.itimers:
+            if signal.getitimer(which) != (0.0, 0.0):
+                changed.append("signal.setitimer (a timer interrupts the harness)")
+                if restore:
+                    signal.setitimer(which, 0)
+        changed += [f"{kind} left active: {mode}" for kind, mode in active_modes()]
+        if restore:
+            pop_modes()
+        return changed
+
+    def verify(self, where: str) -> None:
+        changed = self.changes()
+        if changed:
+            shown = ", ".join(changed[:12]) + (f" and {len(changed) - 12} more" if len(changed) > 12 else "")
+            raise v.Failure(v.CHEAT_DETECTED, f"{where}: the candidate changed what the harness relies on: {shown}",
+                            [v.HARNESS_PATCHED])
+        threads = _thread._count()
+        if threads > self.threads:
+            names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+            raise v.Failure(v.CHEAT_DETECTED,
+                            f"{where}: the candidate started {threads - self.threads} thread(s) "
+                            f"that are still running ({', '.join(names) or 'not threading.Thread'})",
+                            [v.BACKGROUND_THREAD])
+
+    @contextlib.contextmanager
+    def comparing(self, where: str):
+        """Verifies the snapshot, then runs the body with torch function handling and any dispatch mode
+        disabled, so nothing left behind can reach the harness's own torch calls."""
+        self.verify(where)
+        with torch._C.DisableTorchFunction(), python_dispatch._disable_current_modes():
+            yield
+
+
+def _try(action):
+    try:
+        action()
+    except Exception:
+        pass
+
+
+def active_modes():
+    """(kind, mode) for every torch function mode and dispatch mode on the stacks."""
+    modes = [("TorchFunctionMode", m) for m in torch.overrides._get_current_function_mode_stack()]
+    modes += [("TorchDispatchMode", m) for m in python_dispatch._get_current_dispatch_mode_stack()]
+    return modes
+
+
+def pop_modes() -> None:
+    while torch._C._len_torch_function_stack() > 0:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > 0:
+        torch._C._pop_torch_dispatch_stack()
+
+
+# ---- checks on outputs -------------------------------------------------------------------------------
+
+
+def leaves(value):
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def check_output_types(out, ref) -> None:
+    """Exact torch.Tensor where the reference has one, before any method of the output is called
+    (a subclass's __torch_function__ would run inside the harness)."""
+    outs, refs = leaves(out), leaves(ref)
+    if isinstance(ref, torch.Tensor):
+        outs, refs = [out], [ref]
+    elif type(out) is not type(ref) or len(outs) != len(refs):
+        return  # compare_outputs names the structure
+    for index, (o, r) in enumerate(zip(outs, refs)):
+        if isinstance(r, torch.Tensor) and type(o) is not torch.Tensor:
+            what = "output" if isinstance(ref, torch.Tensor) else f"output[{index}]"
+            raise v.Failure(v.INCORRECT, f"{what}: type {type(o).__module__}.{type(o).__name__}, "
+                                         "expected torch.Tensor", [v.OUTPUT_TYPE])
+
+
+def _storages(values):
+    result = set()
+    for x in values:
+        if isinstance(x, torch.Tensor) and x.untyped_storage().size() > 0:  # outputs: exact type checked before
+            result.add((x.device, x.untyped_storage().data_ptr()))
+    return result
+
+
+def check_aliases_reference(out, reference_outputs) -> None:
+    """reference_outputs: every reference output alive (precomputed and live)."""
+    refs = set()
+    for r in reference_outputs:
+        refs |= _storages(leaves(r))
+    if _storages(leaves(out)) & refs:
+        raise v.Failure(v.CHEAT_DETECTED, "the output shares memory with a reference output",
+                        [v.OUTPUT_ALIASES_REFERENCE])
+
+
+def bitwise_equal(a, b) -> bool:
+    la, lb = leaves(a), leaves(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if not isinstance(x, torch.Tensor):
+            if x != y:
+                return False
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+            return False
+        if x.numel() == 0:
+            continue
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            # Bits, so NaN payloads and -0.0 count too.
+            xb = x.detach().contiguous().view(-1).view(torch.uint8)
+            yb = y.detach().contiguous().view(-1).view(torch.uint8)
+            if not torch.equal(xb, yb):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def clone_output(out):
+    if isinstance(out, torch.Tensor):
+        return out.detach().clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(clone_output(x) for x in out)
+    return out
+
+
+class ReplayDetector:
+    """Remembers the candidate's first output per input set; an output bitwise equal to the one of a
+    different set, where the two references differ beyond tolerance, is a replay."""
+
+    def __init__(self, references_differ):
+        self.references_differ = references_differ  # (set_a, set_b) -> bool
+        self.outputs = {}
+
+    def check(self, set_id, out) -> None:
+        for other, previous in self.outputs.items():
+            if other != set_id and bitwise_equal(out, previous) and self.references_differ(set_id, other):
+                raise v.Failure(v.CHEAT_DETECTED,
+                                f"the output for input set {set_id} is bit for bit the output for input set "
+                                f"{other}, whose reference differs (results cached by shape or by pointer, "
+                                "or replayed)", [v.REPLAYED_OUTPUT])
+        if set_id not in self.outputs:
+            self.outputs[set_id] = clone_output(out)
+
+
+def poison(values, keep=()) -> None:
+    """Overwrites tensors the harness is about to drop (NaN, or all ones bits for integers), so the
+    next allocation that reuses their memory holds nothing correct (on the CPU too, where the caching
+    allocator's free-memory poisoning does not apply). Tensors sharing memory with `keep` (model
+    parameters) are left alone."""
+    kept = _storages(keep)
+    for x in values:
+        if type(x) is not torch.Tensor or x.numel() == 0:
+            continue
+        if (x.device, x.untyped_storage().data_ptr()) in kept:
+            continue
+        try:
+            with torch.no_grad():
+                if x.dtype.is_floating_point or x.dtype.is_complex:
+                    x.fill_(float("nan"))
+                elif x.dtype == torch.bool:
+                    x.fill_(True)
+                else:
+                    x.fill_(-1)
+        except RuntimeError:
+            pass  # e.g. an expanded (overlapping) view

@@ -1,0 +1,384 @@
+"""The worker's anti-cheating checks (kz_worker/cheats.py) in isolation: the ATen policy, on real
+traces of every cuda-rtc and cuda example's forward (they cannot run on a CPU, so their kernels are
+stubbed and only the PyTorch glue around them is traced), the kernel-name heuristic, the identity
+snapshot, the replay detector and the timing hooks. End-to-end cases: eval/tests/cheats_test.cpp."""
+import collections
+import gc
+import importlib.util
+import pathlib
+import re
+import sys
+import threading
+import types
+
+import pytest
+import torch
+
+from kz_worker import cheats, harness, loading, timing
+from kz_worker import verdict as v
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "suite" / "examples"
+TASKS = sorted((ROOT / "suite" / "kzbench").glob("level*/*.py"))
+
+
+def load_module(path: pathlib.Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference(task: pathlib.Path):
+    module = load_module(task, "kz_test_ref_" + task.stem)
+    return loading.Reference(module, dict(getattr(module, "cpu_sizes", {})))
+
+
+# ---- the policy ----------------------------------------------------------------------------------
+
+
+def test_policy_allows_allocation_views_copies_and_fill_only():
+    ops = {"aten::empty_like": 1, "aten::view": 2, "aten::zero_": 1, "aten::fill_": 1, "aten::_to_copy": 1,
+           "aten::clone": 1, "aten::permute": 1, "aten::_local_scalar_dense": 1, "profiler::_record_function_enter_new": 1}
+    assert cheats.disallowed_ops("triton", ops) == {}
+    bad = {"aten::mm": 1, "aten::relu": 2, "aten::add": 1, "aten::cat": 1, "aten::constant_pad_nd": 1,
+           "aten::softmax": 1, "mylib::fused": 1}
+    assert cheats.disallowed_ops("cuda-rtc", {**ops, **bad}) == bad
+    assert cheats.disallowed_ops("torch", bad) == {}, "format torch is exempt"
+
+
+def test_trace_records_dispatched_ops_and_skips_launchers():
+    x = torch.randn(4, 4)
+    trace = cheats.OpTrace()
+    with trace:
+        y = torch.empty_like(x).view(16)
+        y.zero_()
+        cheats._state.suspended += 1  # inside a launcher: not the candidate's
+        try:
+            torch.exp(x)
+        finally:
+            cheats._state.suspended -= 1
+        torch.relu(x) + x @ x
+    assert cheats.disallowed_ops("triton", trace.ops) == {"aten::relu": 1, "aten::mm": 1, "aten::add": 1}
+    assert "aten::exp" not in trace.ops
+
+
+class FakeKernel:
+    """Stands in for a kz_rtc launch: counts it, runs nothing."""
+
+    launches = 0
+
+    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+        FakeKernel.launches += 1
+
+
+def kz_rtc_or_skip():
+    kz_rtc = pytest.importorskip("kz_rtc")
+    try:
+        kz_rtc._nvrtc.load_library()
+    except Exception as exc:  # no NVRTC on this machine
+        pytest.skip(f"NVRTC not available: {exc}")
+    return kz_rtc
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda p: p.stem)
+def test_cuda_rtc_example_forward_follows_the_policy(task, monkeypatch):
+    kz_rtc = kz_rtc_or_skip()
+    kz_rtc.set_compile_only(True)
+    monkeypatch.setattr(kz_rtc.Kernel, "__call__", FakeKernel.__call__)
+    ref = reference(task)
+    candidate = load_module(EXAMPLES / "cuda-rtc" / task.name, "kz_test_rtc_" + task.stem)
+    torch.manual_seed(0)
+    model = candidate.ModelNew(*ref.init_inputs()).eval()
+    inputs = ref.inputs(1, torch.device("cpu"))
+    before = FakeKernel.launches
+    trace = cheats.OpTrace()
+    with torch.no_grad(), trace:
+        model(*inputs)
+    assert FakeKernel.launches > before, "the example launches a kernel"
+    assert cheats.disallowed_ops("cuda-rtc", trace.ops) == {}, dict(trace.ops)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda p: p.stem)
+def test_cuda_example_forward_follows_the_policy(task, monkeypatch):
+    """load_inline is stubbed: the extension's functions return the reference's output (computed
+    outside the trace), so the Python glue of forward is what is traced. The C++ side's own ATen
+    calls (torch::empty...) are checked on the source."""
+    ref = reference(task)
+    inputs = ref.inputs(1, torch.device("cpu"))
+    torch.manual_seed(0)
+    ref_model = ref.build(ref.init_inputs(), 0, torch.device("cpu"))
+    with torch.no_grad():
+        expected = ref_model(*loading.clone_all(inputs))
+    calls = []
+
+    def fake_load_inline(name, cpp_sources, cuda_sources=None, functions=None, **kwargs):
+        def kernel(*args, **kw):
+            calls.append(name)
+            cheats._state.suspended += 1  # "the kernel": not traced
+            try:
+                return expected.clone()
+            finally:
+                cheats._state.suspended -= 1
+        return types.SimpleNamespace(**{f: kernel for f in functions})
+
+    import torch.utils.cpp_extension as cpp_extension
+    monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
+    path = EXAMPLES / "cuda" / task.name
+    candidate = load_module(path, "kz_test_cuda_" + task.stem)
+    torch.manual_seed(0)
+    model = candidate.ModelNew(*ref.init_inputs()).eval()
+    trace = cheats.OpTrace()
+    with torch.no_grad(), trace:
+        model(*loading.clone_all(inputs))
+    assert calls, "forward calls the extension"
+    assert cheats.disallowed_ops("cuda", trace.ops) == {}, dict(trace.ops)
+    source = path.read_text()
+    called = set(re.findall(r"\b(?:torch|at)::(\w+)\s*\(", source)) - {"Tensor"}
+    assert {f"aten::{op}" for op in called} <= {f"aten::{op}" for op in cheats.KERNEL_FORMAT_ALLOWED}, called
+
+
+# ---- kernel names (GPU profiler) -----------------------------------------------------------------
+
+
+def example_kernel_names():
+    names = set()
+    for path in (EXAMPLES / "cuda-rtc").glob("*.py"):
+        names |= set(re.findall(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)', path.read_text()))
+        names |= set(re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s*\n?\s*(\w+)\(", path.read_text()))
+    for path in (EXAMPLES / "cuda").glob("*.py"):
+        for name in re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)", path.read_text()):
+            names.add(f"void {name}<float>(float const*, float*, long, long)")
+    for path in (EXAMPLES / "triton").glob("*.py"):
+        names |= set(re.findall(r"@triton\.jit\s*\ndef (\w+)", path.read_text()))
+    return names
+
+
+def test_no_example_kernel_is_taken_for_a_library_kernel():
+    names = example_kernel_names()
+    assert len(names) >= 40
+    assert [n for n in names if cheats.is_library_kernel(n)] == []
+
+
+@pytest.mark.parametrize("name", [
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+    "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float> > >",
+    "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off",
+    "nvjet_tst_128x64_64x8_2x1_v_bz_coopA_NNT", "ampere_sgemm_128x64_nn", "void gemv2T_kernel_val<int, int, float>",
+    "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(Params)",
+    "void cudnn::engines_precompiled::nchwToNhwcKernel<float>", "triton_poi_fused_relu_0", "Memset (Device)",
+    "Memcpy DtoD (Device -> Device)", "void cublasLt::splitKreduce_kernel<32, 16, int, float>",
+])
+def test_library_kernels_are_recognised(name):
+    assert cheats.is_library_kernel(name)
+
+
+def test_audit_failure_names_no_custom_kernel_and_compute():
+    report = cheats.AuditReport()
+    report.launches = 0
+    report.disallowed = {"aten::mm": 1}
+    failure = cheats.audit_failure("triton", report)
+    assert failure.status == v.CHEAT_DETECTED
+    assert failure.checks == [v.TORCH_COMPUTE_IN_FORWARD, v.NO_CUSTOM_KERNEL]
+    assert "aten::mm" in failure.message
+    report = cheats.AuditReport()
+    report.kernels = [("void at::native::fill_kernel", 3.0)]
+    assert cheats.audit_failure("cuda", report).checks == [v.NO_CUSTOM_KERNEL]
+    report.kernels.append(("my_kernel", 9.0))
+    report.custom_kernels = ["my_kernel"]
+    assert cheats.audit_failure("cuda", report) is None
+    report = cheats.AuditReport()  # cuda on a CPU / without CUPTI: nothing to go by
+    assert cheats.audit_failure("cuda", report) is None
+    assert cheats.audit_failure("torch", cheats.AuditReport()) is None
+
+
+# ---- the identity snapshot -----------------------------------------------------------------------
+
+
+def test_guard_detects_and_restores_what_changed():
+    from kz_worker import compare
+    guard = cheats.Guard("triton")
+    assert guard.changes() == []
+    relu, norm, code = torch.relu, torch.Tensor.norm, compare.compare_outputs.__code__
+    torch.relu = lambda x: x
+    torch.Tensor.any = lambda self, *a, **k: torch.tensor(False)
+    compare.compare_outputs.__code__ = (lambda out, ref, settings: {}).__code__
+    torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    gc.callbacks.append(lambda *a: None)
+    torch.overrides.TorchFunctionMode().__enter__()
+    changed = guard.changes()
+    for part in ("torch.relu", "torch.Tensor.any", "kz_worker.compare.compare_outputs.__code__",
+                 "allow_tf32", "global module hooks", "gc.callbacks", "TorchFunctionMode left active"):
+        assert any(part in c for c in changed), (part, changed)
+    assert torch.relu is relu and torch.Tensor.norm is norm and "any" not in vars(torch.Tensor)
+    assert compare.compare_outputs.__code__ is code
+    assert guard.changes() == [], "everything was restored"
+    handle.remove()
+
+
+def test_guard_verify_raises_harness_patched_and_background_thread():
+    guard = cheats.Guard("triton")
+    original = torch.cuda.Event.elapsed_time
+    torch.cuda.Event.elapsed_time = lambda self, end: 0.001
+    with pytest.raises(v.Failure) as caught:
+        guard.verify("after import")
+    assert caught.value.checks == [v.HARNESS_PATCHED] and caught.value.status == v.CHEAT_DETECTED
+    assert torch.cuda.Event.elapsed_time is original
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        with pytest.raises(v.Failure) as caught:
+            guard.verify("after forward")
+        assert caught.value.checks == [v.BACKGROUND_THREAD]
+    finally:
+        stop.set()
+        thread.join()
+    guard.verify("after the thread ended")
+
+
+def test_guard_survives_the_audit_machinery():
+    cheats.warm_up(torch.device("cpu"))
+    guard = cheats.Guard("triton")
+    with cheats.OpTrace():
+        torch.relu(torch.randn(3))
+    assert guard.changes() == []
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+
+
+def test_bitwise_equal_and_replay_detector():
+    a = torch.randn(8)
+    assert cheats.bitwise_equal(a, a.clone()) and not cheats.bitwise_equal(a, a + 1e-7)
+    assert cheats.bitwise_equal((a, 3), [a.clone(), 3]) is True
+    assert not cheats.bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
+    differ = {("s0", "s1"): True, ("s0", "s2"): False}
+    detector = cheats.ReplayDetector(lambda x, y: differ[tuple(sorted((x, y)))])
+    detector.check("s0", a)
+    detector.check("s0", a)  # the same set again: fine
+    detector.check("s2", a.clone())  # references equal: fine
+    with pytest.raises(v.Failure) as caught:
+        detector.check("s1", a.clone())
+    assert caught.value.checks == [v.REPLAYED_OUTPUT]
+
+
+def test_output_aliasing_a_reference_output():
+    ref = torch.randn(4, 4)
+    cheats.check_aliases_reference(ref.clone(), [ref])
+    with pytest.raises(v.Failure) as caught:
+        cheats.check_aliases_reference(ref.view(16), [ref])
+    assert caught.value.checks == [v.OUTPUT_ALIASES_REFERENCE]
+
+
+def test_exact_type_is_checked_before_any_method_runs():
+    touched = []
+
+    class Spy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            touched.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    out = torch.randn(3).as_subclass(Spy)
+    touched.clear()
+    with pytest.raises(v.Failure) as caught:
+        cheats.check_output_types(out, torch.randn(3))
+    assert caught.value.checks == [v.OUTPUT_TYPE] and touched == []
+
+
+def test_poison_overwrites_but_spares_parameters():
+    weight = torch.nn.Parameter(torch.ones(4))
+    scratch, ints = torch.ones(4), torch.ones(4, dtype=torch.int64)
+    cheats.poison([scratch, ints, weight.data], keep=[weight])
+    assert torch.isnan(scratch).all() and (ints == -1).all() and (weight == 1).all()
+
+
+# ---- timing hooks --------------------------------------------------------------------------------
+
+
+def test_sample_runs_cover_every_buffer_in_a_moved_round():
+    sampled = harness.sample_runs(100, 4)
+    for k in range(4):
+        mine = [i for i in sampled if i % 4 == k]
+        assert 99 - (3 - k) in mine, "each buffer's last run"
+        assert any((i // 4) % 4 != 0 for i in mine), "a round whose data differs from the warm-up's"
+    assert harness.sample_runs(3, 4) == {0, 1, 2}
+
+
+class FakeTimer:
+    def time_once(self, model, inputs, after=None):
+        out = model(*inputs)
+        if after is not None:
+            after(out)
+        return 1.0
+
+
+def test_time_interleaved_hands_every_candidate_output_and_announces_rounds():
+    seen, rounds = [], []
+    sets = [[torch.full((2,), float(k))] for k in range(3)]
+    settings = {"warmup_runs": 1, "runs": 7, "l2_flush_mb": 1}
+    measured = timing.time_interleaved(lambda x: x * 2, lambda x: x + 1, sets, settings, torch.device("cpu"),
+                                       after_candidate=lambda k, out, run: seen.append((k, run, float(out[0]))),
+                                       new_round=rounds.append, timer=FakeTimer())
+    assert measured["speedup"] == 1.0
+    assert seen[:3] == [(0, None, 1.0), (1, None, 2.0), (2, None, 3.0)]  # warm-up
+    assert [(k, run) for k, run, _ in seen[3:]] == [(i % 3, i) for i in range(7)]
+    assert rounds == [1, 2]
+
+
+# ---- the timing protocol's checks, on the CPU (a stand-in timer instead of CUDA events) -----------
+
+
+class CPUTimer(FakeTimer):
+    def __init__(self, device, l2_flush_mb):
+        pass
+
+
+class Relu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+class CachedByPointer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+
+    def forward(self, x):
+        if x.data_ptr() not in self.cache:
+            self.cache[x.data_ptr()] = torch.relu(x)
+        return self.cache[x.data_ptr()]
+
+
+def timed_evaluation(tmp_path, monkeypatch):
+    monkeypatch.setattr(timing, "Timer", CPUTimer)
+    request = {"device": "cpu", "format": "torch", "seed": 7, "trials": 2, "scratch_dir": str(tmp_path),
+               "tolerance": {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
+                             "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2},
+               "timing": {"enabled": True, "warmup_runs": 2, "runs": 24, "input_sets": 4, "l2_flush_mb": 1}}
+    evaluation = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None))
+    ref = reference(ROOT / "suite" / "kzbench" / "level1" / "02_relu.py")
+    ref_model = ref.build(ref.init_inputs(), 7, torch.device("cpu"))
+    evaluation._precompute(ref, ref_model, timed=True)
+    evaluation.guard = cheats.Guard("torch")
+    evaluation.replays = cheats.ReplayDetector(evaluation.expected.differ)
+    return evaluation, ref_model
+
+
+def test_timed_runs_of_an_honest_model_pass(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation._time(ref_model, Relu())
+    assert evaluation.result["speedup"] == 1.0
+
+
+def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    with pytest.raises(v.Failure) as caught:
+        evaluation._time(ref_model, CachedByPointer())
+    assert caught.value.status == v.CHEAT_DETECTED
+    assert caught.value.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
+    assert caught.value.message.startswith("timed run ")

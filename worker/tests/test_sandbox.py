@@ -1,0 +1,156 @@
+"""The worker's audit hook (sandbox.py). An audit hook cannot be removed, so each case runs in a fresh
+interpreter: a small script installs the sandbox for a scratch dir, does one thing and prints JSON."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kz_worker import formats
+from kz_worker import verdict as v
+
+WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_sandboxed(tmp_path, body: str, enabled: bool = True) -> dict:
+    """Runs `body` (as candidate code: a file in the scratch dir) after sandbox.install; returns
+    {"error": the exception it raised or None, "violations": [[check, detail], ...]}."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    (scratch / "candidate.py").write_text("import os, shutil, socket, subprocess\n\ndef act():\n"
+                                          + textwrap.indent(textwrap.dedent(body), "    ") + "\n")
+    script = textwrap.dedent(f"""
+        import json, os, sys
+        from kz_worker import sandbox
+        request = {{"device": "cpu", "scratch_dir": {str(scratch)!r},
+                    "sandbox": {{"enabled": {enabled}, "writable_dirs": [], "gpu_memory_fraction": 0.9}}}}
+        sandbox.install(request)
+        os.chdir(request["scratch_dir"])
+        sys.path.insert(0, request["scratch_dir"])
+        import candidate
+        try:
+            candidate.act()
+            error = None
+        except Exception as exc:
+            error = type(exc).__name__ + ": " + str(exc)
+        print(json.dumps({{"error": error, "violations": sandbox.violations()}}))
+    """)
+    env = dict(os.environ, PYTHONPATH=WORKER_DIR, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
+                          start_new_session=True)  # its own process group, as the worker has
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def checks(result) -> list:
+    return [check for check, _ in result["violations"]]
+
+
+def test_writes_inside_scratch_are_allowed(tmp_path):
+    result = run_sandboxed(tmp_path, """
+        with open("inside.txt", "w") as f:
+            f.write("ok")
+        os.mkdir("sub")
+        os.rename("inside.txt", "sub/moved.txt")
+        shutil.rmtree("sub")
+    """)
+    assert result == {"error": None, "violations": []}
+
+
+def test_write_outside_scratch_is_refused_and_recorded(tmp_path):
+    target = tmp_path / "outside.txt"
+    result = run_sandboxed(tmp_path, f"open({str(target)!r}, 'w').write('escaped')")
+    assert result["error"].startswith("SandboxViolation")
+    assert checks(result) == [v.FILESYSTEM_WRITE]
+    assert not target.exists()
+
+
+def test_symlink_out_of_scratch_does_not_help(tmp_path):
+    target = tmp_path / "via_link.txt"
+    result = run_sandboxed(tmp_path, f"""
+        os.symlink({str(target)!r}, "link")   # creating the link in scratch is fine
+        open("link", "w").write("escaped")   # writing through it is not
+    """)
+    assert checks(result) == [v.FILESYSTEM_WRITE]
+    assert not target.exists()
+
+
+def test_remove_outside_scratch_is_refused(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    result = run_sandboxed(tmp_path, f"os.remove({str(victim)!r})")
+    assert checks(result) == [v.FILESYSTEM_WRITE]
+    assert victim.exists()
+
+
+def test_reading_outside_scratch_is_allowed(tmp_path):
+    result = run_sandboxed(tmp_path, "open('/etc/hostname').read() if os.path.exists('/etc/hostname') else None")
+    assert result == {"error": None, "violations": []}
+
+
+def test_socket_connect_is_refused(tmp_path):
+    # 127.0.0.1, port 9 (discard): refused by the hook before any packet is sent.
+    result = run_sandboxed(tmp_path, "socket.create_connection(('127.0.0.1', 9), timeout=1)")
+    assert checks(result) == [v.NETWORK_ACCESS]
+    assert "SandboxViolation" in result["error"]
+
+
+def test_candidate_subprocess_is_recorded_not_refused(tmp_path):
+    result = run_sandboxed(tmp_path, "subprocess.run(['true'], check=True)")
+    assert result["error"] is None
+    assert checks(result) == [v.PROCESS_SPAWN]
+
+
+def test_library_subprocess_is_not_recorded(tmp_path):
+    # torch runs the compiler itself (subprocess from site-packages code): not the candidate's spawn.
+    result = run_sandboxed(tmp_path, """
+        import torch.utils.cpp_extension as ext
+        ext.get_compiler_abi_compatibility_and_version('c++')
+    """)
+    assert v.PROCESS_SPAWN not in checks(result)
+
+
+def test_exec_is_refused(tmp_path):
+    result = run_sandboxed(tmp_path, "os.execv('/bin/true', ['true'])")
+    assert checks(result) == [v.PROCESS_SPAWN]
+    assert "SandboxViolation" in result["error"]
+
+
+def test_signal_outside_the_group_is_refused_inside_is_not(tmp_path):
+    result = run_sandboxed(tmp_path, "os.kill(os.getppid(), 0)")
+    assert checks(result) == [v.PROCESS_SIGNAL]
+    result = run_sandboxed(tmp_path, "os.kill(os.getpid(), 0)")
+    assert result == {"error": None, "violations": []}
+
+
+def test_disabled_sandbox_installs_nothing(tmp_path):
+    target = tmp_path / "outside.txt"
+    result = run_sandboxed(tmp_path, f"open({str(target)!r}, 'w').write('fine')", enabled=False)
+    assert result == {"error": None, "violations": []}
+    assert target.exists()
+
+
+def test_apply_replaces_the_verdict():
+    from kz_worker import sandbox
+    result = {"status": v.RUNTIME_ERROR, "correct": False, "checks": [v.FORWARD_FAILED], "message": "boom"}
+    sandbox._violations[:] = [(v.NETWORK_ACCESS, "socket.connect to ('1.2.3.4', 53)")]
+    try:
+        sandbox.apply(result)
+    finally:
+        sandbox._violations.clear()
+    assert result["status"] == v.SANDBOX_VIOLATION
+    assert result["checks"] == [v.NETWORK_ACCESS]
+    assert "socket.connect" in result["message"] and "boom" in result["message"]
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (MemoryError(), (v.RUNTIME_ERROR, v.MEMORY_LIMIT)),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried "
+                  "to allocate 68719476736 bytes."), (v.RUNTIME_ERROR, v.MEMORY_LIMIT)),
+    (OSError(27, "File too large"), (v.SANDBOX_VIOLATION, v.FILE_SIZE_LIMIT)),
+    (ValueError("plain"), (v.RUNTIME_ERROR, v.FORWARD_FAILED)),
+])
+def test_resource_exceptions_are_classified(exc, expected):
+    assert formats.classify_exception(exc, "correctness") == expected
