@@ -44,7 +44,7 @@ int run(const EvalArgs& args) {
   auto verdict = evaluator->evaluate(tasks->front(), Candidate{args.candidate, *source});
   if (!verdict.ok()) return report_error(verdict.status());
   if (args.json)
-    std::cout << to_json(*verdict).dump() << "\n";
+    std::cout << to_json(*verdict).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     print_human(*verdict);
   return kExitOk;

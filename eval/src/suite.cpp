@@ -124,7 +124,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     if (!verdict.ok()) return verdict.status();
     std::lock_guard lock(mutex);
     if (!options.results_path.empty())
-      KZ_RETURN_IF_ERROR(append_line(options.results_path, to_json(*verdict).dump()));
+      KZ_RETURN_IF_ERROR(append_line(options.results_path, to_json(*verdict).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
     std::string note = fmt::format("{} {}", verdict->task_id, status_name(verdict->status));
     if (verdict->speedup) note += fmt::format(" {:.2f}x", *verdict->speedup);
     bar.advance(note);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "kz/core/files.h"
+#include "kz/core/text.h"
 
 #ifndef KZ_DEFAULT_PYTHON
 #define KZ_DEFAULT_PYTHON "python3"
@@ -62,7 +63,8 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
 }
 
 std::string tail(const std::string& text, size_t max_chars = 3000) {
-  return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
+  // stderr is arbitrary bytes, and the cut may split a character: repair it for JSON.
+  return to_valid_utf8(text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars));
 }
 
 WorkerOutcome failed(WorkerOutcome::Kind kind, std::string stage, std::string message) {
@@ -149,7 +151,7 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   spec.argv = {setup.python, "-m", "kz_worker"};
   spec.env = worker_environment(setup, *scratch);
   spec.cwd = *scratch;
-  spec.stdin_data = make_request(*scratch).dump();
+  spec.stdin_data = make_request(*scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // sources may hold any bytes
   spec.message_pipe = true;
   if (customize) customize(spec);
   auto worker = Process::spawn(spec);

@@ -191,6 +191,9 @@ TEST_F(EvaluatorTest, SegfaultingWorkerIsRuntimeErrorAndNextEvaluationIsOk) {
   expect_verdict(v, EvalStatus::runtime_error, {Check::worker_crashed});
   EXPECT_EQ(v.stage, "correctness") << dump(v);
   EXPECT_TRUE(contains(v.message, "signal 11") || contains(v.message, "Segmentation")) << v.message;
+  // The stderr it quotes held bytes that are not UTF-8: the verdict must still serialise.
+  EXPECT_TRUE(contains(v.message, "garbage before the crash")) << v.message;
+  EXPECT_NO_THROW((void)to_json(v).dump());
 
   expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
 }

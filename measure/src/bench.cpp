@@ -148,7 +148,7 @@ Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Genera
     auto code = extract_code(g.text, options.extract);
     if (!code) {
       KZ_RETURN_IF_ERROR(append_line(results, to_json(no_code_verdict(tasks[it->second], g, options,
-                                                                      evaluator.options())).dump()));
+                                                                      evaluator.options())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
       ++evaluated;
       continue;
     }
