@@ -1,12 +1,12 @@
 // `kz eval-suite`: every candidate in a directory against the suite; results.jsonl, a progress
 // bar, a per-candidate table and the summary (pass rate, compile rate, geomean speedup, fast_1).
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <iostream>
 
 #include "commands.h"
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/eval/suite.h"
 
 namespace kz::cli {
@@ -30,7 +30,7 @@ int run(const SuiteArgs& args) {
 
   SuiteRunOptions run_options;
   run_options.jobs = default_jobs(*options);
-  run_options.compile_jobs = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  run_options.compile_jobs = cpu_cores();
   run_options.results_path = args.out;
   if (!args.out.empty()) {
     auto parent = std::filesystem::path(args.out).parent_path();

@@ -6,10 +6,8 @@
 // Kept rows are tasks: load_task_jsonl reads their py_code, ops and level.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -18,10 +16,10 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "commands.h"
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/core/hash.h"
 #include "kz/core/terminal.h"
 #include "kz/curriculum/dedup.h"
@@ -137,30 +135,25 @@ std::string unique_id(const std::string& content, std::set<std::string>& ids) {
 int default_jobs(const ProposeArgs& args, size_t modules) {
   if (args.jobs > 0) return args.jobs;
   if (args.validation.device != "cpu") return 1;  // timings on one GPU must not overlap
-  long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  return static_cast<int>(std::clamp<long>(cores, 1, std::max<long>(1, static_cast<long>(modules))));
+  return std::clamp(cpu_cores(), 1, std::max(1, static_cast<int>(modules)));
 }
 
 // Validates every proposal that has code, `jobs` worker processes at a time.
 Status validate_all(std::vector<Proposal>& proposals, const std::vector<ApiEntry>& apis, const ProposeArgs& args) {
-  std::atomic<size_t> next{0};
   std::vector<Status> errors(proposals.size());
   ProgressBar progress("validating", proposals.size(), std::cerr);
   std::mutex progress_mutex;
-  auto work = [&] {
-    for (size_t i = next++; i < proposals.size(); i = next++) {
-      if (proposals[i].code) {
-        auto verdict = validate_module(*proposals[i].code, apis, args.validation);
-        if (verdict.ok()) proposals[i].verdict = std::move(*verdict);
-        else errors[i] = verdict.status().with_context("module " + proposals[i].id);
-      }
-      std::lock_guard lock(progress_mutex);
-      progress.advance(proposals[i].id);
+  // Every proposal is validated; a failure is kept per module and reported after all ran.
+  parallel_for(proposals.size(), default_jobs(args, proposals.size()), [&](size_t i) {
+    if (proposals[i].code) {
+      auto verdict = validate_module(*proposals[i].code, apis, args.validation);
+      if (verdict.ok()) proposals[i].verdict = std::move(*verdict);
+      else errors[i] = verdict.status().with_context("module " + proposals[i].id);
     }
-  };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < default_jobs(args, proposals.size()); ++t) threads.emplace_back(work);
-  for (auto& thread : threads) thread.join();
+    std::lock_guard lock(progress_mutex);
+    progress.advance(proposals[i].id);
+    return Status::ok();
+  });
   progress.finish();
   for (const auto& error : errors) KZ_RETURN_IF_ERROR(error);
   return Status::ok();

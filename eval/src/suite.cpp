@@ -4,15 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <thread>
 
-#include <unistd.h>
 
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
 
 namespace kz {
@@ -30,28 +28,6 @@ std::vector<fs::path> sorted_entries(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) paths.push_back(entry.path());
   std::sort(paths.begin(), paths.end());
   return paths;
-}
-
-// Runs `work(i)` for i in [0, count) on `jobs` threads; stops handing out work after a failure.
-Status parallel_for(size_t count, int jobs, const std::function<Status(size_t)>& work) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  Status first_error;
-  std::mutex error_mutex;
-  auto loop = [&] {
-    for (size_t i; !failed && (i = next++) < count;) {
-      Status status = work(i);
-      if (!status.is_ok()) {
-        std::lock_guard lock(error_mutex);
-        if (!failed.exchange(true)) first_error = status;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int t = 1; t < std::max(1, jobs); ++t) threads.emplace_back(loop);
-  loop();
-  for (auto& thread : threads) thread.join();
-  return first_error;
 }
 
 // Builds `cuda` candidates in parallel (compile-only workers) so that the GPU evaluations that
@@ -79,7 +55,7 @@ Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks,
 
 int default_jobs(const EvalOptions& options) {
   if (options.jobs > 0) return options.jobs;
-  return options.device == "cpu" ? static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) : 1;
+  return options.device == "cpu" ? cpu_cores() : 1;
 }
 
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {

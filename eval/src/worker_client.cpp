@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/core/text.h"
 
 #ifndef KZ_DEFAULT_PYTHON
@@ -50,7 +51,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["PYTHONNOUSERSITE"] = "1";
   env["TORCH_EXTENSIONS_DIR"] = (setup.cache_dir / "torch_extensions").string();
   env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
-  env["MAX_JOBS"] = std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
 #include "kz/eval/suite.h"
 #include "kz/llm/prompt.h"
@@ -158,7 +159,7 @@ Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Genera
     entries.push_back({it->second, Candidate{label, *code}});
   }
   if (entries.empty()) return Status::ok();
-  SuiteRunOptions run{default_jobs(evaluator.options()), default_jobs(EvalOptions{}), results};
+  SuiteRunOptions run{default_jobs(evaluator.options()), cpu_cores(), results};
   auto verdicts = run_suite(evaluator, tasks, entries, run, out);
   if (!verdicts.ok()) return verdicts.status();
   evaluated += static_cast<int>(verdicts->size());
