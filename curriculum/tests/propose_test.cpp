@@ -224,8 +224,8 @@ TEST_F(ProposeTest, KeepsValidModulesRejectsTheRestAndDedupsAcrossRuns) {
   auto tasks = load_task_jsonl(dir_ / "kept.jsonl");
   ASSERT_TRUE(tasks.ok()) << tasks.status().to_string();
   ASSERT_EQ(tasks->size(), 2u);
-  EXPECT_EQ((*tasks)[0].id, rows[0]["id"]);
-  EXPECT_EQ((*tasks)[1].id, rows[2]["id"]);
+  EXPECT_EQ((*tasks)[0].id, rows[0]["id"].get<std::string>());
+  EXPECT_EQ((*tasks)[1].id, rows[2]["id"].get<std::string>());
   EXPECT_EQ((*tasks)[0].ops, (std::vector<std::string>{"torch.nn.functional.gelu", "torch.matmul"}));
   EXPECT_EQ((*tasks)[0].level, 1);
   EXPECT_EQ((*tasks)[0].source, kGood);
