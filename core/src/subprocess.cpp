@@ -150,7 +150,11 @@ struct ChildPlan {
   std::string cgroup_procs;                  // the pids cgroup's cgroup.procs to join; empty: none
   bool new_netns = false, read_only = false, drop_caps = false;
   std::vector<std::string> writable;         // bind-mounted onto themselves
-  std::vector<std::string> readonly_mounts;  // every other mount point, remounted read-only
+  struct ReadOnlyPath {
+    std::string path;
+    bool bind_first = false;  // not a mount point: bound onto itself first (e.g. /proc/sys)
+  };
+  std::vector<ReadOnlyPath> readonly_mounts;  // every other mount point, remounted read-only
 };
 
 std::vector<std::string> path_candidates(const ProcessSpec& spec) {
@@ -219,7 +223,11 @@ void child_read_only_filesystem(const ChildPlan& plan) {
       return child_skipped(plan.error_fd, kStepBind, static_cast<int>(i), errno);  // nothing read-only
   }
   for (size_t i = 0; i < plan.readonly_mounts.size(); ++i) {
-    const char* path = plan.readonly_mounts[i].c_str();
+    const char* path = plan.readonly_mounts[i].path.c_str();
+    if (plan.readonly_mounts[i].bind_first && ::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+      if (errno != ENOENT) child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
+      continue;
+    }
     struct statfs st {};
     if (::statfs(path, &st) != 0) {
       if (errno != ENOENT) child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
@@ -515,9 +523,11 @@ long long cgroup_max_events(const std::string& dir) {
   return pos == std::string::npos ? 0 : to_ll(std::string_view(*text).substr(pos + 4));
 }
 
-// Mount points to remount read-only: every mount in our namespace but the writable paths, what
-// lies under them, and autofs (remounting it could trigger or break automounts).
-std::vector<std::string> mounts_to_protect(const std::vector<std::string>& writable) {
+// Paths to remount read-only: every mount in our namespace but the writable paths, what lies
+// under them, and autofs (remounting it could trigger or break automounts). procfs stays writable
+// (CUDA's driver fails to start on a read-only /proc: error 304, seen on the H200 host), but its
+// global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
+std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable) {
   auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
     std::string out;
     for (size_t i = 0; i < text.size(); ++i) {
@@ -534,7 +544,11 @@ std::vector<std::string> mounts_to_protect(const std::vector<std::string>& writa
     return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
                            (dir.back() == '/' || path[dir.size()] == '/'));
   };
-  std::vector<std::string> mounts;
+  std::vector<ChildPlan::ReadOnlyPath> mounts;
+  auto add = [&mounts](std::string path, bool bind_first) {
+    auto same = [&](const ChildPlan::ReadOnlyPath& m) { return m.path == path; };
+    if (std::none_of(mounts.begin(), mounts.end(), same)) mounts.push_back({std::move(path), bind_first});
+  };
   std::istringstream info(read_small_file("/proc/self/mountinfo").value_or(""));
   for (std::string line; std::getline(info, line);) {
     std::istringstream fields(line);
@@ -547,7 +561,12 @@ std::vector<std::string> mounts_to_protect(const std::vector<std::string>& writa
     if (point.empty() || fstype == "autofs") continue;
     point = unescape(point);
     if (std::any_of(writable.begin(), writable.end(), [&](const std::string& w) { return under(point, w); })) continue;
-    if (std::find(mounts.begin(), mounts.end(), point) == mounts.end()) mounts.push_back(point);
+    if (fstype == "proc") {
+      add(point + "/sys", true);
+      add(point + "/sysrq-trigger", true);
+    } else {
+      add(point, false);
+    }
   }
   return mounts;
 }
@@ -890,7 +909,7 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
     if (r.what == kStepBind && r.index >= 0 && static_cast<size_t>(r.index) < plan.writable.size())
       what += " (" + plan.writable[r.index] + ")";
     if (r.what == kStepRemount && r.index >= 0 && static_cast<size_t>(r.index) < plan.readonly_mounts.size())
-      what += " (" + plan.readonly_mounts[r.index] + ")";
+      what += " (" + plan.readonly_mounts[r.index].path + ")";
     impl->report.notes.push_back(fmt::format("{}: {}", what, std::strerror(r.err)));
   }
   auto was_skipped = [&](std::initializer_list<int32_t> steps) {

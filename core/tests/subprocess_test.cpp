@@ -514,6 +514,25 @@ TEST(SubprocessSandbox, ReadOnlyFilesystemButWritablePaths) {
   EXPECT_TRUE(std::filesystem::exists(other.path / "parent"));
 }
 
+// CUDA's driver writes to procfs when it starts (a read-only /proc broke it on the H200 host), so
+// /proc stays writable for the process's own files; the global knobs under it do not.
+TEST(SubprocessSandbox, ProcStaysWritableButNotItsGlobalKnobs) {
+  TempDir writable;
+  ProcessSpec spec = sh("(echo 0 > /proc/self/oom_score_adj) 2>/dev/null && echo self-ok || echo self-denied; "
+                        "for p in /proc/sys /proc/sysrq-trigger; do [ -e $p ] || continue; "
+                        "grep -q \" $p ro,\" /proc/self/mountinfo && echo $p-ro || echo $p-writable; done");
+  spec.cwd = writable.path;
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {writable.path};
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  if (!proc->sandbox().filesystem_read_only) GTEST_SKIP() << "no read-only mount namespace here: " << notes(*proc);
+  const std::string& out = proc->stdout_tail();
+  EXPECT_EQ(out.rfind("self-ok\n/proc/sys-ro\n", 0), 0u) << out << proc->stderr_tail() << notes(*proc);
+  EXPECT_EQ(out.find("writable"), std::string::npos) << out;
+}
+
 TEST(SubprocessSandbox, DroppedCapabilitiesCannotUndoTheReadOnlyMounts) {
   TempDir writable;
   ProcessSpec spec = sh("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
