@@ -131,8 +131,8 @@ Status check_checkpoint(const ModelConfig& config, const Checkpoint& ck, const f
   if (!unexpected.empty()) parts.push_back(fmt::format("{} unexpected: {}", unexpected.size(), name_list(unexpected)));
   if (!misshaped.empty()) parts.push_back(fmt::format("{} mis-shaped: {}", misshaped.size(), name_list(misshaped)));
   if (!bad_dtype.empty()) parts.push_back(fmt::format("{} not float32/bfloat16/float16: {}", bad_dtype.size(), name_list(bad_dtype)));
-  return invalid_argument(fmt::format("checkpoint {} does not match its config.json ({} {}): {}", dir.string(),
-                                      family_name(config.family), config.num_hidden_layers == 1 ? "layer" : "layers",
+  return invalid_argument(fmt::format("checkpoint {} does not match its config.json ({}, {} layers): {}",
+                                      dir.string(), family_name(config.family), config.num_hidden_layers,
                                       fmt::join(parts, "; ")));
 }
 
