@@ -21,12 +21,13 @@ at::Generator make_generator(at::Device device, uint64_t seed) {
   return gen;
 }
 
-// Temperature, top-k and top-p applied to one row of float32 logits [V], then one draw.
-int64_t sample_row(at::Tensor x, const SamplingOptions& s, at::Generator& gen) {
+// Temperature, top-k and top-p applied to one row of float32 logits [V], then one draw. Returns
+// a one-element tensor on the logits' device (no host sync per row).
+at::Tensor sample_row(at::Tensor x, const SamplingOptions& s, at::Generator& gen) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   x = x / s.temperature;
   if (s.top_k > 0 && s.top_k < x.size(0)) {
-    at::Tensor kth = std::get<0>(x.topk(s.top_k)).select(0, s.top_k - 1);
+    at::Tensor kth = std::get<0>(x.topk(s.top_k)).narrow(0, s.top_k - 1, 1);
     x = x.masked_fill(x < kth, neg_inf);
   }
   if (s.top_p < 1.0) {
@@ -36,7 +37,7 @@ int64_t sample_row(at::Tensor x, const SamplingOptions& s, at::Generator& gen) {
     at::Tensor drop = (probs.cumsum(0) - probs) >= s.top_p;
     x = x.scatter(0, order, sorted.masked_fill(drop, neg_inf));
   }
-  return at::multinomial(x.softmax(0), 1, /*replacement=*/false, gen).item<int64_t>();
+  return at::multinomial(x.softmax(0), 1, /*replacement=*/false, gen);
 }
 
 Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t vocab_size) {
@@ -62,25 +63,26 @@ struct Row {
 };
 
 // Chooses each running row's next token from logits [B, V]; returns the tokens (pads for
-// finished rows) and records tokens and log-probs in the rows.
+// finished rows) and records tokens and log-probs in the rows. One host copy per step.
 std::vector<int64_t> choose_tokens(const at::Tensor& logits, std::vector<Row>& rows, int64_t pad_id) {
   at::Tensor lf = logits.to(at::kFloat);
-  at::Tensor greedy = lf.argmax(-1);
-  std::vector<int64_t> tokens(rows.size(), pad_id);
-  at::Tensor chosen = greedy.clone();
+  at::Tensor chosen = lf.argmax(-1);  // greedy rows keep this
   for (size_t i = 0; i < rows.size(); ++i) {
     if (rows[i].done || rows[i].sampling->temperature == 0) continue;
-    int64_t t = sample_row(lf.select(0, static_cast<int64_t>(i)), *rows[i].sampling, rows[i].gen);
-    chosen.select(0, static_cast<int64_t>(i)).fill_(t);
+    auto row = static_cast<int64_t>(i);
+    chosen.narrow(0, row, 1).copy_(sample_row(lf.select(0, row), *rows[i].sampling, rows[i].gen));
   }
   // Log-probs under the unmodified distribution (see generate.h).
-  at::Tensor lp = (lf.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1)).to(at::kCPU);
-  at::Tensor chosen_cpu = chosen.to(at::kCPU);
+  at::Tensor lp = lf.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
+  at::Tensor host = at::stack({chosen.to(at::kDouble), lp.to(at::kDouble)}).to(at::kCPU);
+  auto a = host.accessor<double, 2>();
+  std::vector<int64_t> tokens(rows.size(), pad_id);
   for (size_t i = 0; i < rows.size(); ++i) {
     if (rows[i].done) continue;
-    tokens[i] = chosen_cpu[static_cast<int64_t>(i)].item<int64_t>();
+    auto row = static_cast<int64_t>(i);
+    tokens[i] = static_cast<int64_t>(a[0][row]);  // exact: vocabulary ids are far below 2^53
     rows[i].result.token_ids.push_back(tokens[i]);
-    rows[i].result.logprobs.push_back(lp[static_cast<int64_t>(i)].item<float>());
+    rows[i].result.logprobs.push_back(static_cast<float>(a[1][row]));
   }
   return tokens;
 }

@@ -1,8 +1,9 @@
 """Reference checkpoints and outputs for model_test (run with the venv's python).
 
     make_fixtures.py OUT_DIR                  tiny random Qwen2 / Qwen3 / Llama checkpoints + refs
-    make_fixtures.py logits MODEL_DIR OUT_JSON IDS_JSON
-                                              transformers' logits of a checkpoint we saved (round trip)
+    make_fixtures.py logits OUT_JSON IDS_JSON MODEL_DIR...
+                                              transformers' logits of checkpoints we saved (round trip):
+                                              {MODEL_DIR: [per-prompt logits]}
 
 Each checkpoint OUT_DIR/<name>/ is save_pretrained output (fp32) and OUT_DIR/<name>/reference.json
 holds transformers' answers: per-prompt logits, a batched greedy continuation (left padding)
@@ -103,19 +104,22 @@ def make(out_dir, name, seed):
         json.dump(ref, f)
 
 
-def roundtrip_logits(model_dir, out_json, ids_json):
+def roundtrip_logits(out_json, ids_json, *model_dirs):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with open(ids_json) as f:
         prompts = json.load(f)
+    out = {}
+    for d in model_dirs:
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        out[d] = [single_logits(model, p).tolist() for p in prompts]
     with open(out_json, "w") as f:
-        json.dump([single_logits(model, p).tolist() for p in prompts], f)
+        json.dump(out, f)
 
 
 def main():
     torch.set_num_threads(1)
     if sys.argv[1] == "logits":
-        roundtrip_logits(*sys.argv[2:5])
+        roundtrip_logits(*sys.argv[2:])
         return
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)

@@ -24,8 +24,16 @@ std::string with(std::string json, const std::string& from, const std::string& t
   return json.replace(at, from.size(), to);
 }
 
+fs::path scratch_root() { return fs::temp_directory_path() / ("kz_model_io_test_" + std::to_string(::getpid())); }
+
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch_root()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("kz_model_io_test_" + std::to_string(::getpid())) / name;
+  fs::path dir = scratch_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
