@@ -65,7 +65,9 @@ Result<StTensorInfo> parse_entry(const std::string& name, const json& e, size_t 
   if (info.end > data_size)
     return bad(fmt::format("data ends at byte {} but the file holds only {} data bytes (truncated?)", info.end,
                            data_size));
-  size_t expected = static_cast<size_t>(info.numel()) * st_dtype_size(info.dtype);
+  size_t expected = st_dtype_size(info.dtype);
+  for (int64_t d : info.shape)
+    if (__builtin_mul_overflow(expected, static_cast<size_t>(d), &expected)) return bad("shape overflows");
   if (info.nbytes() != expected)
     return bad(fmt::format("{} data bytes for a shape needing {}", info.nbytes(), expected));
   return info;

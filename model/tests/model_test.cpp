@@ -5,7 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -83,7 +84,7 @@ class ModelTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(ModelTest, LogitsMatchTransformers) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto ps = prompts();
   for (size_t i = 0; i < ps.size(); ++i) {
     auto logits = model_->logits(at::tensor(ps[i], at::kLong).unsqueeze(0));
@@ -93,7 +94,7 @@ TEST_P(ModelTest, LogitsMatchTransformers) {
 }
 
 TEST_P(ModelTest, LeftPaddedBatchMatchesSinglePrompts) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto ps = prompts();
   auto [ids, mask] = left_pad(ps, 0);
   auto logits = model_->logits(ids, mask);
