@@ -210,13 +210,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const AttentionInputs& in) {
   k = k.transpose(1, 2);
   q = q * in.cos + rotate_half(q) * in.sin;
   k = k * in.cos + rotate_half(k) * in.sin;
-  if (in.cache) {
-    in.cache->k[layer].narrow(2, in.cache_start, t).copy_(k);
-    in.cache->v[layer].narrow(2, in.cache_start, t).copy_(v);
-    if (in.cache_start > 0) {  // decode: attend over every slot, the mask hides empty ones
-      k = in.cache->k[layer];
-      v = in.cache->v[layer];
-    }
+  if (in.cache && in.decode) {  // write this token's slot, then attend over every slot (masked)
+    in.cache->k[layer].index_copy_(2, in.cache->slot, k);
+    in.cache->v[layer].index_copy_(2, in.cache->slot, v);
+    k = in.cache->k[layer];
+    v = in.cache->v[layer];
+  } else if (in.cache) {  // prefill: keep the prompt's keys/values, attend among them
+    in.cache->k[layer].narrow(2, 0, t).copy_(k);
+    in.cache->v[layer].narrow(2, 0, t).copy_(v);
   }
   std::optional<at::Tensor> mask;
   if (in.mask.defined()) mask = in.mask;
@@ -308,6 +309,7 @@ KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
   }
   cache.key_mask = at::zeros({batch, capacity}, opts.dtype(at::kBool));
   cache.next_position = at::zeros({batch}, opts.dtype(at::kLong));
+  cache.slot = at::zeros({1}, opts.dtype(at::kLong));
   return cache;
 }
 
@@ -326,6 +328,7 @@ Result<at::Tensor> CausalLM::prefill(const at::Tensor& input_ids, const at::Tens
     at::Tensor hidden = hidden_states(ids, positions_from_mask(am), in);
     cache.key_mask.narrow(1, 0, t).copy_(am.to(at::kBool));
     cache.next_position.copy_(am.to(at::kLong).sum(-1));
+    cache.slot.fill_(t);
     cache.length = t;
     return lm_head_forward(hidden.select(1, t - 1));  // left padding: the last slot is real
   });
@@ -334,18 +337,20 @@ Result<at::Tensor> CausalLM::prefill(const at::Tensor& input_ids, const at::Tens
 Result<at::Tensor> CausalLM::decode(const at::Tensor& tokens, KVCache& cache) {
   return guarded("decode", [&]() -> Result<at::Tensor> {
     c10::NoGradGuard no_grad;
-    const int64_t b = tokens.size(0), slot = cache.length;
-    if (slot == 0 || slot >= cache.capacity())
+    const int64_t b = tokens.size(0);
+    if (cache.length == 0 || cache.length >= cache.capacity())
       return invalid_argument(fmt::format("decode at slot {} of a cache of {} slots (prefill first; raise capacity)",
-                                          slot, cache.capacity()));
-    cache.key_mask.select(1, slot).fill_(true);
+                                          cache.length, cache.capacity()));
+    // Only in-place updates of device tensors from here on: no host values enter the step.
+    cache.key_mask.index_fill_(1, cache.slot, true);
     AttentionInputs in;
     in.mask = cache.key_mask.view({b, 1, 1, -1});
     in.cache = &cache;
-    in.cache_start = slot;
+    in.decode = true;
     at::Tensor hidden = hidden_states(tokens.to(device()).view({b, 1}), cache.next_position.view({b, 1}), in);
-    cache.length = slot + 1;
+    cache.slot.add_(1);
     cache.next_position.add_(1);
+    cache.length += 1;
     return lm_head_forward(hidden.select(1, 0));
   });
 }

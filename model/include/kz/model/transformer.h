@@ -60,13 +60,14 @@ class RMSNorm : public torch::nn::Module {
 
 // Preallocated key/value cache for generation: slots [0, length) hold the prompt (left-padded)
 // and the tokens generated so far; every row shares `length`. Shapes stay fixed for a whole
-// generation (decode attends over all S slots, masked), so a decode step can be captured in a
-// CUDA graph.
+// generation (decode attends over all S slots, masked) and a decode step reads its slot and
+// positions from device tensors updated in place, so the step can be captured in a CUDA graph.
 struct KVCache {
   std::vector<at::Tensor> k, v;  // per layer, [B, Hkv, S, D]
   at::Tensor key_mask;           // [B, S] bool: slot holds a real (non-pad) token
   at::Tensor next_position;      // [B] int64: RoPE position of each row's next token
-  int64_t length = 0;            // slots filled
+  at::Tensor slot;               // [1] int64 on the device: the slot the next decode writes
+  int64_t length = 0;            // slots filled (host copy of slot, for bounds checks)
   int64_t capacity() const { return key_mask.defined() ? key_mask.size(1) : 0; }
 };
 
@@ -75,7 +76,8 @@ struct AttentionInputs {
   at::Tensor cos, sin;  // [B, 1, T, D], the model's dtype
   at::Tensor mask;      // bool [B, 1, T, S], true = may attend; undefined = causal, no padding
   KVCache* cache = nullptr;
-  int64_t cache_start = 0;  // slot of the first of the T tokens when cache is set
+  bool decode = false;  // with cache: T = 1 written at cache->slot, attending over all S slots;
+                        // otherwise (prefill) the T tokens fill slots [0, T) and attend to themselves
 };
 
 class Attention : public torch::nn::Module {
