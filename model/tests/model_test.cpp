@@ -1,0 +1,381 @@
+// The libtorch decoder against transformers, on the tiny random checkpoints that
+// make_fixtures.py writes (CTest runs it first, into $KZ_MODEL_FIXTURES): logits, batched greedy
+// continuations and their log-probs, teacher-forced log-probs and their gradient, save/load round
+// trips through transformers, and clear errors for broken checkpoints.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "kz/core/files.h"
+#include "kz/model/generate.h"
+#include "kz/model/safetensors.h"
+#include "kz/model/transformer.h"
+
+namespace kz::model {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kTol = 1e-4;  // fp32 logits and log-probs (issue #5)
+
+fs::path fixtures() {
+  const char* dir = std::getenv("KZ_MODEL_FIXTURES");
+  return dir ? fs::path(dir) : fs::path();
+}
+
+json reference(const std::string& name) {
+  auto text = read_file(fixtures() / name / "reference.json");
+  EXPECT_TRUE(text.ok()) << text.status().to_string();
+  return json::parse(text.ok() ? *text : "{}");
+}
+
+at::Tensor to_tensor(const json& nested) {  // a list of lists of floats -> [R, C] float32
+  std::vector<float> flat;
+  for (const auto& row : nested)
+    for (const auto& v : row) flat.push_back(v.get<float>());
+  return at::tensor(flat).view({static_cast<int64_t>(nested.size()), -1});
+}
+
+std::shared_ptr<CausalLM> load(const fs::path& dir, LoadOptions options = {}) {
+  auto m = CausalLM::load(dir, options);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? *m : nullptr;
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
+}
+
+fs::path scratch_root() { return fs::temp_directory_path() / ("kz_model_test_" + std::to_string(::getpid())); }
+
+// Removes the scratch checkpoints when the run ends.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch_root()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+fs::path scratch_dir(const std::string& name) {
+  fs::path dir = scratch_root() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+class ModelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (fixtures().empty()) GTEST_SKIP() << "KZ_MODEL_FIXTURES is not set (run through ctest)";
+    at::set_num_threads(2);
+    ref_ = reference(GetParam());
+    model_ = load(fixtures() / GetParam());
+    ASSERT_TRUE(model_);
+  }
+  std::vector<std::vector<int64_t>> prompts() const { return ref_["prompts"].get<std::vector<std::vector<int64_t>>>(); }
+  json ref_;
+  std::shared_ptr<CausalLM> model_;
+};
+
+TEST_P(ModelTest, LogitsMatchTransformers) {
+  c10::NoGradGuard no_grad;
+  auto ps = prompts();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    auto logits = model_->logits(at::tensor(ps[i], at::kLong).unsqueeze(0));
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    double diff = max_abs_diff(logits->squeeze(0), to_tensor(ref_["logits"][i]));
+    EXPECT_LT(diff, kTol) << "prompt " << i;
+    RecordProperty("max_abs_diff_prompt_" + std::to_string(i), std::to_string(diff));  // margin, in the XML
+  }
+}
+
+TEST_P(ModelTest, LeftPaddedBatchMatchesSinglePrompts) {
+  c10::NoGradGuard no_grad;
+  auto ps = prompts();
+  auto [ids, mask] = left_pad(ps, 0);
+  auto logits = model_->logits(ids, mask);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    int64_t n = static_cast<int64_t>(ps[i].size()), pad = ids.size(1) - n;
+    at::Tensor got = logits->select(0, static_cast<int64_t>(i)).narrow(0, pad, n);
+    EXPECT_LT(max_abs_diff(got, to_tensor(ref_["logits"][i])), kTol) << "prompt " << i;
+  }
+}
+
+TEST_P(ModelTest, GreedyBatchMatchesTransformers) {
+  std::vector<GenerateRequest> requests;
+  for (const auto& p : prompts()) {
+    GenerateRequest r;
+    r.prompt_ids = p;
+    r.sampling.temperature = 0;
+    r.sampling.max_new_tokens = 20;
+    requests.push_back(r);
+  }
+  auto out = generate(*model_, requests);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& res = (*out)[i];
+    EXPECT_EQ(res.token_ids, ref_["greedy_tokens"][i].get<std::vector<int64_t>>()) << "row " << i;
+    EXPECT_EQ(res.finish_reason, FinishReason::length);
+    auto lp = ref_["greedy_logprobs"][i].get<std::vector<double>>();
+    ASSERT_EQ(res.logprobs.size(), lp.size());
+    for (size_t t = 0; t < lp.size(); ++t) EXPECT_NEAR(res.logprobs[t], lp[t], kTol) << "row " << i << " token " << t;
+  }
+}
+
+// Right-padded batch (the trainer's layout) against per-sequence references, then the gradient
+// of the summed log-probs against transformers' (the RL loss backpropagates through this).
+TEST_P(ModelTest, TeacherForcedLogprobsAndGradient) {
+  auto seqs = ref_["sequences"].get<std::vector<std::vector<int64_t>>>();
+  size_t width = std::max(seqs[0].size(), seqs[1].size());
+  at::Tensor ids = at::zeros({2, static_cast<int64_t>(width)}, at::kLong), mask = at::zeros_like(ids);
+  for (size_t i = 0; i < 2; ++i)
+    for (size_t t = 0; t < seqs[i].size(); ++t) {
+      ids[i][t] = seqs[i][t];
+      mask[i][t] = 1;
+    }
+  auto lp = token_logprobs(*model_, ids, mask, /*keep_graph=*/true);
+  ASSERT_TRUE(lp.ok()) << lp.status().to_string();
+  for (size_t i = 0; i < 2; ++i) {
+    auto want = ref_["teacher_logprobs"][i].get<std::vector<float>>();
+    at::Tensor got = lp->select(0, static_cast<int64_t>(i)).narrow(0, 0, static_cast<int64_t>(want.size()));
+    EXPECT_LT(max_abs_diff(got, at::tensor(want)), kTol) << "sequence " << i;
+    int64_t pads = static_cast<int64_t>(width - 1 - want.size());
+    if (pads > 0) {  // positions whose target is padding score 0
+      EXPECT_EQ(lp->select(0, static_cast<int64_t>(i)).narrow(0, static_cast<int64_t>(want.size()), pads).abs().sum().item<float>(), 0);
+    }
+  }
+  at::Tensor total = lp->sum();
+  EXPECT_NEAR(total.item<double>(), ref_["logprob_sum"].get<double>(), 1e-4 * std::abs(ref_["logprob_sum"].get<double>()));
+  model_->zero_grad();
+  total.backward();
+  double sq = 0;
+  for (const auto& p : model_->parameters()) sq += p.grad().defined() ? p.grad().pow(2).sum().item<double>() : 0;
+  double want = ref_["grad_norm"].get<double>();
+  EXPECT_NEAR(std::sqrt(sq), want, 1e-4 * want);
+
+  auto no_graph = token_logprobs(*model_, ids, mask, /*keep_graph=*/false);
+  ASSERT_TRUE(no_graph.ok());
+  EXPECT_FALSE(no_graph->requires_grad());
+  EXPECT_TRUE(lp->requires_grad());
+}
+
+TEST_P(ModelTest, ParametersHaveHuggingFaceNames) {
+  auto params = model_->named_parameters();
+  auto specs = expected_weights(model_->config());
+  ASSERT_EQ(params.size(), specs.size());
+  for (const auto& spec : specs) {
+    const at::Tensor* p = params.find(spec.name);
+    ASSERT_TRUE(p) << spec.name;
+    EXPECT_EQ(p->sizes().vec(), spec.shape) << spec.name;
+  }
+}
+
+TEST_P(ModelTest, SaveAndReloadKeepsWeights) {
+  fs::path dir = scratch_dir("reload_" + GetParam());
+  ASSERT_TRUE(model_->save(dir).is_ok());
+  auto again = load(dir);
+  ASSERT_TRUE(again);
+  auto a = model_->named_parameters(), b = again->named_parameters();
+  for (const auto& item : a) EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelTest, ::testing::Values("qwen2", "qwen3", "llama"));
+
+// Save all three with our writer (llama sharded), load them in transformers (one Python run, it
+// is the slow part): the same logits as the references.
+TEST(RoundTrip, SavedCheckpointsLoadInTransformers) {
+  if (fixtures().empty()) GTEST_SKIP() << "KZ_MODEL_FIXTURES is not set (run through ctest)";
+  fs::path root = scratch_dir("roundtrip");
+  std::string dirs;
+  for (std::string name : {"qwen2", "qwen3", "llama"}) {
+    auto m = load(fixtures() / name);
+    ASSERT_TRUE(m);
+    SaveOptions save;
+    if (name == "llama") save.max_shard_bytes = 40000;
+    ASSERT_TRUE(m->save(root / name, save).is_ok());
+    EXPECT_EQ(fs::exists(root / name / "model.safetensors.index.json"), name == "llama");
+    dirs.append(" ").append((root / name).string());
+  }
+  json prompts = reference("qwen2")["prompts"];
+  std::ofstream(root / "prompts.json") << prompts.dump();
+  std::string cmd = std::string(std::getenv("KZ_PYTHON")) + " " + std::getenv("KZ_SOURCE_DIR") +
+                    "/model/tests/make_fixtures.py logits " + (root / "logits.json").string() + " " +
+                    (root / "prompts.json").string() + dirs;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  json theirs = json::parse(*read_file(root / "logits.json"));
+  for (std::string name : {"qwen2", "qwen3", "llama"}) {
+    json ref = reference(name);
+    const json& got = theirs[(root / name).string()];
+    ASSERT_EQ(got.size(), ref["logits"].size()) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(max_abs_diff(to_tensor(got[i]), to_tensor(ref["logits"][i])), kTol) << name << " prompt " << i;
+  }
+}
+
+// ---- sampling ----
+
+class SamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (fixtures().empty()) GTEST_SKIP() << "KZ_MODEL_FIXTURES is not set (run through ctest)";
+    model_ = load(fixtures() / "qwen2");
+    ASSERT_TRUE(model_);
+  }
+  GenerateRequest request(std::vector<int64_t> prompt, double temperature, uint64_t seed, int64_t n = 12) {
+    GenerateRequest r;
+    r.prompt_ids = std::move(prompt);
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.sampling.max_new_tokens = n;
+    return r;
+  }
+  std::vector<GenerateResult> run(const std::vector<GenerateRequest>& requests) {
+    auto out = generate(*model_, requests);
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    return out.ok() ? *out : std::vector<GenerateResult>{};
+  }
+  std::shared_ptr<CausalLM> model_;
+};
+
+TEST_F(SamplingTest, SeedReproducibleAndIndependentOfBatch) {
+  auto alone = run({request({1, 2, 3}, 1.0, 42)});
+  auto batched = run({request({9, 9, 9, 9, 9, 9}, 0.7, 7), request({1, 2, 3}, 1.0, 42)});
+  ASSERT_EQ(alone.size(), 1u);
+  ASSERT_EQ(batched.size(), 2u);
+  EXPECT_EQ(alone[0].token_ids, batched[1].token_ids);
+  auto other_seed = run({request({1, 2, 3}, 1.0, 43)});
+  EXPECT_NE(alone[0].token_ids, other_seed[0].token_ids);
+}
+
+TEST_F(SamplingTest, TopKOneIsGreedy) {
+  auto r = request({4, 5, 6, 7}, 1.5, 3);
+  r.sampling.top_k = 1;
+  auto greedy = run({request({4, 5, 6, 7}, 0.0, 0)});
+  EXPECT_EQ(run({r})[0].token_ids, greedy[0].token_ids);
+  auto p = request({4, 5, 6, 7}, 1.0, 3);
+  p.sampling.top_p = 1e-6;  // only the most likely token survives
+  EXPECT_EQ(run({p})[0].token_ids, greedy[0].token_ids);
+}
+
+TEST_F(SamplingTest, StopTokensAndPerRequestLimits) {
+  auto greedy = run({request({4, 5, 6, 7}, 0.0, 0)})[0].token_ids;
+  auto stop = request({4, 5, 6, 7}, 0.0, 0);
+  stop.sampling.stop_token_ids = {greedy[3]};
+  auto short_one = request({8, 9}, 0.0, 0, 2);
+  auto out = run({stop, short_one});
+  auto first = std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin();
+  EXPECT_EQ(out[0].finish_reason, FinishReason::stop);
+  EXPECT_EQ(out[0].token_ids, std::vector<int64_t>(greedy.begin(), greedy.begin() + first + 1));
+  EXPECT_EQ(out[1].finish_reason, FinishReason::length);
+  EXPECT_EQ(out[1].token_ids.size(), 2u);
+  EXPECT_EQ(out[0].logprobs.size(), out[0].token_ids.size());
+}
+
+TEST_F(SamplingTest, BadRequestsAreErrors) {
+  auto empty = generate(*model_, {request({}, 0, 0)});
+  EXPECT_FALSE(empty.ok());
+  auto oov = generate(*model_, {request({1, 100000}, 0, 0)});
+  ASSERT_FALSE(oov.ok());
+  EXPECT_NE(oov.status().message().find("100000"), std::string::npos);
+  auto bad_p = request({1}, 1, 0);
+  bad_p.sampling.top_p = 0;
+  EXPECT_FALSE(generate(*model_, {bad_p}).ok());
+}
+
+TEST_F(SamplingTest, Bfloat16LoadRuns) {
+  LoadOptions options;
+  options.dtype = at::kBFloat16;
+  auto bf16 = load(fixtures() / "qwen2", options);
+  ASSERT_TRUE(bf16);
+  EXPECT_EQ(bf16->dtype(), at::kBFloat16);
+  auto out = generate(*bf16, {request({1, 2, 3}, 0.0, 0, 5)});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(out->at(0).token_ids.size(), 5u);
+}
+
+// ---- broken checkpoints ----
+
+// Copies the qwen2 fixture and rewrites its weights through `edit`.
+fs::path edited_checkpoint(const std::string& name, const std::function<void(std::vector<StTensorView>&)>& edit) {
+  fs::path dir = scratch_dir(name);
+  fs::copy_file(fixtures() / "qwen2" / "config.json", dir / "config.json");
+  auto src = SafetensorsFile::open(fixtures() / "qwen2" / "model.safetensors");
+  EXPECT_TRUE(src.ok());
+  std::vector<StTensorView> views;
+  for (const auto& t : src->tensors()) views.push_back({t.name, t.dtype, t.shape, src->data(t), t.nbytes()});
+  edit(views);
+  EXPECT_TRUE(write_checkpoint(dir, views, 0).is_ok());
+  return dir;
+}
+
+TEST(ModelErrors, MissingUnexpectedAndMisshapedAreAllNamed) {
+  if (fixtures().empty()) GTEST_SKIP();
+  std::vector<float> wrong(7 * 64, 0.f), extra(3, 0.f);
+  fs::path dir = edited_checkpoint("broken", [&](std::vector<StTensorView>& v) {
+    std::erase_if(v, [](const StTensorView& t) {
+      return t.name == "model.layers.1.mlp.up_proj.weight" || t.name == "model.norm.weight";
+    });
+    for (auto& t : v)
+      if (t.name == "model.layers.0.self_attn.k_proj.bias") t = {t.name, StDType::f32, {7, 64}, wrong.data(), wrong.size() * 4};
+    v.push_back({"model.layers.0.extra.weight", StDType::f32, {3}, extra.data(), 12});
+  });
+  auto m = CausalLM::load(dir);
+  ASSERT_FALSE(m.ok());
+  const std::string msg = m.status().message();
+  std::vector<std::string> parts = {"2 missing", "model.layers.1.mlp.up_proj.weight", "model.norm.weight",
+                                    "1 unexpected", "model.layers.0.extra.weight", "1 mis-shaped",
+                                    "model.layers.0.self_attn.k_proj.bias", "[7, 64]", dir.string()};
+  for (const auto& part : parts)
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+}
+
+TEST(ModelErrors, TruncatedShardIsAClearError) {
+  if (fixtures().empty()) GTEST_SKIP();
+  fs::path dir = scratch_dir("truncated");
+  fs::copy_file(fixtures() / "qwen2" / "config.json", dir / "config.json");
+  fs::copy_file(fixtures() / "qwen2" / "model.safetensors", dir / "model.safetensors");
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 100);
+  auto m = CausalLM::load(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("truncated"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("model.safetensors"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelErrors, BrokenConfigNamesTheField) {
+  if (fixtures().empty()) GTEST_SKIP();
+  fs::path dir = scratch_dir("badconfig");
+  fs::copy_file(fixtures() / "qwen2" / "model.safetensors", dir / "model.safetensors");
+  std::string config = *read_file(fixtures() / "qwen2" / "config.json");
+  config.replace(config.find("\"num_hidden_layers\""), 19, "\"num_hidden_layerz\"");
+  ASSERT_TRUE(write_file_atomic(dir / "config.json", config).is_ok());
+  auto m = CausalLM::load(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("num_hidden_layers"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("config.json"), std::string::npos) << m.status().message();
+}
+
+TEST(ModelErrors, RandomInitSavesAndLoads) {
+  auto config = load_model_config(fixtures() / "qwen3");
+  if (fixtures().empty()) GTEST_SKIP();
+  ASSERT_TRUE(config.ok());
+  auto m = CausalLM::random(*config, 5);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  fs::path dir = scratch_dir("random");
+  SaveOptions save;
+  save.dtype = at::kBFloat16;
+  ASSERT_TRUE((*m)->save(dir, save).is_ok());
+  auto back = load(dir);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->dtype(), at::kBFloat16);
+  EXPECT_EQ(back->config().dtype, WeightDType::bf16);
+}
+
+}  // namespace
+}  // namespace kz::model
