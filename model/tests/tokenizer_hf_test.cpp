@@ -1,0 +1,3 @@
+#include <gtest/gtest.h>
+#include "kz/model/tokenizer.h"
+TEST(Tokenizer, Builds) {}
