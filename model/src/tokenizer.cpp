@@ -33,11 +33,18 @@ size_t white_space_end_after(std::string_view text, size_t pos) {
   return pos;
 }
 
-// A \w character as Rust's regex crate sees it, approximated by letters, marks, numbers and
-// connector punctuation.
+// A \w character as Rust's regex crate (tokenizers' single_word) sees it: Alphabetic, marks,
+// decimal digits, connector punctuation and the joiners. Alphabetic is letters, letter numbers
+// and the symbols that are Other_Alphabetic (circled and squared Latin letters).
 bool is_word_char(char32_t cp) {
-  return cp != unicode::kInvalid &&
-         (unicode::char_class(cp) & (unicode::kLetter | unicode::kMark | unicode::kNumber | unicode::kWordPunct));
+  using unicode::Category;
+  if (cp == unicode::kInvalid) return false;
+  if (cp == 0x200C || cp == 0x200D) return true;  // Join_Control
+  if ((cp >= 0x24B6 && cp <= 0x24E9) || (cp >= 0x1F130 && cp <= 0x1F149) || (cp >= 0x1F150 && cp <= 0x1F169) ||
+      (cp >= 0x1F170 && cp <= 0x1F189))
+    return true;
+  Category c = unicode::category(cp);
+  return c <= Category::Me || c == Category::Nd || c == Category::Nl || c == Category::Pc;
 }
 
 bool word_char_before(std::string_view text, size_t pos) {

@@ -23,6 +23,12 @@ except ImportError:  # older tables: letters/digits of recent scripts are then c
     import unicodedata as ud
 
 MAX_CP = 0x110000
+# Hugging Face tokenizers' NFC (its unicode-normalization-alignments crate) has Unicode 12 data:
+# it neither composes nor decomposes these composites, which Unicode 13 (U+11938) and 16 added.
+# They are left out of the NFC tables so that normalised text, and so token ids, match it.
+TOKENIZERS_UNKNOWN_COMPOSITES = {
+    0x105C9, 0x105E4, 0x11383, 0x11385, 0x1138E, 0x11391, 0x113C5, 0x113C7, 0x113C8, 0x11938,
+    0x16121, 0x16122, 0x16123, 0x16124, 0x16125, 0x16126, 0x16127, 0x16128, 0x16D68, 0x16D69, 0x16D6A}
 HANGUL_FIRST, HANGUL_LAST = 0xAC00, 0xD7A3
 CATEGORIES = ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps",
               "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Cs",
@@ -64,7 +70,7 @@ def is_hangul_syllable(cp):
 def decompositions():
     out = []
     for cp in range(MAX_CP):
-        if is_hangul_syllable(cp) or 0xD800 <= cp <= 0xDFFF:
+        if is_hangul_syllable(cp) or 0xD800 <= cp <= 0xDFFF or cp in TOKENIZERS_UNKNOWN_COMPOSITES:
             continue
         nfd = ud.normalize("NFD", chr(cp))
         if nfd != chr(cp):
@@ -76,7 +82,7 @@ def compositions():
     """(first, second) -> composite for every primary composite (NFC keeps it composed)."""
     out = []
     for cp in range(MAX_CP):
-        if is_hangul_syllable(cp):
+        if is_hangul_syllable(cp) or cp in TOKENIZERS_UNKNOWN_COMPOSITES:
             continue
         raw = ud.decomposition(chr(cp))
         if not raw or raw.startswith("<"):
@@ -95,7 +101,7 @@ def quick_check_not_yes(comps):
     cps.update(range(0x1161, 0x1176))  # Hangul V jamo compose with a preceding L
     cps.update(range(0x11A8, 0x11C3))  # Hangul T jamo compose with a preceding LV
     for cp in range(MAX_CP):
-        if 0xD800 <= cp <= 0xDFFF:
+        if 0xD800 <= cp <= 0xDFFF or cp in TOKENIZERS_UNKNOWN_COMPOSITES:
             continue
         if ud.normalize("NFC", chr(cp)) != chr(cp):
             cps.add(cp)
