@@ -12,13 +12,15 @@ constexpr std::string_view kSystemStart = "<|im_start|>system";
 constexpr std::string_view kEnd = "<|im_end|>";
 
 // The Jinja string-literal text starting at jinja[pos] up to "<|im_end|>", unescaped; nullopt
-// when the literal ends first (the system text is an expression, not a constant).
-std::optional<std::string> literal_until_end(std::string_view jinja, size_t pos) {
+// when the literal ends first (the system text is an expression, not a constant). `quote` is the
+// literal's delimiter (0 when unknown: then either quote ends it).
+std::optional<std::string> literal_until_end(std::string_view jinja, size_t pos, char quote) {
   std::string text;
   while (pos < jinja.size()) {
     if (jinja.substr(pos).starts_with(kEnd)) return text;
     char c = jinja[pos];
-    if (c == '\'' || c == '"' || c == '{' || c == '}') return std::nullopt;
+    bool closes = quote ? c == quote : (c == '\'' || c == '"');
+    if (closes || c == '{' || c == '}') return std::nullopt;
     if (c == '\\' && pos + 1 < jinja.size()) {
       char e = jinja[pos + 1];
       text += e == 'n' ? '\n' : e == 't' ? '\t' : e;
@@ -61,7 +63,8 @@ std::string default_system_from_jinja(std::string_view jinja) {
     if (jinja.substr(after).starts_with("\\n")) after += 2;  // an escape inside the Jinja literal
     else if (jinja.substr(after).starts_with("\n")) after += 1;
     else continue;
-    std::optional<std::string> text = literal_until_end(jinja, after);
+    char quote = pos > 0 && (jinja[pos - 1] == '\'' || jinja[pos - 1] == '"') ? jinja[pos - 1] : 0;
+    std::optional<std::string> text = literal_until_end(jinja, after, quote);
     if (text && !text->empty()) return *text;
   }
   return {};
