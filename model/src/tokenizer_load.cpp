@@ -173,7 +173,9 @@ Status load_added_tokens(const json& root, const Origin& origin, Tokenizer::Impl
     set_token(impl, token->id, token->content);
     impl.token_to_id[token->content] = token->id;
     if (token->special) impl.id_special[token->id] = 1;
-    (token->normalized ? impl.normalized_matcher : impl.raw_matcher).add(*token);
+    AddedToken pattern = *token;  // normalized tokens are looked for in normalised text
+    if (pattern.normalized && impl.nfc) pattern.content = unicode::nfc(pattern.content);
+    (token->normalized ? impl.normalized_matcher : impl.raw_matcher).add(pattern);
     impl.added.push_back(*token);
   }
   impl.raw_matcher.finish();
@@ -295,6 +297,7 @@ Result<ChatTemplate> config_chat_template(const json& config, const Origin& orig
     return origin.error("chat_template", "must be a string or a list of {name, template}");
   }
   chat.present = true;
+  chat.chatml = chat.source.find("<|im_start|>") != std::string::npos;
   chat.default_system = default_system_from_jinja(chat.source);
   return chat;
 }
@@ -310,8 +313,8 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json, std::str
   impl->origin = origin.name;
   try {
     KZ_RETURN_IF_ERROR(load_model(*root, origin, *impl));
-    KZ_RETURN_IF_ERROR(load_added_tokens(*root, origin, *impl));
     if (root->contains("normalizer")) KZ_RETURN_IF_ERROR(load_normalizer((*root)["normalizer"], "normalizer", origin, *impl));
+    KZ_RETURN_IF_ERROR(load_added_tokens(*root, origin, *impl));  // after the normaliser: it applies to some
     KZ_RETURN_IF_ERROR(load_pre_tokenizers(*root, origin, *impl));
     KZ_RETURN_IF_ERROR(load_decoder(*root, origin));
   } catch (const json::exception& e) {  // a field of an unexpected JSON type

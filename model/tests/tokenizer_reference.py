@@ -354,15 +354,33 @@ def check_written(directory):
 
 
 def bench(tokenizer_json, text_file, repeats=3):
+    """Single-string encode (what kz_tokenizer_bench measures), the same text in 64 KB chunks
+    one after another, and encode_batch over the chunks on every core."""
     tok = Tokenizer.from_file(tokenizer_json)
     with open(text_file, encoding="utf-8") as f:
         text = f.read()
     mb = len(text.encode("utf-8")) / 1e6
+    chunks, start = [], 0
+    while start < len(text):  # cut at line ends so chunking changes no piece
+        end = text.find("\n", start + 65536)
+        end = len(text) if end < 0 else end + 1
+        chunks.append(text[start:end])
+        start = end
+    ids = []
     for r in range(repeats):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         ids = tok.encode(text, add_special_tokens=False).ids
-        s = time.perf_counter() - start
-        print(f"tokenizers run {r}: {mb:.2f} MB in {s:.3f} s = {mb / s:.1f} MB/s, {len(ids)} tokens")
+        s = time.perf_counter() - t0
+        print(f"tokenizers one string run {r}: {mb:.2f} MB in {s:.3f} s = {mb / s:.1f} MB/s, {len(ids)} tokens")
+    print(f"ids fnv1a {fnv1a(ids):016x}")
+    t0 = time.perf_counter()
+    n = sum(len(tok.encode(c, add_special_tokens=False).ids) for c in chunks)
+    s = time.perf_counter() - t0
+    print(f"tokenizers {len(chunks)} chunks, one thread: {mb / s:.1f} MB/s, {n} tokens")
+    t0 = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch(chunks, add_special_tokens=False))
+    s = time.perf_counter() - t0
+    print(f"tokenizers encode_batch, {os.cpu_count()} cores: {mb / s:.1f} MB/s, {n} tokens")
 
 
 def train_bench(out, source_dir, vocab):

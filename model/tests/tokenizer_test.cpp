@@ -116,6 +116,7 @@ TEST(UnicodeTest, CategoriesAndClasses) {
   EXPECT_TRUE(unicode::char_class('\r') & unicode::kNewline);
   EXPECT_EQ(unicode::char_class('_'), unicode::kWordPunct);
   EXPECT_EQ(unicode::char_class(unicode::kInvalid), 0);
+  EXPECT_STREQ(unicode::unicode_version(), "16.0.0");  // Oniguruma's, in tokenizers 0.2x
 }
 
 TEST(UnicodeTest, Nfc) {
@@ -348,6 +349,7 @@ TEST(TokenizerLoadTest, FilesAndConfig) {
   EXPECT_EQ(t->eos_id(), t->token_to_id("<|im_end|>"));
   EXPECT_EQ(t->pad_id(), t->token_to_id("<|endoftext|>"));
   EXPECT_TRUE(t->chat_template().present);
+  EXPECT_TRUE(t->chat_template().chatml);
   EXPECT_EQ(t->chat_template().default_system, "You are a test.");
 
   config["eos_token"] = "<|eot_id|>";

@@ -26,6 +26,8 @@ struct ChatTurn {
 
 struct ChatTemplate {
   bool present = false;        // tokenizer_config.json had a chat_template
+  bool chatml = false;         // ... and it writes ChatML (<|im_start|>): render_chatml() applies;
+                               // false for other formats (Llama 3's headers), not rendered here
   std::string source;          // the Jinja text as found (for reference; never executed)
   std::string default_system;  // system turn inserted when the first turn is not "system"; "" = none
 };
