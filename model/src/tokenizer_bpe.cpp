@@ -2,7 +2,7 @@
 // loop. The result is the one tokenizers gives: repeatedly merge the adjacent pair of lowest
 // rank, the leftmost of equal ranks.
 #include <algorithm>
-#include <mutex>
+#include <atomic>
 #include <queue>
 
 #include "tokenizer_internal.h"
@@ -125,18 +125,52 @@ const Merge* PairMap::find(TokenId left, TokenId right) const {
 }
 
 bool WordCache::lookup(std::string_view word, std::vector<TokenId>& out) const {
-  std::shared_lock lock(mutex_);
-  auto it = map_.find(word);
-  if (it == map_.end()) return false;
-  out.insert(out.end(), it->second.begin(), it->second.end());
-  return true;
+  if (slots_.empty()) return false;
+  uint64_t hash = hash_of(word);
+  for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    const Slot& slot = slots_[i];
+    if (slot.hash == 0) return false;
+    if (slot.hash == hash && std::string_view(keys_).substr(slot.key_offset, slot.key_length) == word) {
+      out.insert(out.end(), ids_.begin() + slot.ids_offset, ids_.begin() + slot.ids_offset + slot.ids_length);
+      return true;
+    }
+  }
 }
 
 void WordCache::insert(std::string_view word, std::span<const TokenId> ids) {
-  if (word.size() > kMaxWordBytes) return;
-  std::unique_lock lock(mutex_);
-  if (map_.size() >= kMaxEntries) return;
-  map_.try_emplace(std::string(word), ids.begin(), ids.end());
+  if (word.size() > kMaxWordBytes || ids.size() > UINT16_MAX || entries_ >= kMaxEntries) return;
+  if (slots_.empty()) slots_.resize(kSlots);
+  uint64_t hash = hash_of(word);
+  size_t i = hash & (kSlots - 1);
+  while (slots_[i].hash != 0) i = (i + 1) & (kSlots - 1);
+  slots_[i] = {hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
+               static_cast<uint16_t>(word.size()), static_cast<uint16_t>(ids.size())};
+  keys_.append(word);
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  ++entries_;
+}
+
+void WordCache::clear() {
+  slots_.clear();
+  keys_.clear();
+  ids_.clear();
+  entries_ = 0;
+}
+
+BpeModel::BpeModel() {
+  static std::atomic<uint64_t> next_serial{1};
+  serial_ = next_serial++;
+  byte_ids.fill(-1);
+}
+
+WordCache& BpeModel::cache() const {
+  thread_local WordCache cache;
+  thread_local uint64_t owner = 0;
+  if (owner != serial_) {
+    cache.clear();
+    owner = serial_;
+  }
+  return cache;
 }
 
 void BpeModel::encode(std::string_view word, std::vector<TokenId>& out) const {
@@ -151,10 +185,11 @@ void BpeModel::encode(std::string_view word, std::vector<TokenId>& out) const {
       return;
     }
   }
-  if (cache_.lookup(word, out)) return;
+  WordCache& word_cache = cache();
+  if (word_cache.lookup(word, out)) return;
   size_t first = out.size();
   merge_word(word, out);
-  cache_.insert(word, std::span<const TokenId>(out).subspan(first));
+  word_cache.insert(word, std::span<const TokenId>(out).subspan(first));
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) const {

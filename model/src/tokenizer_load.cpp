@@ -73,6 +73,8 @@ Status load_vocab(const json& model, const Origin& origin, Tokenizer::Impl& impl
   if (!model.contains("vocab")) return origin.error("model.vocab", "missing");
   const json& vocab = model["vocab"];
   if (!vocab.is_object()) return origin.error("model.vocab", "must be an object of token -> id");
+  impl.token_to_id.reserve(vocab.size() + 1024);
+  impl.bpe.byte_tokens.reserve(vocab.size());
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       return origin.error(fmt::format("model.vocab[\"{}\"]", token), "the id must be a non-negative integer");

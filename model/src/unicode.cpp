@@ -72,15 +72,6 @@ uint8_t class_of_category(Category c, bool white_space) {
   return bits;
 }
 
-std::array<uint8_t, 128> make_ascii_classes() {
-  std::array<uint8_t, 128> classes{};
-  for (char32_t c = 0; c < 128; ++c) {
-    classes[c] = class_of_category(category(c), is_white_space(c));
-    if (c == '\r' || c == '\n') classes[c] |= kNewline;
-  }
-  return classes;
-}
-
 bool in_ranges(char32_t cp, const t::CodePointRange* ranges, size_t count) {
   auto end = ranges + count;
   auto it = std::upper_bound(ranges, end, cp, [](char32_t v, const t::CodePointRange& r) { return v < r.first; });
@@ -220,12 +211,10 @@ bool is_white_space(char32_t cp) {
   return std::binary_search(t::kWhiteSpace, t::kWhiteSpace + t::kWhiteSpaceCount, static_cast<uint32_t>(cp));
 }
 
-uint8_t char_class(char32_t cp) {
-  static const std::array<uint8_t, 128> ascii = make_ascii_classes();
-  if (cp < 128) return ascii[cp];
+uint8_t char_class_slow(char32_t cp) {
   if (cp == kInvalid) return 0;
   Category c = category(cp);
-  bool space = (c >= Category::Zs && c <= Category::Zp) || cp == 0x85;
+  bool space = (c >= Category::Zs && c <= Category::Zp) || (cp >= 0x09 && cp <= 0x0D) || cp == 0x85;  // White_Space
   return class_of_category(c, space);
 }
 

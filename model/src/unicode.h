@@ -8,6 +8,7 @@
 // them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,7 +55,26 @@ enum CharClass : uint8_t {
   kMark = 16,    // \p{M}
   kWordPunct = 32,  // \p{Pc} (connector punctuation such as '_'), for \w
 };
-uint8_t char_class(char32_t code_point);
+// From the tables, for any code point (without kNewline, which only the ASCII table sets).
+uint8_t char_class_slow(char32_t code_point);
+
+// ASCII classes as a constant table: the pre-tokenizer asks for every character.
+inline constexpr auto kAsciiClasses = [] {
+  std::array<uint8_t, 128> classes{};
+  for (int c = 0; c < 128; ++c) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')) classes[c] = kLetter;
+    else if (c >= '0' && c <= '9') classes[c] = kNumber;
+    else if (c == ' ' || (c >= '\t' && c <= '\r')) classes[c] = kSpace;
+    else if (c == '_') classes[c] = kWordPunct;
+  }
+  classes['\r'] |= kNewline;
+  classes['\n'] |= kNewline;
+  return classes;
+}();
+
+inline uint8_t char_class(char32_t code_point) {
+  return code_point < 128 ? kAsciiClasses[code_point] : char_class_slow(code_point);
+}
 
 // ---- NFC ----
 uint8_t combining_class(char32_t code_point);

@@ -116,6 +116,12 @@ TEST(UnicodeTest, CategoriesAndClasses) {
   EXPECT_TRUE(unicode::char_class('\r') & unicode::kNewline);
   EXPECT_EQ(unicode::char_class('_'), unicode::kWordPunct);
   EXPECT_EQ(unicode::char_class(unicode::kInvalid), 0);
+  for (char32_t c = 0; c < 128; ++c) {  // the constant ASCII table agrees with the Unicode tables
+    EXPECT_EQ(unicode::kAsciiClasses[c] & ~unicode::kNewline, unicode::char_class_slow(c)) << int(c);
+    EXPECT_EQ((unicode::kAsciiClasses[c] & unicode::kNewline) != 0, c == '\r' || c == '\n') << int(c);
+  }
+  for (char32_t c = 0; c < 0x110000; c += (c < 0x3100 ? 1 : 97))  // White_Space and kSpace agree
+    ASSERT_EQ(unicode::is_white_space(c), (unicode::char_class_slow(c) & unicode::kSpace) != 0) << int(c);
   EXPECT_STREQ(unicode::unicode_version(), "16.0.0");  // Oniguruma's, in tokenizers 0.2x
 }
 
