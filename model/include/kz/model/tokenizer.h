@@ -13,7 +13,8 @@
 // post_processor is ignored: encode() never adds BOS/EOS (callers or the chat template do).
 //
 // Copies share the (immutable) tables; every const method may be called from several threads at
-// once.
+// once. Each encoding thread keeps its own cache of encoded pieces (at most 65,536 pieces, a few
+// MB), reset when the thread switches to another tokenizer.
 #pragma once
 
 #include <cstdint>
