@@ -1,6 +1,7 @@
 // `kz eval-suite`: every candidate in a directory against the suite; results.jsonl, a progress
 // bar, a per-candidate table and the summary (pass rate, compile rate, geomean speedup, fast_1).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 
@@ -19,7 +20,16 @@ struct SuiteArgs {
 };
 
 int run(const SuiteArgs& args) {
-  auto options = resolve_eval_options(args.flags);
+  // Several GPUs (--device cuda:0,cuda:1 or cuda:all): one pool of workers per device.
+  EvalFlags flags = args.flags;
+  std::vector<std::string> devices;
+  if (flags.device.find(',') != std::string::npos || flags.device == "cuda:all") {
+    auto parsed = parse_devices(flags.device);
+    if (!parsed.ok()) return report_error(parsed.status());
+    devices = *parsed;
+    flags.device = devices.front();
+  }
+  auto options = resolve_eval_options(flags);
   if (!options.ok()) return report_error(options.status());
   auto tasks = load_tasks(args.suite);
   if (!tasks.ok()) return report_error(tasks.status());
@@ -30,6 +40,7 @@ int run(const SuiteArgs& args) {
 
   SuiteRunOptions run_options;
   run_options.jobs = default_jobs(*options);
+  run_options.devices = devices;
   run_options.compile_jobs = cpu_cores();
   run_options.results_path = args.out;
   if (!args.out.empty()) {
@@ -37,8 +48,10 @@ int run(const SuiteArgs& args) {
     if (!parent.empty()) std::filesystem::create_directories(parent);
     std::filesystem::remove(args.out);
   }
-  std::cerr << fmt::format("kz: {} candidates for {} tasks from {}, device {}, {} at once\n", entries->size(),
-                           tasks->size(), args.candidates, options->device, run_options.jobs);
+  std::string device_text = devices.size() > 1 ? fmt::format("devices {}", fmt::join(devices, ",")) : "device " + options->device;
+  std::cerr << fmt::format("kz: {} candidates for {} tasks from {}, {}, {} at once{}\n", entries->size(),
+                           tasks->size(), args.candidates, device_text, run_options.jobs,
+                           devices.size() > 1 ? " per device" : "");
   auto verdicts = run_suite(*evaluator, *tasks, *entries, run_options, std::cerr);
   if (!verdicts.ok()) return report_error(verdicts.status());
 

@@ -9,14 +9,15 @@ namespace kz::cli {
 
 void add_eval_flags(CLI::App& command, EvalFlags& flags) {
   command.add_option("--config", flags.config_path, "TOML file overriding the defaults (see configs/eval.toml)");
-  command.add_option("--device", flags.device, "cpu or cuda:N (default cpu)");
+  command.add_option("--device", flags.device,
+                     "cpu or cuda:N (default cpu); eval-suite also takes cuda:0,cuda:1,... or cuda:all (a pool per GPU)");
   command.add_option("--format", flags.format, "auto, cuda, triton, cuda-rtc or torch (default auto)");
   command.add_option("--trials", flags.trials, "correctness trials, each on fresh inputs (default 5)");
   command.add_option("--seed", flags.seed, "fixed evaluation seed (default: a fresh secret seed per evaluation)");
   command.add_option("--size", flags.sizes, "override a reference size constant, NAME=VALUE (repeatable)");
   command.add_flag("--no-timing", flags.no_timing, "skip GPU timing (correctness only)");
   command.add_flag("--no-cache", flags.no_cache, "neither reuse nor store verdicts (the [cache] section)");
-  command.add_option("--jobs", flags.jobs, "evaluations at once (default: cores on cpu, 1 on a GPU)");
+  command.add_option("--jobs", flags.jobs, "evaluations at once, per device (default: cores on cpu, [timing] gpu_jobs on a GPU)");
 }
 
 Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <random>
@@ -242,16 +243,36 @@ const std::string& supervisor_version() {
   return version;
 }
 
-std::string gpu_model_names() {
+namespace {
+
+std::vector<std::string> nvidia_smi_lines(const std::vector<std::string>& args) {
   ProcessSpec spec;
-  spec.argv = {"nvidia-smi", "--query-gpu=name", "--format=csv,noheader"};
+  spec.argv = {"nvidia-smi"};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   spec.env = current_environment();
   auto run = run_process(spec, std::chrono::seconds(20));
-  if (!run.ok() || run->timed_out || !run->exit.exited || run->exit.exit_code != 0) return "";
-  std::set<std::string> names;
-  std::istringstream lines(run->stdout_text);
-  for (std::string line; std::getline(lines, line);)
-    if (!trim(line).empty()) names.insert(trim(line));
+  if (!run.ok() || run->timed_out || !run->exit.exited || run->exit.exit_code != 0) return {};
+  std::vector<std::string> lines;
+  std::istringstream text(run->stdout_text);
+  for (std::string line; std::getline(text, line);)
+    if (!trim(line).empty()) lines.push_back(trim(line));
+  return lines;
+}
+
+}  // namespace
+
+int gpu_count() {
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible && *visible) {
+    int count = 1;
+    for (const char* c = visible; *c; ++c) count += *c == ',';
+    return count;
+  }
+  return static_cast<int>(nvidia_smi_lines({"-L"}).size());
+}
+
+std::string gpu_model_names() {
+  auto lines = nvidia_smi_lines({"--query-gpu=name", "--format=csv,noheader"});
+  std::set<std::string> names(lines.begin(), lines.end());
   std::string joined;
   for (const auto& name : names) joined += (joined.empty() ? "" : "|") + name;
   return joined;

@@ -114,6 +114,15 @@ Result<Evaluator> Evaluator::with_format(const std::string& format) const {
   return copy;
 }
 
+Result<Evaluator> Evaluator::with_device(const std::string& device) const {
+  Evaluator copy = *this;
+  copy.options_.device = device;
+  KZ_RETURN_IF_ERROR(copy.options_.validate());
+  if ((device == "cpu") != (options_.device == "cpu"))
+    return invalid_argument(fmt::format("cannot mix the CPU and GPUs in one run ({} and {})", options_.device, device));
+  return copy;
+}
+
 std::string Evaluator::cache_key(const Task& task, const Candidate& candidate, Format format) const {
   return verdict_cache_key(options_, {task.source, candidate.source, format, gpu_name_, code_version_});
 }
@@ -166,6 +175,8 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);
+        if (options_.device != "cpu" && options_.timing.exclusive)
+          request["gpu_lock_dir"] = gpu_lock_dir(cache_dir_).string();  // worker/kz_worker/gpu_lock.py
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },

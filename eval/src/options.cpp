@@ -75,6 +75,8 @@ std::vector<std::pair<std::string, Field>> fields(EvalOptions& o) {
       {"timing.runs", field(o.timing.runs)},
       {"timing.input_sets", field(o.timing.input_sets)},
       {"timing.l2_flush_mb", field(o.timing.l2_flush_mb)},
+      {"timing.exclusive", field(o.timing.exclusive)},
+      {"timing.gpu_jobs", field(o.timing.gpu_jobs)},
       {"timeouts.startup_s", field(o.timeouts.startup_s)},
       {"timeouts.load_reference_s", field(o.timeouts.load_reference_s)},
       {"timeouts.compile_s", field(o.timeouts.compile_s)},
@@ -133,8 +135,9 @@ Status EvalOptions::validate() const {
     return invalid_argument(fmt::format("format '{}' is not one of auto, cuda, triton, cuda-rtc, torch", format));
   if (trials < 1) return invalid_argument("trials must be at least 1");
   if (jobs < 0) return invalid_argument("jobs must be 0 (automatic) or positive");
-  if (timing.runs < 1 || timing.input_sets < 1 || timing.warmup_runs < 0 || timing.l2_flush_mb < 0)
-    return invalid_argument("timing: runs and input_sets must be >= 1, warmup_runs and l2_flush_mb >= 0");
+  if (timing.runs < 1 || timing.input_sets < 1 || timing.warmup_runs < 0 || timing.l2_flush_mb < 0 ||
+      timing.gpu_jobs < 1)
+    return invalid_argument("timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs and l2_flush_mb >= 0");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
                    timeouts.timing_s, timeouts.recheck_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");

@@ -13,12 +13,14 @@ namespace kz {
 namespace fs = std::filesystem;
 namespace {
 
-// The directories a worker may write to besides its scratch dir (the compile caches).
+// The directories a worker may write to besides its scratch dir (the compile caches, the GPU locks).
 std::vector<fs::path> cache_write_dirs(const fs::path& cache_dir) {
-  return {cache_dir / "torch_extensions", cache_dir / "triton"};
+  return {cache_dir / "torch_extensions", cache_dir / "triton", gpu_lock_dir(cache_dir)};
 }
 
 }  // namespace
+
+fs::path gpu_lock_dir(const fs::path& cache_dir) { return cache_dir / "locks"; }
 
 void apply_sandbox(const SandboxOptions& options, const std::string& device, const fs::path& cache_dir,
                    ProcessSpec& spec) {

@@ -306,7 +306,7 @@ struct EvalService::Impl {
   std::thread listener;
   int port = 0;
   int workers = 1;
-  std::mutex gpu_mutex;  // held for each evaluation on a GPU: timings must never overlap
+  std::mutex gpu_mutex;  // [timing] exclusive = false: one evaluation at a time on the GPU
   std::atomic<bool> stopped{false};
 
   Impl(const EvalOptions& e, const ServiceOptions& o, std::map<std::string, Evaluator> by_format)
@@ -383,7 +383,7 @@ Verdict EvalService::Impl::evaluate(const Ticket& ticket) {
   if (Status reference = check_reference_source(task); !reference.is_ok())
     return failed({Check::reference_failed}, reference.message());
   std::unique_lock<std::mutex> gpu_turn;
-  if (eval.device != "cpu") gpu_turn = std::unique_lock(gpu_mutex);
+  if (eval.device != "cpu" && !eval.timing.exclusive) gpu_turn = std::unique_lock(gpu_mutex);
   if (stopped) return failed({}, "the evaluation service stopped before this evaluation started");
   try {
     auto verdict = evaluators.at(item.format).evaluate(task, candidate);

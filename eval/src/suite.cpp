@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <sstream>
 
 
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
+#include "kz/eval/cache.h"
 
 namespace kz {
 namespace fs = std::filesystem;
@@ -55,7 +58,8 @@ Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks,
 
 int default_jobs(const EvalOptions& options) {
   if (options.jobs > 0) return options.jobs;
-  return options.device == "cpu" ? cpu_cores() : 1;
+  if (options.device == "cpu") return cpu_cores();
+  return options.timing.exclusive ? std::min(options.timing.gpu_jobs, cpu_cores()) : 1;
 }
 
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
@@ -86,17 +90,79 @@ Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tas
   return entries;
 }
 
+Result<std::vector<std::string>> parse_devices(const std::string& devices) {
+  std::vector<std::string> list;
+  if (devices == "cuda:all") {
+    int count = gpu_count();
+    if (count == 0) return not_found("--device cuda:all: nvidia-smi lists no GPU");
+    for (int i = 0; i < count; ++i) list.push_back(fmt::format("cuda:{}", i));
+    return list;
+  }
+  std::istringstream parts(devices);
+  for (std::string device; std::getline(parts, device, ',');) {
+    if (device.empty()) return invalid_argument(fmt::format("device list '{}' has an empty entry", devices));
+    if (std::find(list.begin(), list.end(), device) != list.end())
+      return invalid_argument(fmt::format("device list '{}' names {} twice", devices, device));
+    list.push_back(device);
+  }
+  if (list.empty()) return invalid_argument("empty device list");
+  return list;
+}
+
+namespace {
+
+// One Evaluator per device, and the device with the fewest evaluations in flight for the next one:
+// with `jobs` threads per device in all, no device ever runs more than `jobs` at once.
+class DevicePools {
+ public:
+  static Result<DevicePools> create(const Evaluator& base, const std::vector<std::string>& devices) {
+    DevicePools pools;
+    if (devices.empty()) pools.evaluators_.push_back(base);
+    for (const auto& device : devices) {
+      auto evaluator = base.with_device(device);
+      if (!evaluator.ok()) return evaluator.status();
+      pools.evaluators_.push_back(std::move(*evaluator));
+    }
+    pools.in_flight_.assign(pools.evaluators_.size(), 0);
+    return pools;
+  }
+  size_t size() const { return evaluators_.size(); }
+  size_t acquire() {
+    std::lock_guard lock(*mutex_);
+    size_t best = std::min_element(in_flight_.begin(), in_flight_.end()) - in_flight_.begin();
+    ++in_flight_[best];
+    return best;
+  }
+  void release(size_t k) {
+    std::lock_guard lock(*mutex_);
+    --in_flight_[k];
+  }
+  const Evaluator& at(size_t k) const { return evaluators_[k]; }
+
+ private:
+  std::vector<Evaluator> evaluators_;
+  std::vector<int> in_flight_;
+  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
+};
+
+}  // namespace
+
 Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::vector<Task>& tasks,
                                        const std::vector<SuiteEntry>& entries, const SuiteRunOptions& options,
                                        std::ostream& progress_out) {
+  auto pools = DevicePools::create(evaluator, options.devices);
+  if (!pools.ok()) return pools.status();
   if (evaluator.options().device != "cpu")
-    KZ_RETURN_IF_ERROR(prebuild_cuda(evaluator, tasks, entries, options.compile_jobs, progress_out));
+    KZ_RETURN_IF_ERROR(prebuild_cuda(pools->at(0), tasks, entries, options.compile_jobs, progress_out));
   std::vector<Verdict> verdicts(entries.size());
   ProgressBar bar("eval", entries.size(), progress_out);
   std::mutex mutex;
-  Status status = parallel_for(entries.size(), options.jobs, [&](size_t i) -> Status {
+  int threads = options.jobs * static_cast<int>(pools->size());
+  Status status = parallel_for(entries.size(), threads, [&](size_t i) -> Status {
     const auto& entry = entries[i];
-    auto verdict = evaluator.evaluate(tasks[entry.task_index], entry.candidate);
+    size_t pool = pools->acquire();
+    auto verdict = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
+    pools->release(pool);
     if (!verdict.ok()) return verdict.status();
     std::lock_guard lock(mutex);
     if (!options.results_path.empty())

@@ -66,5 +66,25 @@ TEST(SuiteDiscovery, PairsFilesAndFoldersWithTasks) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(SuiteDevices, ParsesListsAndRefusesBadOnes) {
+  auto two = parse_devices("cuda:0,cuda:1");
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  EXPECT_EQ(*two, (std::vector<std::string>{"cuda:0", "cuda:1"}));
+  EXPECT_FALSE(parse_devices("cuda:0,,cuda:1").ok());
+  EXPECT_FALSE(parse_devices("cuda:0,cuda:0").ok());
+  EXPECT_FALSE(parse_devices("").ok());
+}
+
+TEST(SuiteDevices, GpuJobsFollowTheTimingLock) {
+  EvalOptions o;
+  o.device = "cuda:0";
+  EXPECT_GE(default_jobs(o), 1);
+  EXPECT_LE(default_jobs(o), o.timing.gpu_jobs);
+  o.timing.exclusive = false;  // no lock: timings could overlap, so one at a time
+  EXPECT_EQ(default_jobs(o), 1);
+  o.jobs = 3;
+  EXPECT_EQ(default_jobs(o), 3);
+}
+
 }  // namespace
 }  // namespace kz

@@ -13,7 +13,7 @@ import pathlib
 
 import torch
 
-from . import cheats, compare, formats, loading, timing
+from . import cheats, compare, formats, gpu_lock, loading, timing
 from . import verdict as v
 
 
@@ -119,11 +119,14 @@ class Evaluation:
                             [v.REFERENCE_FAILED])
         runs = formats.runnable(self.format, self.device) and self.request.get("mode") != "compile"
         timed = runs and self.device.type == "cuda" and self.request["timing"]["enabled"]
+        self.gpu = gpu_lock.for_request(self.request, self.device)
         if runs:
-            self._precompute(reference, reference_model, timed)
+            with self.gpu.shared():
+                self._precompute(reference, reference_model, timed)
         cheats.install_launch_hooks(self.format)
         if runs and cheats.POLICY.get(self.format) is not None:
-            cheats.warm_up(self.device)
+            with self.gpu.shared():
+                cheats.warm_up(self.device)
         self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
 
         self.enter("compile")
@@ -147,17 +150,18 @@ class Evaluation:
 
         self.enter("correctness")
         self.replays = cheats.ReplayDetector(self.expected.differ)
-        with torch.no_grad():
+        with torch.no_grad(), self.gpu.shared():
             if cheats.POLICY.get(self.format) is not None:
                 self._audit(candidate_model)
             self._check_trials(reference_model, candidate_model)
             self._replay_probe(candidate_model)
         self.result["compiled"] = True
         if timed:
-            self.enter("timing")
-            self._time(reference_model, candidate_model)
+            self.enter("timing")  # the stage deadline covers the wait for the GPU too
+            with self.gpu.exclusive():
+                self._time(reference_model, candidate_model)
             self.enter("recheck")
-            with torch.no_grad():
+            with torch.no_grad(), self.gpu.shared():
                 self._check_once(reference_model, candidate_model, RECHECK, recheck=True)
         self.result.update(status=v.OK, correct=True,
                            message="correct" + (f", speedup {self.result['speedup']:.3f}x"

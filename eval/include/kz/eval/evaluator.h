@@ -48,6 +48,8 @@ class Evaluator {
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;
+  // A copy that evaluates on `device` (another GPU of the same model), sharing the cache.
+  Result<Evaluator> with_device(const std::string& device) const;
 
   // The resolved Python interpreter and worker folder.
   const std::string& python() const { return python_; }

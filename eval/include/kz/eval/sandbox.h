@@ -18,8 +18,12 @@
 
 namespace kz {
 
+// Where the workers of one machine keep their per-GPU lock files (worker/kz_worker/gpu_lock.py):
+// under the cache dir, so every kz process that shares the caches shares the locks too.
+std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
+
 // Applies `options` to a worker's spec (nothing when disabled). spec.cwd must be the scratch dir:
-// it, <cache_dir>/torch_extensions, <cache_dir>/triton (created here) and /dev/shm stay writable.
+// it, <cache_dir>/torch_extensions, <cache_dir>/triton, <cache_dir>/locks (created here) and /dev/shm stay writable.
 // The address-space limit applies only when `device` is "cpu". The first call with the sandbox
 // enabled also makes this (supervisor) process non-dumpable, so a worker without CAP_SYS_PTRACE
 // cannot read its /proc/<pid>/environ or memory, nor ptrace it.

@@ -45,14 +45,18 @@ std::string render_summary(const SuiteSummary& summary);
 std::string render_verdict_table(const std::vector<Verdict>& verdicts);
 nlohmann::json summary_json(const SuiteSummary& summary);
 
-// Evaluations at once when the options say 0: every core on the CPU, 1 on a GPU (timings of
-// two candidates on one GPU must not overlap).
+// Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
+// [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
 int default_jobs(const EvalOptions& options);
 
+// "cuda:0,cuda:1" -> {"cuda:0", "cuda:1"}; "cuda:all" -> every GPU nvidia-smi lists.
+Result<std::vector<std::string>> parse_devices(const std::string& devices);
+
 struct SuiteRunOptions {
-  int jobs = 1;                      // evaluations at once (1 on a GPU: timings must not overlap)
+  int jobs = 1;                      // evaluations at once on each device
   int compile_jobs = 1;              // parallel compile-only pre-pass for `cuda` candidates on a GPU
   std::filesystem::path results_path;  // results.jsonl, appended one verdict per line
+  std::vector<std::string> devices;  // one pool of `jobs` per device; empty: the evaluator's device
 };
 
 // Runs every entry; verdicts come back in entry order. Infra failures (cannot start a worker)

@@ -1,0 +1,82 @@
+"""One GPU, several evaluation workers: timings run alone, everything else shares.
+
+Workers on the same GPU take a lock file per GPU (named by its UUID, so workers that see the GPU
+under different CUDA_VISIBLE_DEVICES indices agree): GPU work that is not timed (reference
+outputs, correctness trials, the recheck) holds it shared, a timing holds it exclusive. So a
+timing never overlaps another timing or any other kz work on its GPU, while compilation, Python
+start-up and correctness checks of other candidates go on around it.
+
+flock(2) favours neither side, so a steady stream of shared holders could starve a timing: a
+second lock, the turnstile, is taken exclusive by everyone for the moment of entering, and held by
+a waiting timing until it gets the GPU, so no new shared holder slips in ahead of it.
+
+The locks are advisory. A candidate that takes one and never lets go stalls the other workers
+only until its own stage deadline kills it (the kernel drops a dead process's locks).
+"""
+import contextlib
+import fcntl
+import os
+
+import torch
+
+
+class GpuLock:
+    def __init__(self, lock_dir: str, gpu_name: str):
+        os.makedirs(lock_dir, exist_ok=True)
+        name = gpu_name
+        base = os.path.join(lock_dir, "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name))
+        self.gpu_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        self.turnstile_fd = os.open(base + ".turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        self.mode = None  # None, "shared" or "exclusive": what this process holds now
+
+    @contextlib.contextmanager
+    def shared(self):
+        """GPU work other than timing; nests inside another hold (then does nothing)."""
+        if self.mode is not None:
+            yield
+            return
+        fcntl.flock(self.turnstile_fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.gpu_fd, fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self.turnstile_fd, fcntl.LOCK_UN)
+        yield from self._held("shared")
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """A timing: waits until no other worker uses the GPU, and keeps new ones out."""
+        assert self.mode is None, "the GPU lock is not re-entrant across modes"
+        fcntl.flock(self.turnstile_fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.gpu_fd, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self.turnstile_fd, fcntl.LOCK_UN)
+        yield from self._held("exclusive")
+
+    def _held(self, mode):
+        self.mode = mode
+        try:
+            yield
+        finally:
+            self.mode = None
+            fcntl.flock(self.gpu_fd, fcntl.LOCK_UN)
+
+
+class NoLock:
+    """The CPU, or [timing] exclusive = false."""
+
+    @contextlib.contextmanager
+    def shared(self):
+        yield
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        yield
+
+
+def for_request(request: dict, device: torch.device):
+    lock_dir = request.get("gpu_lock_dir") or ""
+    if device.type != "cuda" or not lock_dir:
+        return NoLock()
+    props = torch.cuda.get_device_properties(device)
+    return GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}")

@@ -1,0 +1,78 @@
+"""The per-GPU lock: timings alone, other GPU work shared, no starvation of a waiting timing.
+
+Real lock files and real processes (flock is per open file description, so each holder here is
+its own process, as each worker is)."""
+import multiprocessing as mp
+import time
+
+from kz_worker.gpu_lock import GpuLock
+
+HOLD_S = 0.4
+
+
+def hold(lock_dir, mode, events, delay_s=0.0):
+    time.sleep(delay_s)
+    lock = GpuLock(lock_dir, "GPU-test")
+    with getattr(lock, mode)():
+        events.put((mode, "in", time.monotonic()))
+        time.sleep(HOLD_S)
+        events.put((mode, "out", time.monotonic()))
+
+
+def run_all(lock_dir, plans):
+    ctx = mp.get_context("fork")
+    events = ctx.Queue()
+    procs = [ctx.Process(target=hold, args=(lock_dir, mode, events, delay)) for mode, delay in plans]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(20)
+        assert p.exitcode == 0
+    out = [events.get(timeout=5) for _ in range(2 * len(plans))]
+    return sorted(out, key=lambda e: e[2])
+
+
+def intervals(events, mode):
+    ins = [t for m, kind, t in events if m == mode and kind == "in"]
+    outs = [t for m, kind, t in events if m == mode and kind == "out"]
+    return list(zip(sorted(ins), sorted(outs)))
+
+
+def overlaps(a, b):
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_shared_holders_overlap(tmp_path):
+    events = run_all(str(tmp_path), [("shared", 0.0), ("shared", 0.0)])
+    a, b = intervals(events, "shared")
+    assert overlaps(a, b), events
+
+
+def test_exclusive_never_overlaps_anything(tmp_path):
+    events = run_all(str(tmp_path), [("shared", 0.0), ("exclusive", 0.1), ("shared", 0.2), ("exclusive", 0.25)])
+    spans = intervals(events, "shared") + intervals(events, "exclusive")
+    for ex in intervals(events, "exclusive"):
+        others = [s for s in spans if s != ex]
+        assert not any(overlaps(ex, o) for o in others), events
+
+
+def test_waiting_timing_goes_before_later_shared_work(tmp_path):
+    # shared holder first; a timing arrives and waits; a shared request arriving after the timing
+    # must not get in ahead of it (the turnstile).
+    events = run_all(str(tmp_path), [("shared", 0.0), ("exclusive", 0.1), ("shared", 0.2)])
+    (ex_in, _), = intervals(events, "exclusive")
+    late_shared_in = max(t for m, kind, t in events if m == "shared" and kind == "in")
+    assert ex_in < late_shared_in, events
+
+
+def test_shared_nests_and_locks_are_released_on_exception(tmp_path):
+    lock = GpuLock(str(tmp_path), "GPU-test")
+    try:
+        with lock.shared():
+            with lock.shared():
+                raise RuntimeError("candidate failed")
+    except RuntimeError:
+        pass
+    assert lock.mode is None
+    events = run_all(str(tmp_path), [("exclusive", 0.0)])  # would hang if still held
+    assert len(events) == 2
