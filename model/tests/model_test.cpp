@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
+#include "kz/model/decode_loop.h"
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
 #include "kz/model/transformer.h"
@@ -127,6 +128,42 @@ TEST_P(ModelTest, GreedyBatchMatchesTransformers) {
     ASSERT_EQ(res.logprobs.size(), lp.size());
     for (size_t t = 0; t < lp.size(); ++t) EXPECT_NEAR(res.logprobs[t], lp[t], kTol) << "row " << i << " token " << t;
   }
+}
+
+// The device-side greedy loop (eager on the CPU; the same step a CUDA graph captures) after a
+// left-padded prefill: transformers' tokens and log-probs, and again after KVCache::reset (how a
+// captured loop is reused).
+TEST_P(ModelTest, GreedyLoopMatchesTransformers) {
+  c10::NoGradGuard no_grad;
+  auto [ids, mask] = left_pad(prompts(), 0);
+  const int64_t new_tokens = 20;
+  KVCache cache = model_->new_cache(ids.size(0), ids.size(1) + new_tokens);
+  EXPECT_EQ(cache.capacity() % 16, 0);
+  std::unique_ptr<GreedyLoop> loop;
+  for (int round = 0; round < 2; ++round) {
+    cache.reset();
+    auto logits = model_->prefill(ids, mask, cache);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    if (!loop) {
+      auto created = GreedyLoop::create(*model_, cache);
+      ASSERT_TRUE(created.ok()) << created.status().to_string();
+      loop = std::move(*created);
+      EXPECT_FALSE(loop->uses_graph());
+    }
+    auto out = loop->run(logits->argmax(-1), new_tokens - 1);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    for (int64_t i = 0; i < ids.size(0); ++i) {
+      auto want = ref_["greedy_tokens"][i].get<std::vector<int64_t>>();
+      auto want_lp = ref_["greedy_logprobs"][i].get<std::vector<double>>();
+      EXPECT_EQ(logits->select(0, i).argmax().item<int64_t>(), want[0]) << "round " << round << " row " << i;
+      for (int64_t t = 1; t < new_tokens; ++t) {
+        EXPECT_EQ(out->tokens[i][t - 1].item<int64_t>(), want[t]) << "round " << round << " row " << i << " t " << t;
+        EXPECT_NEAR(out->logprobs[i][t - 1].item<double>(), want_lp[t], kTol) << "row " << i << " t " << t;
+      }
+    }
+    EXPECT_EQ(cache.length, ids.size(1) + new_tokens - 1);
+  }
+  EXPECT_FALSE(loop->run(at::zeros({ids.size(0)}, at::kLong), 100).ok());  // no room left
 }
 
 // Right-padded batch (the trainer's layout) against per-sequence references, then the gradient

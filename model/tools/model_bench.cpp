@@ -51,7 +51,7 @@ void sync(at::Device d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }
 
-c10::CachingDeviceAllocator::DeviceAllocator* cuda_allocator() {
+c10::DeviceAllocator* cuda_allocator() {
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);
 }
 
@@ -179,7 +179,9 @@ int64_t parameter_bytes(const CausalLM& model) {
 json run(const BenchOptions& o) {
   at::Device dev(o.device);
   auto start = std::chrono::steady_clock::now();
-  auto model = value_or_throw(CausalLM::load(o.model_dir, {.device = dev}));
+  kz::model::LoadOptions load;
+  load.device = dev;
+  auto model = value_or_throw(CausalLM::load(o.model_dir, load));
   sync(dev);
   json result = {{"framework", "kz"}, {"device", o.device}, {"dtype", c10::toString(model->dtype())},
                  {"weight_bytes", parameter_bytes(*model)}, {"load_seconds", seconds_since(start)},
