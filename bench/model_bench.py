@@ -242,6 +242,8 @@ def table(args, kz, hf, bandwidth, per_token_bytes):
         notes = []
         if phase == "decode" and "tokens_per_s" in k:
             notes.append("graph" if k.get("cuda_graph") else "eager")
+            if k.get("graph_error"):
+                notes.append("graph failed: " + k["graph_error"].splitlines()[0][:60])
             notes.append(f"eager-agree {k.get('eager_agreement', 0):.2f}")
         if "error" in k or "error" in h:
             notes.append("error: " + (k.get("error") or h.get("error"))[:60])
