@@ -315,6 +315,32 @@ TEST_F(SamplingTest, StopTokensAndPerRequestLimits) {
   EXPECT_EQ(out[0].logprobs.size(), out[0].token_ids.size());
 }
 
+// Greedy batches take GreedyLoop (tokens copied back per chunk): the same results as the per-step
+// path, with stops and limits falling inside and across chunk boundaries.
+TEST_F(SamplingTest, GreedyDeviceLoopMatchesPerStepPath) {
+  auto greedy = run({request({4, 5, 6, 7}, 0.0, 0)})[0].token_ids;
+  auto stop = request({4, 5, 6, 7}, 0.0, 0);
+  stop.sampling.stop_token_ids = {greedy[4]};
+  std::vector<GenerateRequest> requests{stop, request({8, 9}, 0.0, 0, 2), request({3, 1, 4, 1, 5}, 0.0, 0, 11)};
+  GenerateOptions per_step;
+  per_step.greedy_device_loop = false;
+  auto want = generate(*model_, requests, per_step);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  for (int64_t chunk : {1, 3, 16}) {
+    GenerateOptions options;
+    options.stop_check_steps = chunk;
+    auto got = generate(*model_, requests, options);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ((*got)[i].token_ids, (*want)[i].token_ids) << "chunk " << chunk << " row " << i;
+      EXPECT_EQ((*got)[i].finish_reason, (*want)[i].finish_reason) << "chunk " << chunk << " row " << i;
+      ASSERT_EQ((*got)[i].logprobs.size(), (*want)[i].logprobs.size());
+      for (size_t t = 0; t < (*want)[i].logprobs.size(); ++t)
+        EXPECT_NEAR((*got)[i].logprobs[t], (*want)[i].logprobs[t], kTol) << "chunk " << chunk << " row " << i;
+    }
+  }
+}
+
 TEST_F(SamplingTest, BadRequestsAreErrors) {
   auto empty = generate(*model_, {request({}, 0, 0)});
   EXPECT_FALSE(empty.ok());
