@@ -60,6 +60,7 @@ def parse_args():
                    help="transformers' KV cache in generate (static only pays off with torch.compile)")
     p.add_argument("--skip-hf", action="store_true", help="only kz")
     p.add_argument("--no-graph", action="store_true", help="kz decodes eagerly")
+    p.add_argument("--kz-timeout", type=int, default=240, help="seconds before kz_model_bench is killed")
     p.add_argument("--work-dir", default=None, help="where the temporary checkpoint goes (default: system temp)")
     a = p.parse_args()
     tiny = a.tiny
@@ -136,8 +137,12 @@ def run_kz(args, ckpt, out_dir):
         if no_graph:
             cmd.append("--no-graph")
         log("running " + " ".join(cmd))
-        with open(os.path.join(out_dir, "kz.err"), "a") as err:
-            rc = subprocess.run(cmd, stderr=err, timeout=900).returncode
+        try:
+            with open(os.path.join(out_dir, "kz.err"), "a") as err:
+                rc = subprocess.run(cmd, stderr=err, timeout=args.kz_timeout).returncode
+        except subprocess.TimeoutExpired:  # a hang: no time left for a second attempt
+            log(f"kz_model_bench timed out after {args.kz_timeout} s")
+            return None
         if rc == 0:
             with open(os.path.join(out_dir, "kz.json")) as f:
                 return json.load(f)
