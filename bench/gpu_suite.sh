@@ -6,9 +6,11 @@
 #   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...) and the GPU-only
 #                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
 #                   wrong_during_timing)
+#   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
+#                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build)
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc or others}
+PART=${1:?rtc, others, checks or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -38,6 +40,14 @@ elif [[ $PART == checks ]]; then
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
   done
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == model ]]; then
+  # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
+  start=$SECONDS
+  python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out "$OUT/model" \
+    > "$OUT/model.txt" 2> "$OUT/model.err"
+  echo "model_bench exit $?, $((SECONDS - start)) s wall"; tail -4 "$OUT/model.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  cat "$OUT/model.txt"
 else
   suite triton suite/examples/triton
   suite cuda suite/examples/cuda

@@ -1,6 +1,8 @@
 // Batched generation (prefill + cached decode, per-request sampling) and teacher-forced log-probs.
 #include "kz/model/generate.h"
 
+#include "kz/model/decode_loop.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -106,6 +108,39 @@ bool update_finished(std::vector<Row>& rows) {
   return all_done;
 }
 
+// Appends chunk [B, n] of tokens and log-probs (host tensors) to the running rows, stopping each
+// row at a stop token or its limit like update_finished; returns whether every row is done.
+bool append_chunk(const at::Tensor& tokens, const at::Tensor& logprobs, std::vector<Row>& rows) {
+  auto t = tokens.accessor<int64_t, 2>();
+  auto lp = logprobs.accessor<float, 2>();
+  for (int64_t j = 0; j < tokens.size(1); ++j) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].done) continue;
+      auto row = static_cast<int64_t>(i);
+      rows[i].result.token_ids.push_back(t[row][j]);
+      rows[i].result.logprobs.push_back(lp[row][j]);
+    }
+    if (update_finished(rows)) return true;
+  }
+  return false;
+}
+
+// All-greedy batches after the prefill: the device-side loop, one host copy per chunk.
+Status greedy_loop(CausalLM& model, KVCache& cache, std::vector<Row>& rows, const GenerateOptions& options) {
+  auto loop = GreedyLoop::create(model, cache, {.cuda_graph = options.cuda_graph});
+  if (!loop.ok()) return loop.status();
+  at::Tensor last = at::empty({static_cast<int64_t>(rows.size())}, at::kLong);
+  for (size_t i = 0; i < rows.size(); ++i) last[static_cast<int64_t>(i)] = rows[i].result.token_ids.back();
+  for (;;) {
+    int64_t steps = std::min(std::max<int64_t>(options.stop_check_steps, 1), cache.capacity() - cache.length);
+    auto out = (*loop)->run(last, steps);
+    if (!out.ok()) return out.status();
+    at::Tensor tokens = out->tokens.to(at::kCPU), logprobs = out->logprobs.to(at::kCPU);
+    if (append_chunk(tokens, logprobs, rows)) return Status::ok();
+    last = tokens.select(1, steps - 1).contiguous();
+  }
+}
+
 Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                                    const GenerateOptions& options) {
   c10::NoGradGuard no_grad;
@@ -121,11 +156,19 @@ Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::v
   // The last new token is never fed back, so it needs no slot.
   KVCache cache = model.new_cache(ids.size(0), ids.size(1) + max_new - 1);
   auto logits = model.prefill(ids, mask, cache);
-  for (;;) {
-    if (!logits.ok()) return logits.status();
-    std::vector<int64_t> tokens = choose_tokens(*logits, rows, options.pad_token_id);
-    if (update_finished(rows)) break;
-    logits = model.decode(at::tensor(tokens, at::kLong), cache);
+  if (!logits.ok()) return logits.status();
+  bool all_greedy = std::all_of(requests.begin(), requests.end(),
+                                [](const GenerateRequest& r) { return r.sampling.temperature == 0; });
+  if (all_greedy && options.greedy_device_loop) {
+    choose_tokens(*logits, rows, options.pad_token_id);  // the first token, from the prefill
+    if (!update_finished(rows)) KZ_RETURN_IF_ERROR(greedy_loop(model, cache, rows, options));
+  } else {
+    for (;;) {  // one host copy per step (per-row sampling)
+      std::vector<int64_t> tokens = choose_tokens(*logits, rows, options.pad_token_id);
+      if (update_finished(rows)) break;
+      logits = model.decode(at::tensor(tokens, at::kLong), cache);
+      if (!logits.ok()) return logits.status();
+    }
   }
   std::vector<GenerateResult> out;
   for (auto& row : rows) out.push_back(std::move(row.result));

@@ -210,21 +210,48 @@ at::Tensor Attention::forward(const at::Tensor& x, const AttentionInputs& in) {
   k = k.transpose(1, 2);
   q = q * in.cos + rotate_half(q) * in.sin;
   k = k * in.cos + rotate_half(k) * in.sin;
+  at::Tensor out;  // [B, T, H * D]
   if (in.cache && in.decode) {  // write this token's slot, then attend over every slot (masked)
     in.cache->k[layer].index_copy_(2, in.cache->slot, k);
     in.cache->v[layer].index_copy_(2, in.cache->slot, v);
-    k = in.cache->k[layer];
-    v = in.cache->v[layer];
-  } else if (in.cache) {  // prefill: keep the prompt's keys/values, attend among them
-    in.cache->k[layer].narrow(2, 0, t).copy_(k);
-    in.cache->v[layer].narrow(2, 0, t).copy_(v);
+    out = decode_attention(q, in.cache->k[layer], in.cache->v[layer], in.mask);
+  } else {
+    if (in.cache) {  // prefill: keep the prompt's keys/values, attend among them
+      in.cache->k[layer].narrow(2, 0, t).copy_(k);
+      in.cache->v[layer].narrow(2, 0, t).copy_(v);
+    }
+    out = prompt_attention(q, k, v, in.mask);
   }
-  std::optional<at::Tensor> mask;
-  if (in.mask.defined()) mask = in.mask;
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/!in.mask.defined() && t > 1,
-                                                    1.0 / std::sqrt(static_cast<double>(head_dim)),
-                                                    /*enable_gqa=*/heads != kv_heads);
-  return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * head_dim}));
+  return o_proj->forward(out);
+}
+
+// One query token per row. Instead of SDPA's enable_gqa (which on CUDA only the flash and math
+// kernels take, and flash takes no mask), the G = H / Hkv query heads sharing a key/value head
+// become G query rows of that head: q [B, Hkv, G, D] against the cache [B, Hkv, S, D] is plain
+// multi-head attention, so the memory-efficient kernel runs it with the additive mask and the
+// cache is read once, never expanded. HF's head h uses key/value head h / G, so the grouping is a
+// reshape.
+at::Tensor Attention::decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& mask) const {
+  const int64_t b = q.size(0), groups = heads / kv_heads;
+  at::Tensor qg = q.reshape({b, kv_heads, groups, head_dim});
+  at::Tensor out = at::scaled_dot_product_attention(qg, k, v, mask, 0.0, /*is_causal=*/false, scale());
+  return out.reshape({b, 1, heads * head_dim});  // [B, Hkv, G, D] is head-major like [B, H, D]
+}
+
+// T query tokens attending to the same T keys. Key/value heads are expanded to H (cheap: only
+// this call's T tokens) so every SDPA kernel is eligible: flash for the causal, unpadded case,
+// memory-efficient with a mask; enable_gqa would limit a masked call to the math kernel.
+at::Tensor Attention::prompt_attention(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& mask) const {
+  const int64_t b = q.size(0), t = q.size(2), groups = heads / kv_heads;
+  if (groups > 1) {  // HF's repeat_kv
+    k = k.unsqueeze(2).expand({b, kv_heads, groups, t, head_dim}).reshape({b, heads, t, head_dim});
+    v = v.unsqueeze(2).expand({b, kv_heads, groups, t, head_dim}).reshape({b, heads, t, head_dim});
+  }
+  std::optional<at::Tensor> m;
+  if (mask.defined()) m = mask;
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined() && t > 1, scale());
+  return out.transpose(1, 2).reshape({b, t, heads * head_dim});
 }
 
 Mlp::Mlp(std::map<std::string, at::Tensor>& w, const std::string& p) {
@@ -300,7 +327,15 @@ Result<at::Tensor> CausalLM::logits(const at::Tensor& input_ids, const at::Tenso
   });
 }
 
+void KVCache::reset() {
+  key_mask.zero_();
+  next_position.zero_();
+  slot.zero_();
+  length = 0;
+}
+
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
+  capacity = (capacity + 15) / 16 * 16;
   KVCache cache;
   auto opts = at::TensorOptions().dtype(dtype()).device(device());
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
@@ -323,7 +358,8 @@ Result<at::Tensor> CausalLM::prefill(const at::Tensor& input_ids, const at::Tens
     at::Tensor ids = input_ids.to(device());
     at::Tensor am = attention_mask.defined() ? attention_mask.to(device()) : at::ones_like(ids);
     AttentionInputs in;
-    in.mask = padded_causal_mask(am);
+    // Unpadded prompts take the causal path (flash attention on CUDA); one host sync per prefill.
+    if (!am.all().item<bool>()) in.mask = padded_causal_mask(am);
     in.cache = &cache;
     at::Tensor hidden = hidden_states(ids, positions_from_mask(am), in);
     cache.key_mask.narrow(1, 0, t).copy_(am.to(at::kBool));
@@ -336,23 +372,30 @@ Result<at::Tensor> CausalLM::prefill(const at::Tensor& input_ids, const at::Tens
 
 Result<at::Tensor> CausalLM::decode(const at::Tensor& tokens, KVCache& cache) {
   return guarded("decode", [&]() -> Result<at::Tensor> {
-    c10::NoGradGuard no_grad;
-    const int64_t b = tokens.size(0);
     if (cache.length == 0 || cache.length >= cache.capacity())
       return invalid_argument(fmt::format("decode at slot {} of a cache of {} slots (prefill first; raise capacity)",
                                           cache.length, cache.capacity()));
-    // Only in-place updates of device tensors from here on: no host values enter the step.
-    cache.key_mask.index_fill_(1, cache.slot, true);
-    AttentionInputs in;
-    in.mask = cache.key_mask.view({b, 1, 1, -1});
-    in.cache = &cache;
-    in.decode = true;
-    at::Tensor hidden = hidden_states(tokens.to(device()).view({b, 1}), cache.next_position.view({b, 1}), in);
-    cache.slot.add_(1);
-    cache.next_position.add_(1);
+    at::Tensor logits = decode_step(tokens.to(device()), cache);
     cache.length += 1;
-    return lm_head_forward(hidden.select(1, 0));
+    return logits;
   });
+}
+
+at::Tensor CausalLM::decode_step(const at::Tensor& tokens, KVCache& cache) {
+  c10::NoGradGuard no_grad;
+  const int64_t b = tokens.size(0);
+  // Only in-place updates of device tensors from here on: no host values enter the step.
+  cache.key_mask.index_fill_(1, cache.slot, true);
+  AttentionInputs in;
+  // Additive, in the model's dtype: what the memory-efficient kernel takes without a conversion.
+  in.mask = at::zeros({b, 1, 1, cache.capacity()}, cache.k[0].options())
+                .masked_fill_(cache.key_mask.logical_not().view({b, 1, 1, -1}), -INFINITY);
+  in.cache = &cache;
+  in.decode = true;
+  at::Tensor hidden = hidden_states(tokens.view({b, 1}), cache.next_position.view({b, 1}), in);
+  cache.slot.add_(1);
+  cache.next_position.add_(1);
+  return lm_head_forward(hidden.select(1, 0));
 }
 
 // ---- loading and saving ----

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
+#include "kz/model/decode_loop.h"
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
 #include "kz/model/transformer.h"
@@ -127,6 +128,42 @@ TEST_P(ModelTest, GreedyBatchMatchesTransformers) {
     ASSERT_EQ(res.logprobs.size(), lp.size());
     for (size_t t = 0; t < lp.size(); ++t) EXPECT_NEAR(res.logprobs[t], lp[t], kTol) << "row " << i << " token " << t;
   }
+}
+
+// The device-side greedy loop (eager on the CPU; the same step a CUDA graph captures) after a
+// left-padded prefill: transformers' tokens and log-probs, and again after KVCache::reset (how a
+// captured loop is reused).
+TEST_P(ModelTest, GreedyLoopMatchesTransformers) {
+  c10::NoGradGuard no_grad;
+  auto [ids, mask] = left_pad(prompts(), 0);
+  const int64_t new_tokens = 20;
+  KVCache cache = model_->new_cache(ids.size(0), ids.size(1) + new_tokens);
+  EXPECT_EQ(cache.capacity() % 16, 0);
+  std::unique_ptr<GreedyLoop> loop;
+  for (int round = 0; round < 2; ++round) {
+    cache.reset();
+    auto logits = model_->prefill(ids, mask, cache);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    if (!loop) {
+      auto created = GreedyLoop::create(*model_, cache);
+      ASSERT_TRUE(created.ok()) << created.status().to_string();
+      loop = std::move(*created);
+      EXPECT_FALSE(loop->uses_graph());
+    }
+    auto out = loop->run(logits->argmax(-1), new_tokens - 1);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    for (int64_t i = 0; i < ids.size(0); ++i) {
+      auto want = ref_["greedy_tokens"][i].get<std::vector<int64_t>>();
+      auto want_lp = ref_["greedy_logprobs"][i].get<std::vector<double>>();
+      EXPECT_EQ(logits->select(0, i).argmax().item<int64_t>(), want[0]) << "round " << round << " row " << i;
+      for (int64_t t = 1; t < new_tokens; ++t) {
+        EXPECT_EQ(out->tokens[i][t - 1].item<int64_t>(), want[t]) << "round " << round << " row " << i << " t " << t;
+        EXPECT_NEAR(out->logprobs[i][t - 1].item<double>(), want_lp[t], kTol) << "row " << i << " t " << t;
+      }
+    }
+    EXPECT_EQ(cache.length, ids.size(1) + new_tokens - 1);
+  }
+  EXPECT_FALSE(loop->run(at::zeros({ids.size(0)}, at::kLong), 100).ok());  // no room left
 }
 
 // Right-padded batch (the trainer's layout) against per-sequence references, then the gradient
@@ -276,6 +313,32 @@ TEST_F(SamplingTest, StopTokensAndPerRequestLimits) {
   EXPECT_EQ(out[1].finish_reason, FinishReason::length);
   EXPECT_EQ(out[1].token_ids.size(), 2u);
   EXPECT_EQ(out[0].logprobs.size(), out[0].token_ids.size());
+}
+
+// Greedy batches take GreedyLoop (tokens copied back per chunk): the same results as the per-step
+// path, with stops and limits falling inside and across chunk boundaries.
+TEST_F(SamplingTest, GreedyDeviceLoopMatchesPerStepPath) {
+  auto greedy = run({request({4, 5, 6, 7}, 0.0, 0)})[0].token_ids;
+  auto stop = request({4, 5, 6, 7}, 0.0, 0);
+  stop.sampling.stop_token_ids = {greedy[4]};
+  std::vector<GenerateRequest> requests{stop, request({8, 9}, 0.0, 0, 2), request({3, 1, 4, 1, 5}, 0.0, 0, 11)};
+  GenerateOptions per_step;
+  per_step.greedy_device_loop = false;
+  auto want = generate(*model_, requests, per_step);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  for (int64_t chunk : {1, 3, 16}) {
+    GenerateOptions options;
+    options.stop_check_steps = chunk;
+    auto got = generate(*model_, requests, options);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ((*got)[i].token_ids, (*want)[i].token_ids) << "chunk " << chunk << " row " << i;
+      EXPECT_EQ((*got)[i].finish_reason, (*want)[i].finish_reason) << "chunk " << chunk << " row " << i;
+      ASSERT_EQ((*got)[i].logprobs.size(), (*want)[i].logprobs.size());
+      for (size_t t = 0; t < (*want)[i].logprobs.size(); ++t)
+        EXPECT_NEAR((*got)[i].logprobs[t], (*want)[i].logprobs[t], kTol) << "chunk " << chunk << " row " << i;
+    }
+  }
 }
 
 TEST_F(SamplingTest, BadRequestsAreErrors) {

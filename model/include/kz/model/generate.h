@@ -46,6 +46,13 @@ struct GenerateResult {
 
 struct GenerateOptions {
   int64_t pad_token_id = 0;  // fills left padding (never attended to, any valid id works)
+  // When every request is greedy: decode with GreedyLoop (argmax on the device) and copy tokens
+  // to the host only every stop_check_steps steps; rows that stopped in between are truncated.
+  bool greedy_device_loop = true;
+  int64_t stop_check_steps = 16;
+  // ...and capture its step as a CUDA graph (costs a warm-up and a capture per call: worth it for
+  // long generations). Off until measured on the GPU (bench/model_bench.py uses the loop directly).
+  bool cuda_graph = false;
 };
 
 // Runs all requests as one batch. Errors: invalid settings or token ids (naming the request

@@ -17,6 +17,7 @@
 // This header includes <torch/nn/module.h>; include it only where tensors are needed.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,12 +70,16 @@ struct KVCache {
   at::Tensor slot;               // [1] int64 on the device: the slot the next decode writes
   int64_t length = 0;            // slots filled (host copy of slot, for bounds checks)
   int64_t capacity() const { return key_mask.defined() ? key_mask.size(1) : 0; }
+  // Empties the cache for the next prefill, keeping its tensors (a captured CUDA graph of the
+  // decode step stays valid).
+  void reset();
 };
 
 // RoPE and mask inputs shared by every layer of one forward call.
 struct AttentionInputs {
   at::Tensor cos, sin;  // [B, 1, T, D], the model's dtype
-  at::Tensor mask;      // bool [B, 1, T, S], true = may attend; undefined = causal, no padding
+  at::Tensor mask;      // [B, 1, T, S]: bool (true = may attend) or additive float in the model's
+                        // dtype (0 or -inf; what decode uses); undefined = causal, no padding
   KVCache* cache = nullptr;
   bool decode = false;  // with cache: T = 1 written at cache->slot, attending over all S slots;
                         // otherwise (prefill) the T tokens fill slots [0, T) and attend to themselves
@@ -88,6 +93,12 @@ class Attention : public torch::nn::Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // Qwen3 only
   int64_t layer, heads, kv_heads, head_dim;
+
+ private:
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }  // HF's
+  at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& mask) const;
+  at::Tensor prompt_attention(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& mask) const;
 };
 
 class Mlp : public torch::nn::Module {
@@ -136,12 +147,18 @@ class CausalLM : public torch::nn::Module {
   // all ones). Keeps the autograd graph unless called under NoGradGuard.
   Result<at::Tensor> logits(const at::Tensor& input_ids, const at::Tensor& attention_mask = {});
 
-  // Generation. new_cache allocates [B, ..., capacity] slots on the model's device.
+  // Generation. new_cache allocates [B, ..., capacity] slots on the model's device, capacity
+  // rounded up to a multiple of 16 (the fused attention kernels want aligned mask rows; the extra
+  // slots stay masked).
   KVCache new_cache(int64_t batch, int64_t capacity) const;
   // Runs left-padded prompts [B, T] into an empty cache; returns last-position logits [B, V].
   Result<at::Tensor> prefill(const at::Tensor& input_ids, const at::Tensor& attention_mask, KVCache& cache);
   // Appends one token per row [B] at slot cache.length; returns its logits [B, V].
   Result<at::Tensor> decode(const at::Tensor& tokens, KVCache& cache);
+  // decode() without its checks and host bookkeeping (cache.length is left to the caller): only
+  // device work on tensors updated in place, no host sync, so a CUDA graph can capture it.
+  // tokens [B] int64 on the model's device. Throws c10::Error.
+  at::Tensor decode_step(const at::Tensor& tokens, KVCache& cache);
 
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return embed_tokens->weight.scalar_type(); }
