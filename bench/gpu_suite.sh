@@ -6,14 +6,28 @@
 #   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...) and the GPU-only
 #                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
 #                   wrong_during_timing)
+#   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
+#                   through kz and its cuda candidates through KernelBench's own harness (a checkout
+#                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried
+#                   along), timing stability, reference-as-candidate; all within KZ_COMPARE_WALL_S
+#                   (default 470 s, build included). KB_LIMIT: KernelBench's share (default 10 =
+#                   all cuda candidates; each costs ~6 s of evaluation after the parallel pre-build).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc or others}
+PART=${1:?rtc, others, checks or compare}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
 export KZ_SKIP_APT=1 KZ_PYTHON="$(command -v python3)" KZ_DEPS_PREFIX="$PWD/.deps"
+KERNELBENCH=${KERNELBENCH:-.kb/KernelBench}
+if [[ $PART == compare ]]; then
+  [[ -f "$KERNELBENCH/src/kernelbench/eval.py" ]] || {
+    echo "no KernelBench checkout at $KERNELBENCH: run bench/fetch-kernelbench.sh where there is network, carry .kb/"
+    exit 1; }
+  export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
+fi
 scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build: ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
@@ -38,6 +52,19 @@ elif [[ $PART == checks ]]; then
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
   done
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == compare ]]; then
+  WALL=${KZ_COMPARE_WALL_S:-470}
+  KB_LIMIT=${KB_LIMIT:-10}
+  BUDGET=$((WALL - SECONDS - 25))   # 25 s kept for the archive and the table
+  echo "== compare: --kb-limit $KB_LIMIT (of 10 cuda candidates), --budget-s $BUDGET (of ${WALL} s, build included) =="
+  # timeout: a phase that overruns its budget still leaves time for the archive below.
+  timeout -k 10 $((BUDGET + 15)) python3 bench/kernelbench_compare.py --kernelbench "$KERNELBENCH" \
+    --out "$OUT/compare" --device cuda:0 --kb-limit "$KB_LIMIT" --budget-s "$BUDGET" \
+    > "$OUT/compare.txt" 2> "$OUT/compare.err"
+  echo "kernelbench_compare.py exit $? after ${SECONDS} s"; tail -3 "$OUT/compare.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  echo "full report: compare/report.txt in $FINAL/results-$PART.tgz"
+  python3 bench/kernelbench_compare.py --report-only "$OUT/compare/compare.json" --short
 else
   suite triton suite/examples/triton
   suite cuda suite/examples/cuda

@@ -79,6 +79,8 @@ nlohmann::json to_json(const Verdict& v) {
       {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
       {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
       {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
+  j["stage_s"] = nlohmann::json::object();
+  for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
@@ -117,6 +119,9 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.seed = j.value("seed", uint64_t{0});
   v.wall_s = number_or_zero(j, "wall_s");
   v.cached = j.value("cached", false);
+  if (j.contains("stage_s") && j["stage_s"].is_object())
+    for (const auto& [stage, seconds] : j["stage_s"].items())
+      if (seconds.is_number()) v.stage_s.emplace_back(stage, seconds.get<double>());
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

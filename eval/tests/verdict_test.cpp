@@ -1,6 +1,8 @@
 // Verdict names and JSON round trips; unknown names from the worker are refused.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "kz/eval/verdict.h"
 
 namespace kz {
@@ -33,6 +35,18 @@ TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {
   EXPECT_EQ(back->speedup, 2.0);
   EXPECT_EQ(back->candidate_timing->p90_ms, 2.3);
   EXPECT_TRUE(back->has_check(Check::output_mismatch));
+}
+
+TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  v.stage_s = {{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}};
+  auto json = to_json(v);
+  EXPECT_EQ(json["stage_s"]["compile"], 0.25);
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  std::map<std::string, double> stages(back->stage_s.begin(), back->stage_s.end());
+  EXPECT_EQ(stages, (std::map<std::string, double>{{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}}));
+  EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
 }
 
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
