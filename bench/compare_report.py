@@ -18,6 +18,10 @@ def fmt_num(value, spec=".1f", none="n/a"):
     return none if value is None else format(value, spec)
 
 
+def fmt_ratio(rate, kb_rate) -> str:
+    return f"{rate / kb_rate:.2f}x" if rate and kb_rate else "n/a"
+
+
 def table(header: list, rows: list) -> str:
     cells = [header] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -76,14 +80,16 @@ def throughput_section(data: dict) -> str:
     for fmt, t in kz_format_times(data).items():
         rate = per_minute(t["count"], t["seconds"])
         ratio = rate / kb_rate if rate and kb_rate else None
-        rows.append(["kz", fmt, t["count"], fmt_num(t["seconds"]), fmt_num(rate), fmt_num(ratio, ".2f") + "x"])
+        rows.append(["kz", fmt, t["count"], fmt_num(t["seconds"]), fmt_num(rate), fmt_ratio(rate, kb_rate)])
     kb_ids = {o["id"] for o in ((data.get("kb") or {}).get("eval") or {}).get("outcomes", [])}
     if kb_ids:
         seconds = kz_subset_seconds(data, kb_ids)
         rate = per_minute(len(kb_ids), seconds)
         rows.append(["kz", "cuda, KernelBench's samples", len(kb_ids), fmt_num(seconds), fmt_num(rate),
-                     fmt_num(rate / kb_rate if rate and kb_rate else None, ".2f") + "x"])
-    rows.append(["KernelBench", "cuda", kb["count"], fmt_num(kb["seconds"]), fmt_num(kb_rate), "1.00x" if kb_rate else ""])
+                     fmt_ratio(rate, kb_rate)])
+    built = len(((data.get("kb") or {}).get("prebuild") or {}).get("samples", {}))
+    count = kb["count"] if kb["count"] or not built else f"0 ({built} pre-built)"
+    rows.append(["KernelBench", "cuda", count, fmt_num(kb["seconds"]), fmt_num(kb_rate), "1.00x" if kb_rate else ""])
     lines = [table(["harness", "format", "candidates", "wall s", "cands/min", "vs KernelBench cuda"], rows)]
     lines += goal_lines(data, kb_rate)
     return "\n".join(lines)
@@ -175,7 +181,8 @@ def expected_status(row: dict, on_cpu: bool) -> str:
 def stability_section(data: dict) -> str:
     st = data.get("stability") or {}
     verdicts = [v for v in st.get("verdicts", []) if v.get("runtime_ms")]
-    name = f"{st.get('task', '?')} ({st.get('format', '?')})"
+    settings = data.get("settings", {})
+    name = f"{st.get('task', settings.get('stability_task', '?'))} ({st.get('format', settings.get('stability_format', '?'))})"
     if len(verdicts) < 2:
         return f"timing stability of {name}: {st.get('note') or 'not measured (needs a GPU)'}"
     return (f"timing stability: {name} in {len(verdicts)} separate kz evaluations\n"
@@ -265,5 +272,5 @@ def short_table(data: dict) -> str:
     rows = [["KernelBench cuda", kb["count"], fmt_num(kb_rate), "1.00x" if kb_rate else "n/a"]]
     for fmt, t in kz_format_times(data).items():
         rate = per_minute(t["count"], t["seconds"])
-        rows.append([f"kz {fmt}", t["count"], fmt_num(rate), fmt_num(rate / kb_rate if rate and kb_rate else None, ".2f") + "x"])
+        rows.append([f"kz {fmt}", t["count"], fmt_num(rate), fmt_ratio(rate, kb_rate)])
     return table(["harness", "candidates", "cands/min", "vs KernelBench"], rows)

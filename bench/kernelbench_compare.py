@@ -184,7 +184,9 @@ def phase_kb(args, data, budget, stub_root):
                                          args.out / "kb-prebuild.log", deadline - 20)
     save(args, data)
     if args.device == "cpu":
-        kb["note"] = "pre-build only: eval_kernel_against_ref needs a GPU (it asserts torch.cuda.is_available())"
+        built = sum(bool(r.get("built")) for r in kb["prebuild"]["samples"].values())
+        kb["note"] = (f"pre-build only ({built} of {len(samples)} built): eval_kernel_against_ref needs a GPU "
+                      "(it asserts torch.cuda.is_available())")
     else:
         settings = {"correct_trials": 5, "perf_trials": 100, "timeout_s": args.kb_timeout, "min_eval_s": 15.0}
         kb["eval"] = kb_harness.evaluate_all(samples, settings, args.kb_gpu_arch, args.out / "kb-eval.log", deadline)
@@ -251,6 +253,7 @@ def gpu_name(device: str) -> str:
 def settings(args) -> dict:
     return {"device": args.device, "gpu": gpu_name(args.device), "budget_s": args.budget_s, "kb_limit": args.kb_limit,
             "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": str(args.kz),
+            "stability_task": args.stability_task, "stability_format": args.stability_format,
             "kernelbench": str(args.kernelbench) if args.kernelbench else None}
 
 
