@@ -107,8 +107,13 @@ def run_kz(args, name: str, candidates: pathlib.Path, flags: list, cache_home: p
         except subprocess.TimeoutExpired:
             rc, timed_out = None, True
     verdicts = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
-    return {"command": " ".join(command), "wall_s": time.monotonic() - started, "rc": rc, "timed_out": timed_out,
-            "verdicts": verdicts}
+    return {"command": shown(" ".join(command), args), "wall_s": time.monotonic() - started, "rc": rc,
+            "timed_out": timed_out, "verdicts": verdicts}
+
+
+def shown(text: str, args) -> str:
+    """`text` without this machine's paths (results may be copied into bench/results/)."""
+    return text.replace(str(args.out.resolve()), "OUT").replace(str(args.out), "OUT").replace(str(ROOT) + "/", "")
 
 
 def trim(verdict: dict) -> dict:
@@ -152,7 +157,7 @@ def kb_setup(args, data, stub_root: pathlib.Path):
     process, so this one never initialises CUDA while kz is timing)."""
     import kb_harness
     setup = kb_harness.prepare(args.kernelbench, stub_root)
-    setup.update(correct_trials=5, perf_trials=100)
+    setup.update(correct_trials=5, perf_trials=100, source=shown(setup["source"], args))
     data["kb"] = {"setup": setup}
     references = {p.stem: p.read_text() for p in sorted(args.suite.rglob("*.py"))}
     samples = kb_samples(args, data)
@@ -178,8 +183,7 @@ def phase_kb(args, data, budget, stub_root):
     builds = kb_harness.build_root()
     for s in samples:
         s["build_dir"] = str(builds / s["id"].replace("/", "__"))
-    reserve = 0 if args.device == "cpu" else args.stability_runs * typical_eval_s(data) + 15
-    deadline = time.monotonic() + max(0.0, budget.left() - reserve)
+    deadline = time.monotonic() + max(0.0, budget.left() - stability_reserve(args, data, len(samples), budget))
     kb["prebuild"] = kb_harness.prebuild(samples, args.kb_compile_workers, args.kb_gpu_arch,
                                          args.out / "kb-prebuild.log", deadline - 20)
     save(args, data)
@@ -193,6 +197,15 @@ def phase_kb(args, data, budget, stub_root):
         if kb["eval"]["skipped"]:
             kb["note"] = f"time budget: {len(kb['eval']['skipped'])} pre-built samples not evaluated"
     shutil.rmtree(builds, ignore_errors=True)
+
+
+def stability_reserve(args, data, samples: int, budget) -> float:
+    """Seconds kept from KernelBench for the stability phase, when both seem to fit; KernelBench
+    goes first otherwise (a rough need: its pre-build ~90 s, then ~10 s per sample)."""
+    if args.device == "cpu" or "stability" in args.skip:
+        return 0.0
+    reserve = args.stability_runs * typical_eval_s(data) * 1.3
+    return reserve if budget.left() >= 90 + 10 * samples + reserve else 0.0
 
 
 def phase_stability(args, data, budget, cache_home):
@@ -252,9 +265,9 @@ def gpu_name(device: str) -> str:
 
 def settings(args) -> dict:
     return {"device": args.device, "gpu": gpu_name(args.device), "budget_s": args.budget_s, "kb_limit": args.kb_limit,
-            "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": str(args.kz),
+            "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": shown(str(args.kz), args),
             "stability_task": args.stability_task, "stability_format": args.stability_format,
-            "kernelbench": str(args.kernelbench) if args.kernelbench else None}
+            "kernelbench": shown(str(args.kernelbench), args) if args.kernelbench else None}
 
 
 def timed_phase(args, data, name, function, *call_args):
@@ -266,7 +279,18 @@ def timed_phase(args, data, name, function, *call_args):
     print(f"[compare] {name}: {time.monotonic() - started:.0f} s", flush=True)
 
 
+def plan(args, data) -> str:
+    cuda = sum(row["format"] == "cuda" for row in data["manifest"])
+    kb = "skipped" if "kb" in args.skip else (
+        f"its first {cuda if args.kb_limit is None else min(args.kb_limit, cuda)} of {cuda} cuda candidates "
+        f"(--kb-limit), pre-build with {args.kb_compile_workers} workers")
+    budget = "no time budget" if args.budget_s is None else f"budget {args.budget_s:.0f} s"
+    return (f"[compare] {budget}; kz: {len(data['manifest'])} candidates on {args.device}; KernelBench: {kb}; "
+            f"then stability ({args.stability_runs} runs) and reference-as-candidate, as time allows")
+
+
 def dry_run(args, data, stub_root):
+    print(plan(args, data))
     print(compare_report.header_section(data))
     print(make_eval_batch.describe(data["manifest"]))
     print("kz:", " ".join([str(args.kz), "eval-suite", "--suite", str(args.suite), "--candidates",
@@ -304,6 +328,7 @@ def main(argv=None):
             return 0
         cache_home = work / "cache"
         save(args, data)  # a run killed in its first phase still leaves a compare.json to report on
+        print(plan(args, data), flush=True)
         timed_phase(args, data, "kz", phase_kz_batch, budget, cache_home)
         if "kb" not in args.skip:
             timed_phase(args, data, "kb", phase_kb, budget, work / "stubs")

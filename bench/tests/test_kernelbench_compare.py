@@ -224,11 +224,24 @@ def test_rates_and_ratios_on_known_numbers():
     text = compare_report.render(data)
     # cuda: 2 per 30 s = 4.0/min against 1.5/min; cuda-rtc: 12.0/min = 8.00x.
     assert "4.0" in text and "2.67x" in text and "8.00x" in text
+    # Without the pre-build: kz cuda 2 per 10 s = 12/min, KernelBench 2 per 20 s = 6/min.
+    kz_cuda_row = next(line for line in text.splitlines() if line.startswith("kz           cuda "))
+    assert kz_cuda_row.split()[-2:] == ["12.0", "2.00x"], kz_cuda_row
     # The goal compares the same samples: kz's 2 KernelBench samples took 10 s + the 20 s outside.
     assert "goal cuda >= 10x KernelBench (on its 2 samples): 2.67x, NOT met" in text
     assert "max/min" in text and "1.100" in text
     assert "0.990x to 1.020x" in text and "not run (time budget): t3" in text
     assert "KernelBench: parallel pre-build 60.0 s; 2 evaluations 20.0 s, of which 12.0 s inside" in text
+    assert "re-ran" not in text and "whose pre-build had failed" not in text
+
+
+def test_rebuilds_of_failed_builds_are_named():
+    data = synthetic()
+    data["kz_batch"]["verdicts"][1].update(status="compile_error", checks=["kernel_compile"])
+    data["kb"]["prebuild"]["samples"] = {data["manifest"][1]["id"]: {"built": False}}
+    text = compare_report.stage_section(data)
+    assert "0.5 s re-ran 1 load_inline build(s)" in text
+    assert "6.0 s of its evaluations went to 1 sample(s) whose pre-build had failed" in text
     short = compare_report.short_report(data)
     assert "KernelBench cuda" in short and "kz cuda-rtc" in short and "goal cuda-rtc >= 50x" in short
     assert "timing stability: t2 (cuda-rtc) in 2 separate kz evaluations: candidate median max/min 1.100" in short

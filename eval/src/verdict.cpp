@@ -50,6 +50,13 @@ double number_or_zero(const nlohmann::json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
 }
 
+// Where a stage comes in a worker's run; unknown names go last.
+size_t stage_rank(const std::string& stage) {
+  static constexpr std::array kOrder = {"startup", "load_reference", "compile", "correctness", "timing", "recheck"};
+  auto it = std::find(kOrder.begin(), kOrder.end(), stage);
+  return static_cast<size_t>(it - kOrder.begin());
+}
+
 }  // namespace
 
 const char* status_name(EvalStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
@@ -119,9 +126,13 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.seed = j.value("seed", uint64_t{0});
   v.wall_s = number_or_zero(j, "wall_s");
   v.cached = j.value("cached", false);
-  if (j.contains("stage_s") && j["stage_s"].is_object())
+  if (j.contains("stage_s") && j["stage_s"].is_object()) {
     for (const auto& [stage, seconds] : j["stage_s"].items())
       if (seconds.is_number()) v.stage_s.emplace_back(stage, seconds.get<double>());
+    // A JSON object keeps no order: put the stages back in the order they run.
+    std::stable_sort(v.stage_s.begin(), v.stage_s.end(),
+                     [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
+  }
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

@@ -1,8 +1,6 @@
 // Verdict names and JSON round trips; unknown names from the worker are refused.
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include "kz/eval/verdict.h"
 
 namespace kz {
@@ -44,8 +42,7 @@ TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
   EXPECT_EQ(json["stage_s"]["compile"], 0.25);
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  std::map<std::string, double> stages(back->stage_s.begin(), back->stage_s.end());
-  EXPECT_EQ(stages, (std::map<std::string, double>{{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}}));
+  EXPECT_EQ(back->stage_s, v.stage_s) << "in the order the stages run, as recorded";
   EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
 }
 
