@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 BENCH = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -271,9 +272,15 @@ def settings(args) -> dict:
 
 
 def timed_phase(args, data, name, function, *call_args):
+    """Runs one phase; a phase that fails is noted in the report and the next one still runs, so
+    one broken side (a KernelBench that does not import) cannot lose the other's figures."""
     started = time.monotonic()
     print(f"[compare] {name} ...", flush=True)
-    function(args, data, *call_args)
+    try:
+        function(args, data, *call_args)
+    except Exception as exc:  # noqa: BLE001 - reported, with its traceback on stderr
+        traceback.print_exc()
+        note(data, name, f"FAILED: {type(exc).__name__}: {str(exc)[:300]} (traceback on stderr)")
     data.setdefault("phases", {}).setdefault(name, {})["wall_s"] = time.monotonic() - started
     save(args, data)
     print(f"[compare] {name}: {time.monotonic() - started:.0f} s", flush=True)

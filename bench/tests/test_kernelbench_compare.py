@@ -123,6 +123,13 @@ def test_a_small_budget_cuts_the_later_phases_and_says_so(tmp_path, fake_kz):
     assert data["ref_as_candidate"]["note"].startswith("skipped")
 
 
+def test_a_failing_phase_is_reported_and_the_rest_runs(tmp_path, fake_kz):
+    code, text = run_main(["--kernelbench", tmp_path, "--kz", fake_kz, "--out", tmp_path / "out", "--device", "cpu"])
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert code == 0 and len(data["kz_batch"]["verdicts"]) == len(data["manifest"])
+    assert "kb: FAILED: ValueError:" in text and "not a KernelBench checkout" in text
+
+
 def test_dry_run_checks_loaders_and_times_nothing(tmp_path, fake_kz):
     code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", tmp_path,
                            "--dry-run", "--device", "cpu"])
