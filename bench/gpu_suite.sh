@@ -8,14 +8,31 @@
 #                   wrong_during_timing)
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build)
+#   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
+#                   through kz and its cuda candidates through KernelBench's own harness (a checkout
+#                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried
+#                   along), timing stability, reference-as-candidate; all within KZ_COMPARE_WALL_S
+#                   (default 480 s, build included; the phases after the kz batch take what is
+#                   left, and the report says what was cut). KB_LIMIT: KernelBench's share, its
+#                   first N cuda candidates (default 4 of 10: its parallel pre-build ~70 s, then
+#                   ~8 s per sample, ~50 s more for one that fails to compile, which it rebuilds).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks or model}
+PART=${1:?rtc, others, checks, compare or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
 export KZ_SKIP_APT=1 KZ_PYTHON="$(command -v python3)" KZ_DEPS_PREFIX="$PWD/.deps"
+KERNELBENCH=${KERNELBENCH:-.kb/KernelBench}
+if [[ $PART == compare ]]; then
+  [[ -f "$KERNELBENCH/src/kernelbench/eval.py" ]] || {
+    echo "no KernelBench checkout at $KERNELBENCH: run bench/fetch-kernelbench.sh where there is network, carry .kb/"
+    exit 1; }
+  export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
+fi
+[[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build: ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
@@ -40,6 +57,20 @@ elif [[ $PART == checks ]]; then
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
   done
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == compare ]]; then
+  WALL=${KZ_COMPARE_WALL_S:-480}
+  KB_LIMIT=${KB_LIMIT:-4}
+  BUDGET=$((WALL - SECONDS - 25))   # 25 s kept for the archive and the table
+  ((BUDGET < 60)) && BUDGET=60       # a slow build still gets the kz batch started
+  echo "== compare: --kb-limit $KB_LIMIT (of 10 cuda candidates), --budget-s $BUDGET (of ${WALL} s, build included) =="
+  # timeout: a phase that overruns its budget still leaves time for the archive below.
+  timeout -k 10 $((BUDGET + 15)) python3 bench/kernelbench_compare.py --kernelbench "$KERNELBENCH" \
+    --out "$OUT/compare" --device cuda:0 --kb-limit "$KB_LIMIT" --budget-s "$BUDGET" \
+    > "$OUT/compare.txt" 2> "$OUT/compare.err"
+  echo "kernelbench_compare.py exit $? after ${SECONDS} s"; tail -3 "$OUT/compare.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  echo "full report: compare/report.txt in $FINAL/results-$PART.tgz"
+  python3 bench/kernelbench_compare.py --report-only "$OUT/compare/compare.json" --short
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
   start=$SECONDS

@@ -9,6 +9,7 @@
 #   KZ_SKIP_APT=1  skip the apt step (machines without a registry, e.g. the GPU host)
 #   KZ_PYTHON      use this interpreter (with torch/triton already installed) instead of the venv
 #   KZ_DEPS_PREFIX Debian packages unpacked by scripts/fetch-gpu-deps.sh (read by CMakeLists.txt)
+#   KZ_BUILD_TARGETS  build only these targets (e.g. "kz" for a benchmark run); default: all
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -53,7 +54,9 @@ install_venv() {
 build() {
   local jobs; jobs=$(nproc)
   cmake -S . -B build -DCMAKE_BUILD_TYPE="${KZ_BUILD_TYPE:-Release}" -DKZ_PYTHON="${KZ_PYTHON:-$ROOT/.venv/bin/python}" >/dev/null
-  cmake --build build -j "$jobs"
+  local targets=()
+  for target in ${KZ_BUILD_TARGETS:-}; do targets+=(--target "$target"); done
+  cmake --build build -j "$jobs" "${targets[@]}"
 }
 
 install_apt_packages

@@ -185,7 +185,8 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   warn_sandbox_gaps(outcome->sandbox);
   Verdict verdict = verdict_from_outcome(*outcome);
   // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
-  if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) return *violation;
+  if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) verdict = std::move(*violation);
+  verdict.stage_s = outcome->stage_s;
   return verdict;
 }
 

@@ -50,6 +50,13 @@ double number_or_zero(const nlohmann::json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
 }
 
+// Where a stage comes in a worker's run; unknown names go last.
+size_t stage_rank(const std::string& stage) {
+  static constexpr std::array kOrder = {"startup", "load_reference", "compile", "correctness", "timing", "recheck"};
+  auto it = std::find(kOrder.begin(), kOrder.end(), stage);
+  return static_cast<size_t>(it - kOrder.begin());
+}
+
 }  // namespace
 
 const char* status_name(EvalStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
@@ -79,6 +86,8 @@ nlohmann::json to_json(const Verdict& v) {
       {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
       {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
       {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
+  j["stage_s"] = nlohmann::json::object();
+  for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
@@ -117,6 +126,13 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.seed = j.value("seed", uint64_t{0});
   v.wall_s = number_or_zero(j, "wall_s");
   v.cached = j.value("cached", false);
+  if (j.contains("stage_s") && j["stage_s"].is_object()) {
+    for (const auto& [stage, seconds] : j["stage_s"].items())
+      if (seconds.is_number()) v.stage_s.emplace_back(stage, seconds.get<double>());
+    // A JSON object keeps no order: put the stages back in the order they run.
+    std::stable_sort(v.stage_s.begin(), v.stage_s.end(),
+                     [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
+  }
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

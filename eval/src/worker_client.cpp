@@ -76,9 +76,31 @@ WorkerOutcome failed(WorkerOutcome::Kind kind, std::string stage, std::string me
   return outcome;
 }
 
+// Seconds spent in each stage, closed one by one as the next begins.
+class StageClock {
+ public:
+  void close(const std::string& stage) {
+    auto now = Clock::now();
+    stages_.emplace_back(stage, std::chrono::duration<double>(now - started_).count());
+    started_ = now;
+  }
+  std::vector<std::pair<std::string, double>> take() { return std::move(stages_); }
+
+ private:
+  Clock::time_point started_ = Clock::now();
+  std::vector<std::pair<std::string, double>> stages_;
+};
+
+WorkerOutcome with_stages(WorkerOutcome outcome, StageClock& clock, const std::string& stage) {
+  clock.close(stage);
+  outcome.stage_s = clock.take();
+  return outcome;
+}
+
 // Follows the worker's stage messages until its result, a deadline or its death.
 WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
   std::string stage = "startup";
+  StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -90,19 +112,21 @@ WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
                             fmt::format("stage '{}' ran past its {:g} s limit; the worker was killed", stage,
                                         deadline_s(stage)));
       outcome.limit_s = deadline_s(stage);
-      return outcome;
+      return with_stages(std::move(outcome), clock, stage);
     }
     if (event == Process::ReadEvent::eof) {
       auto exit = worker.wait_for(std::chrono::seconds(10));
       std::string how = exit ? exit->describe() : "no exit after closing its pipe";
       worker.kill_and_reap();  // the group may still hold the worker's orphans
-      return failed(WorkerOutcome::Kind::crashed, stage,
-                    fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage, how,
-                                tail(worker.stderr_tail())));
+      return with_stages(failed(WorkerOutcome::Kind::crashed, stage,
+                                fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}",
+                                            stage, how, tail(worker.stderr_tail()))),
+                         clock, stage);
     }
     auto message = nlohmann::json::parse(line, nullptr, false);
     std::string type = message.is_object() ? message.value("type", "") : "";
     if (type == "stage") {
+      clock.close(stage);
       stage = message.value("name", "?");
       deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
     } else if (type == "result") {
@@ -112,10 +136,12 @@ WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
       outcome.kind = WorkerOutcome::Kind::result;
       outcome.result = std::move(message);
       outcome.stage = stage;
-      return outcome;
+      return with_stages(std::move(outcome), clock, stage);
     } else {
       worker.kill_and_reap();
-      return failed(WorkerOutcome::Kind::protocol_error, stage, "worker sent an unknown message: " + tail(line, 300));
+      return with_stages(
+          failed(WorkerOutcome::Kind::protocol_error, stage, "worker sent an unknown message: " + tail(line, 300)),
+          clock, stage);
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kz/core/files.h"
 #include "kz/eval/evaluator.h"
@@ -130,7 +131,9 @@ TEST_F(EvaluatorTest, CreateFailsForMissingPython) {
 // ---- triton: correct and wrong -----------------------------------------------------------------
 
 TEST_F(EvaluatorTest, TritonCorrectIsOk) {
-  Verdict v = evaluate(kRelu, kTritonRelu);
+  EvalOptions o = options();
+  o.cache.enabled = false;  // a real run: its own stage times and wall time
+  Verdict v = evaluate(kRelu, kTritonRelu, o);
   expect_ok(v);
   EXPECT_EQ(v.format, "triton");
   EXPECT_EQ(v.device, "cpu");
@@ -139,6 +142,17 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_EQ(v.stage, "correctness");
   EXPECT_NE(v.seed, 0u) << "a fresh seed is drawn when none is fixed";
   EXPECT_LE(v.max_abs_error, 1e-6);
+  // Where the time went, stage by stage, in order; together they are the worker's whole run.
+  std::vector<std::string> stages;
+  double total = 0;
+  for (const auto& [stage, seconds] : v.stage_s) {
+    stages.push_back(stage);
+    EXPECT_GE(seconds, 0.0) << stage;
+    total += seconds;
+  }
+  EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "compile", "correctness"})) << dump(v);
+  EXPECT_LE(total, v.wall_s) << dump(v);
+  EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
 }
 
 TEST_F(EvaluatorTest, TritonWrongValuesAreIncorrect) {
@@ -181,6 +195,9 @@ TEST_F(EvaluatorTest, HangingForwardTimesOutAndNextEvaluationIsOk) {
   EXPECT_TRUE(contains(v.message, "correctness")) << v.message;
   EXPECT_LT(elapsed, 30.0) << "the worker must be killed at the 5 s deadline";
   EXPECT_GE(elapsed, 5.0) << "the deadline cannot pass before 5 s";
+  ASSERT_FALSE(v.stage_s.empty()) << dump(v);
+  EXPECT_EQ(v.stage_s.back().first, "correctness") << dump(v);
+  EXPECT_GE(v.stage_s.back().second, 5.0) << "the stage that timed out ran to its deadline\n" << dump(v);
 
   expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
 }

@@ -35,6 +35,17 @@ TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {
   EXPECT_TRUE(back->has_check(Check::output_mismatch));
 }
 
+TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  v.stage_s = {{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}};
+  auto json = to_json(v);
+  EXPECT_EQ(json["stage_s"]["compile"], 0.25);
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->stage_s, v.stage_s) << "in the order the stages run, as recorded";
+  EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
+}
+
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
   EXPECT_TRUE(json["speedup"].is_null());

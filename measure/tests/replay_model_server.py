@@ -15,20 +15,13 @@ import argparse
 import hashlib
 import json
 import pathlib
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-WRONG_TAIL = '''
-
-_kz_original_forward = ModelNew.forward
-
-
-def _kz_off_by_a_bit(self, *args):
-    return _kz_original_forward(self, *args) * 1.5 + 0.1
-
-
-ModelNew.forward = _kz_off_by_a_bit
-'''
+# The broken variants are shared with the benchmark batch (bench/make_eval_batch.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "suite"))
+from candidate_variants import make_variant  # noqa: E402
 
 
 class Replay:
@@ -56,9 +49,9 @@ class Replay:
         if code is None or roll >= self.mix[2]:
             return thinking + "I am not sure how to write this kernel."
         if roll >= self.mix[1]:
-            code = code.replace("class ModelNew", "class ModelNew(:", 1)   # a syntax error
+            code = make_variant(code, "python_syntax")
         elif roll >= self.mix[0]:
-            code = code + WRONG_TAIL
+            code = make_variant(code, "wrong_result")
         return thinking + "Here is the implementation:\n\n```python\n" + code + "\n```\n"
 
 

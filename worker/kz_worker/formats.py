@@ -10,6 +10,7 @@ On a CPU-only machine `cuda` and `cuda-rtc` candidates are really compiled (nvcc
 cannot run: their verdict is compiled_not_run, never ok.
 """
 import errno
+import hashlib
 import os
 import re
 
@@ -42,15 +43,32 @@ def _torch_arch_list(arch: str) -> str:
 
 
 def _count_extension_builds() -> None:
-    """Wraps load_inline so the harness knows whether the candidate built an extension."""
+    """Wraps load_inline so the harness knows whether the candidate built an extension, and so
+    that the build is named by its content (content_addressed_name)."""
     import torch.utils.cpp_extension as cpp_extension
     original = cpp_extension.load_inline
 
     def load_inline(name, *args, **kwargs):
         _extension_builds.append(name)
-        return original(name, *args, **kwargs)
+        return original(content_addressed_name(name, args, kwargs), *args, **kwargs)
 
     cpp_extension.load_inline = load_inline
+
+
+def content_addressed_name(name: str, args: tuple, kwargs: dict) -> str:
+    """The extension name with a digest of everything load_inline builds from.
+
+    Every evaluation shares one TORCH_EXTENSIONS_DIR (so the parallel pre-builds are found
+    again), and torch keys a build by name alone: two candidates that call their extension alike
+    (samples of one task usually do) would rebuild over each other, and two building at once
+    could load each other's library. Sources that bind a module under a literal name of their
+    own (PYBIND11_MODULE without TORCH_EXTENSION_NAME) must keep theirs."""
+    texts = [str(x) for x in (*args, *kwargs.values())]
+    if any("PYBIND11_MODULE" in t and "TORCH_EXTENSION_NAME" not in t for t in texts):
+        return name
+    build = {key: value for key, value in kwargs.items() if key != "verbose"}
+    digest = hashlib.sha256(repr((args, sorted(build.items()))).encode()).hexdigest()[:16]
+    return f"{name}_{digest}"
 
 
 def model_class_name(fmt: str, source: str) -> str:

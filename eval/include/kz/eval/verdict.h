@@ -84,6 +84,10 @@ struct Verdict {
   std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
+  // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),
+  // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
+  // stored run's).
+  std::vector<std::pair<std::string, double>> stage_s;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;

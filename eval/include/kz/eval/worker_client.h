@@ -12,6 +12,8 @@
 
 #include <filesystem>
 #include <functional>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "kz/core/status.h"
@@ -46,6 +48,10 @@ struct WorkerOutcome {
   // timeout: "stage 'X' ran past its N s limit; the worker was killed"; crashed: how it died and the
   // tail of its stderr; protocol_error: the unexpected message.
   std::string message;
+  // Seconds in each stage, in order: "startup" (spawn to the first message), then every stage the
+  // worker announced, the last one up to the result (or the timeout / death). Measured here, so a
+  // worker cannot misreport them.
+  std::vector<std::pair<std::string, double>> stage_s;
   LimitHit limit_hit = LimitHit::none;  // a sandbox limit that ended the worker (ProcessSpec::limits)
   SandboxReport sandbox;                // what the sandbox requested in the spec really got
 };

@@ -1,0 +1,305 @@
+"""The report of bench/kernelbench_compare.py, rendered from its compare.json (pure functions: the
+script calls them after every phase, and `--report-only compare.json` re-renders a saved run)."""
+import math
+import statistics
+
+FORMATS = ("cuda", "cuda-rtc", "triton")
+STAGES = ("startup", "load_reference", "compile", "correctness", "timing", "recheck")
+# kz status -> the class KernelBench can report (it has no format_error: compiled=False covers both).
+KB_CLASS = {"format_error": "compile_error"}
+GOALS = {"cuda": 10.0, "cuda-rtc": 50.0}  # issue #3: kz cands/min over KernelBench's on `cuda`
+
+
+def per_minute(count: int, seconds: float):
+    return 60.0 * count / seconds if seconds and seconds > 0 and count else None
+
+
+def fmt_num(value, spec=".1f", none="n/a"):
+    return none if value is None else format(value, spec)
+
+
+def fmt_ratio(rate, kb_rate) -> str:
+    return f"{rate / kb_rate:.2f}x" if rate and kb_rate else "n/a"
+
+
+def table(header: list, rows: list) -> str:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---- kz -------------------------------------------------------------------------------------------
+
+def kz_format_times(data: dict) -> dict:
+    """format -> {count, seconds}: each evaluation's wall time, plus, for `cuda`, the batch's wall
+    time not spent inside any evaluation (the parallel load_inline pre-build and kz's own start-up,
+    charged to `cuda` in full). Meaningful when evaluations ran one at a time (a GPU)."""
+    batch = data.get("kz_batch") or {}
+    verdicts = batch.get("verdicts", [])
+    times = {f: {"count": 0, "seconds": 0.0} for f in FORMATS}
+    for v in verdicts:
+        entry = times.setdefault(v["format"], {"count": 0, "seconds": 0.0})
+        entry["count"] += 1
+        entry["seconds"] += v.get("wall_s") or 0.0
+    times["cuda"]["seconds"] += kz_residual_s(data)
+    return {f: t for f, t in times.items() if t["count"]}
+
+
+def kz_residual_s(data: dict) -> float:
+    batch = data.get("kz_batch") or {}
+    inside = sum(v.get("wall_s") or 0.0 for v in batch.get("verdicts", []))
+    return max(0.0, (batch.get("wall_s") or 0.0) - inside)
+
+
+def kb_totals(data: dict) -> dict:
+    """KernelBench's evaluated samples and its time: the parallel pre-build plus the evaluations."""
+    kb = data.get("kb") or {}
+    outcomes = (kb.get("eval") or {}).get("outcomes", [])
+    prebuild_s = (kb.get("prebuild") or {}).get("wall_s") or 0.0
+    eval_s = sum(o.get("wall_s") or 0.0 for o in outcomes)
+    return {"count": len(outcomes), "seconds": prebuild_s + eval_s, "prebuild_s": prebuild_s, "eval_s": eval_s,
+            "inside_s": sum(o.get("eval_s") or 0.0 for o in outcomes)}
+
+
+def kz_subset_seconds(data: dict, ids: set) -> float:
+    """kz's time for the `cuda` candidates KernelBench also ran: their evaluations plus the whole
+    pre-build (a parallel build of all is no cheaper than of a part, so none of it is discounted)."""
+    verdicts = (data.get("kz_batch") or {}).get("verdicts", [])
+    return sum(v.get("wall_s") or 0.0 for v in verdicts if v["id"] in ids) + kz_residual_s(data)
+
+
+def throughput_section(data: dict) -> str:
+    """Rates end to end, and without the parallel pre-build (for `cuda`, the part of either
+    harness's cost that does not grow with the number of samples up to the cores available)."""
+    batch = data.get("kz_batch") or {}
+    verdicts = batch.get("verdicts", [])
+    kb = kb_totals(data)
+    kb_rate, kb_eval_rate = per_minute(kb["count"], kb["seconds"]), per_minute(kb["count"], kb["eval_s"])
+    rows = [["kz", "all", len(verdicts), fmt_num(batch.get("wall_s")), fmt_num(per_minute(len(verdicts), batch.get("wall_s"))),
+             "", "", ""]]
+    for fmt, t in kz_format_times(data).items():
+        rate = per_minute(t["count"], t["seconds"])
+        inside = sum(v.get("wall_s") or 0.0 for v in verdicts if v["format"] == fmt)
+        eval_rate = per_minute(t["count"], inside)
+        rows.append(["kz", fmt, t["count"], fmt_num(t["seconds"]), fmt_num(rate), fmt_ratio(rate, kb_rate),
+                     fmt_num(eval_rate), fmt_ratio(eval_rate, kb_eval_rate)])
+    kb_ids = {o["id"] for o in ((data.get("kb") or {}).get("eval") or {}).get("outcomes", [])}
+    if kb_ids:
+        seconds = kz_subset_seconds(data, kb_ids)
+        rate = per_minute(len(kb_ids), seconds)
+        inside = sum(v.get("wall_s") or 0.0 for v in verdicts if v["id"] in kb_ids)
+        rows.append(["kz", "cuda, KernelBench's samples", len(kb_ids), fmt_num(seconds), fmt_num(rate),
+                     fmt_ratio(rate, kb_rate), fmt_num(per_minute(len(kb_ids), inside)),
+                     fmt_ratio(per_minute(len(kb_ids), inside), kb_eval_rate)])
+    built = len(((data.get("kb") or {}).get("prebuild") or {}).get("samples", {}))
+    count = kb["count"] if kb["count"] or not built else f"0 ({built} pre-built)"
+    rows.append(["KernelBench", "cuda", count, fmt_num(kb["seconds"]), fmt_num(kb_rate), "1.00x" if kb_rate else "",
+                 fmt_num(kb_eval_rate), "1.00x" if kb_eval_rate else ""])
+    lines = [table(["harness", "format", "candidates", "wall s", "cands/min", "vs KernelBench cuda",
+                    "w/o pre-build", "vs KernelBench"], rows),
+             "  w/o pre-build: the evaluations alone (kz: each verdict's wall_s; KernelBench: its per-sample",
+             "  processes), i.e. the rate once the parallel pre-build is amortised over many samples."]
+    lines += goal_lines(data, kb_rate)
+    return "\n".join(lines)
+
+
+def goal_lines(data: dict, kb_rate) -> list:
+    """Issue #3's goals. For `cuda` the same samples on both sides (kz's time for KernelBench's
+    samples, its whole pre-build included): a parallel pre-build costs about the same for few
+    samples as for many, so rates over different counts would not compare."""
+    times = kz_format_times(data)
+    kb_ids = {o["id"] for o in ((data.get("kb") or {}).get("eval") or {}).get("outcomes", [])}
+    lines = []
+    for fmt, goal in GOALS.items():
+        t = times.get(fmt)
+        rate = per_minute(t["count"], t["seconds"]) if t else None
+        where = ""
+        if fmt == "cuda" and kb_ids:
+            rate, where = per_minute(len(kb_ids), kz_subset_seconds(data, kb_ids)), f" (on its {len(kb_ids)} samples)"
+        if rate is None or kb_rate is None:
+            lines.append(f"goal {fmt} >= {goal:g}x KernelBench: not measured")
+            continue
+        ratio = rate / kb_rate
+        lines.append(f"goal {fmt} >= {goal:g}x KernelBench{where}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}")
+    return lines
+
+
+def stage_section(data: dict) -> str:
+    """Seconds per stage, summed per format, from each verdict's stage_s (measured by kz's
+    supervisor), with each format's share; then KernelBench's split."""
+    verdicts = (data.get("kz_batch") or {}).get("verdicts", [])
+    rows = []
+    for fmt in FORMATS:
+        mine = [v for v in verdicts if v["format"] == fmt]
+        if not mine:
+            continue
+        sums = {s: sum((v.get("stage_s") or {}).get(s, 0.0) for v in mine) for s in STAGES}
+        outside = sum(v.get("wall_s") or 0.0 for v in mine) - sum(sums.values())  # static checks, spawn, scratch dir
+        extra = kz_residual_s(data) if fmt == "cuda" else 0.0
+        total = sum(sums.values()) + outside + extra
+        cells = [f"{sums[s]:.1f} ({100 * sums[s] / total:.0f}%)" if total else "0" for s in STAGES]
+        rows.append([fmt, len(mine), *cells, f"{outside:.1f}", f"{extra:.1f}", f"{total:.1f}"])
+    lines = ["kz: seconds per stage summed over the batch (share of the format's total)",
+             table(["format", "n", *STAGES, "supervisor", "pre-build+start", "total"], rows) if rows else "(no verdicts)",
+             "  startup: Python + torch import; load_reference: the reference, and every input set and reference",
+             "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
+             "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
+             "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]
+    rebuilt = [v for v in verdicts if v["format"] == "cuda" and "kernel_compile" in (v.get("checks") or [])]
+    if rebuilt:
+        seconds = sum((v.get("stage_s") or {}).get("compile", 0.0) for v in rebuilt)
+        lines.append(f"  of kz's cuda compile stage, {seconds:.1f} s re-ran {len(rebuilt)} load_inline build(s) that had "
+                     "already failed in the pre-build (one at a time, on the GPU's critical path)")
+    kb = kb_totals(data)
+    if kb["count"]:
+        lines.append(f"KernelBench: parallel pre-build {kb['prebuild_s']:.1f} s; {kb['count']} evaluations "
+                     f"{kb['eval_s']:.1f} s, of which {kb['inside_s']:.1f} s inside eval_kernel_against_ref "
+                     f"(the rest: a fresh process per sample, torch and KernelBench imports)")
+        failed = [o for o in kb_outcomes(data) if prebuilt(data, o["id"]) is False]
+        if failed:
+            lines.append(f"  {sum(o.get('eval_s') or 0.0 for o in failed):.1f} s of its evaluations went to "
+                         f"{len(failed)} sample(s) whose pre-build had failed (it builds them again)")
+    return "\n".join(lines)
+
+
+def kb_outcomes(data: dict) -> list:
+    return ((data.get("kb") or {}).get("eval") or {}).get("outcomes", [])
+
+
+def prebuilt(data: dict, sample_id: str):
+    """Whether KernelBench's pre-build of a sample succeeded (None: unknown)."""
+    result = (((data.get("kb") or {}).get("prebuild") or {}).get("samples") or {}).get(sample_id)
+    return None if result is None else result.get("built")
+
+
+def agreement_section(data: dict) -> str:
+    manifest = {row["id"]: row for row in data.get("manifest", [])}
+    verdicts = {v["id"]: v for v in (data.get("kz_batch") or {}).get("verdicts", [])}
+    kb = {o["id"]: o for o in ((data.get("kb") or {}).get("eval") or {}).get("outcomes", [])}
+    on_cpu = data.get("settings", {}).get("device") == "cpu"
+    rows, kz_match, kb_match = [], 0, 0
+    for cid, row in manifest.items():
+        expected = expected_status(row, on_cpu)
+        v = verdicts.get(cid)
+        kz_status = v["status"] if v else "-"
+        kz_match += kz_status == expected
+        kb_cell = ""
+        if cid in kb:
+            kb_cell = kb[cid]["class"]
+            kb_match += kb_cell == KB_CLASS.get(expected, expected)
+        speed = fmt_num(v.get("speedup"), ".2f", "") if v else ""
+        rows.append([cid, expected, kz_status + ("" if kz_status == expected else "  <- differs"), speed,
+                     fmt_num(v.get("wall_s") if v else None, ".1f", ""), kb_cell,
+                     fmt_num(kb[cid].get("wall_s"), ".1f", "") if cid in kb else ""])
+    head = f"verdicts: kz {kz_match}/{len(manifest)} as expected"
+    if kb:
+        head += f"; KernelBench {kb_match}/{len(kb)} as expected (its classes: ok, incorrect, runtime_error, compile_error)"
+    return head + "\n" + table(["candidate", "expected", "kz status", "speedup", "kz s", "KernelBench", "KB s"], rows)
+
+
+def expected_status(row: dict, on_cpu: bool) -> str:
+    """The manifest's GPU expectation, or what a CPU machine gives: cuda and cuda-rtc candidates that
+    compile are compiled_not_run there (nothing runs)."""
+    if on_cpu and row["format"] in ("cuda", "cuda-rtc") and row["expected"] in ("ok", "incorrect", "runtime_error"):
+        return "compiled_not_run"
+    return row["expected"]
+
+
+def stability_section(data: dict) -> str:
+    st = data.get("stability") or {}
+    verdicts = [v for v in st.get("verdicts", []) if v.get("runtime_ms")]
+    settings = data.get("settings", {})
+    name = f"{st.get('task', settings.get('stability_task', '?'))} ({st.get('format', settings.get('stability_format', '?'))})"
+    if len(verdicts) < 2:
+        return f"timing stability of {name}: {st.get('note') or 'not measured (needs a GPU)'}"
+    return (f"timing stability: {name} in {len(verdicts)} separate kz evaluations\n"
+            + table(["", "per evaluation", "max/min"], stability_rows(data)))
+
+
+def stability_rows(data: dict) -> list:
+    verdicts = [v for v in (data.get("stability") or {}).get("verdicts", []) if v.get("runtime_ms")]
+    if len(verdicts) < 2:
+        return []
+    rows = []
+    for label, key in (("candidate median ms", "runtime_ms"), ("reference median ms", "ref_runtime_ms"),
+                       ("speedup", "speedup")):
+        values = [v[key] for v in verdicts if v.get(key)]
+        rows.append([label, " ".join(f"{x:.4f}" for x in values), f"{max(values) / min(values):.3f}"])
+    return rows
+
+
+def reference_section(data: dict) -> str:
+    ref = data.get("ref_as_candidate") or {}
+    verdicts = [v for v in ref.get("verdicts", []) if v.get("speedup")]
+    if not verdicts:
+        return f"reference as its own candidate: {ref.get('note') or 'not measured (needs a GPU)'}"
+    speedups = [v["speedup"] for v in verdicts]
+    inside = sum(0.97 <= s <= 1.03 for s in speedups)
+    lines = [f"reference as its own candidate (--format torch): {len(speedups)} tasks, speedup "
+             f"{min(speedups):.3f}x to {max(speedups):.3f}x, geomean {geomean(speedups):.3f}x, "
+             f"{inside}/{len(speedups)} within 0.97-1.03"]
+    cells = [f"{v['task']} {v['speedup']:.3f}x" for v in verdicts]
+    lines += ["  " + "  ".join(cells[i:i + 5]) for i in range(0, len(cells), 5)]
+    if ref.get("skipped"):
+        lines.append(f"  not run (time budget): {', '.join(ref['skipped'])}")
+    return "\n".join(lines)
+
+
+def geomean(values: list) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def header_section(data: dict) -> str:
+    s = data.get("settings", {})
+    kb = data.get("kb") or {}
+    counts = ", ".join(f"{f} {sum(r['format'] == f for r in data.get('manifest', []))}" for f in FORMATS)
+    lines = [f"kz vs KernelBench, evaluation throughput ({'CPU: kz verification only' if s.get('device') == 'cpu' else s.get('gpu', 'GPU')})",
+             f"batch: {len(data.get('manifest', []))} candidates ({counts}); kz and KernelBench both start cold "
+             "(no verdict cache, empty compile caches)"]
+    if kb.get("setup"):
+        setup = kb["setup"]
+        lines.append(f"KernelBench (commit {setup.get('commit', '?')}): its parallel pre-build (build_cache mode) with "
+                     f"{s.get('kb_workers')} workers, then one fresh process per sample; TORCH_CUDA_ARCH_LIST="
+                     f"{s.get('kb_gpu_arch')}; --kb-limit {s.get('kb_limit')}; "
+                     f"{setup.get('correct_trials', 5)} correctness + {setup.get('perf_trials', 100)} timed trials")
+        if setup.get("stubbed"):
+            lines.append(f"  stand-ins for modules KernelBench imports but does not evaluate with: {', '.join(setup['stubbed'])}")
+    if kb.get("note"):
+        lines.append(f"KernelBench: {kb['note']}")
+    for problem in kb.get("loader_problems", []):
+        lines.append(f"  KernelBench loader: {problem}")
+    for name, phase in data.get("phases", {}).items():
+        if phase.get("note"):
+            lines.append(f"{name}: {phase['note']}")
+    return "\n".join(lines)
+
+
+def render(data: dict) -> str:
+    sections = [header_section(data), throughput_section(data), stage_section(data), agreement_section(data),
+                stability_section(data), reference_section(data)]
+    return "\n\n".join(sections) + "\n"
+
+
+def short_report(data: dict) -> str:
+    """The few lines bench/gpu_suite.sh prints last: rates, goals, stability, reference check."""
+    kb = kb_totals(data)
+    lines = [short_table(data), *goal_lines(data, per_minute(kb["count"], kb["seconds"]))]
+    lines.append(stability_section(data).splitlines()[0])
+    stable = [r for r in stability_rows(data) if r[0] == "candidate median ms"]
+    if stable:
+        lines[-1] += f": candidate median max/min {stable[0][2]}"
+    lines.append(reference_section(data).splitlines()[0])
+    return "\n".join(lines) + "\n"
+
+
+def short_table(data: dict) -> str:
+    """Cands/min per harness and format, and the ratio to KernelBench's."""
+    kb = kb_totals(data)
+    kb_rate = per_minute(kb["count"], kb["seconds"])
+    rows = [["KernelBench cuda", kb["count"], fmt_num(kb_rate), "1.00x" if kb_rate else "n/a"]]
+    for fmt, t in kz_format_times(data).items():
+        rate = per_minute(t["count"], t["seconds"])
+        rows.append([f"kz {fmt}", t["count"], fmt_num(rate), fmt_ratio(rate, kb_rate)])
+    return table(["harness", "candidates", "cands/min", "vs KernelBench"], rows)

@@ -1,0 +1,260 @@
+"""bench/kernelbench_compare.py end to end on the CPU, with stand-ins for the two harnesses
+(tests/fakes: a `kz eval-suite` that answers from file names, a `kernelbench` package that answers
+from source markers), and its report on known numbers. The real harnesses run on the GPU host."""
+import contextlib
+import io
+import json
+import pathlib
+import stat
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKES = pathlib.Path(__file__).resolve().parent / "fakes"
+sys.path.insert(0, str(ROOT / "bench"))
+import compare_report  # noqa: E402
+import kb_harness  # noqa: E402
+import kernelbench_compare  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fake_kz(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bin") / "kz"
+    path.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{FAKES / 'fake_kz.py'}' \"$@\"\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def run_main(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = kernelbench_compare.main([str(a) for a in argv])
+    return code, out.getvalue()
+
+
+# ---- the whole pipeline with stand-ins -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory, fake_kz):
+    out = tmp_path_factory.mktemp("run")
+    code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", out,
+                           "--device", "cuda:0", "--kb-limit", "4", "--kb-compile-workers", "2", "--budget-s", "900"])
+    assert code == 0
+    return out, text, json.loads((out / "compare.json").read_text())
+
+
+def test_every_phase_ran_and_was_saved(gpu_run):
+    out, text, data = gpu_run
+    assert set(data["phases"]) == {"kz", "kb", "stability", "ref"}
+    assert len(data["kz_batch"]["verdicts"]) == len(data["manifest"]) >= 32
+    assert text.endswith((out / "report.txt").read_text())  # after the progress lines
+    for log in ("kz-batch.txt", "kz-batch.err", "kb-prebuild.log", "kb-eval.log", "kz-stability.txt"):
+        assert (out / log).exists(), log
+
+
+def test_kernelbench_ran_the_first_cuda_candidates_its_way(gpu_run):
+    _, _, data = gpu_run
+    cuda = [r for r in data["manifest"] if r["format"] == "cuda"]
+    kb = data["kb"]
+    assert kb["samples"] == [r["id"] for r in cuda[:4]]
+    assert set(kb["prebuild"]["samples"]) == set(kb["samples"]) and kb["prebuild"]["workers"] == 2
+    outcomes = kb["eval"]["outcomes"]
+    assert [o["id"] for o in outcomes] == kb["samples"]
+    expected = {r["id"]: compare_report.KB_CLASS.get(r["expected"], r["expected"]) for r in cuda}
+    assert all(o["class"] == expected[o["id"]] for o in outcomes), outcomes
+    assert all(o["wall_s"] >= o["eval_s"] > 0 for o in outcomes)
+    assert set(kb["setup"]["stubbed"]) >= {"dotenv", "openai", "litellm"} - installed()
+    assert kb["loader_problems"] == []
+
+
+def installed():
+    import importlib.util
+    return {m for m in ("dotenv", "openai", "litellm") if importlib.util.find_spec(m)}
+
+
+def test_the_report_has_rates_ratios_stages_and_agreement(gpu_run):
+    _, text, data = gpu_run
+    assert "cands/min" in text and "vs KernelBench cuda" in text
+    assert "goal cuda >= 10x KernelBench (on its 4 samples):" in text and "goal cuda-rtc >= 50x KernelBench:" in text
+    assert f"verdicts: kz {len(data['manifest'])}/{len(data['manifest'])} as expected" in text
+    assert "KernelBench 4/4 as expected" in text
+    assert "timing stability: 07_softmax (cuda-rtc) in 5 separate kz evaluations" in text
+    assert "reference as its own candidate (--format torch): 20 tasks" in text
+    assert "load_reference" in text and "pre-build+start" in text
+
+
+def test_report_only_reprints_a_saved_run(gpu_run):
+    out, text, _ = gpu_run
+    code, again = run_main(["--report-only", out / "compare.json"])
+    assert code == 0 and again == (out / "report.txt").read_text() and text.endswith(again)
+
+
+def test_cpu_run_prebuilds_kernelbench_only_and_skips_timing_phases(tmp_path, fake_kz):
+    code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", tmp_path,
+                           "--device", "cpu", "--kb-limit", "2", "--kb-compile-workers", "2"])
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert code == 0 and set(data["phases"]) == {"kz", "kb"}
+    assert "eval" not in data["kb"] and len(data["kb"]["prebuild"]["samples"]) == 2
+    assert "pre-build only" in text and "not measured (needs a GPU)" in text
+    assert "compiled_not_run" in text  # cuda / cuda-rtc candidates that compile, on a CPU machine
+
+
+class FixedBudget:
+    deadline = 1.0  # a budget is set
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def left(self):
+        return self.seconds
+
+
+def test_a_small_budget_cuts_the_later_phases_and_says_so(tmp_path, fake_kz):
+    args = kernelbench_compare.parse_args(["--kz", str(fake_kz), "--out", str(tmp_path), "--skip", "kb"])
+    data = {"kz_batch": {"verdicts": [{"status": "ok", "wall_s": 7.0}]}}  # 7 s per evaluation
+    kernelbench_compare.phase_stability(args, data, FixedBudget(30), tmp_path / "cache")
+    assert data["stability"]["note"] == "skipped: 30 s left, 46 s needed"
+    kernelbench_compare.phase_ref(args, data, FixedBudget(40), tmp_path / "cache")
+    ref = data["ref_as_candidate"]
+    assert len(ref["verdicts"]) == 3 and len(ref["skipped"]) == 17  # (40 - 10) / (7 x 1.15) = 3 tasks
+    assert "not run (time budget): " in compare_report.reference_section(data)
+    kernelbench_compare.phase_ref(args, data, FixedBudget(12), tmp_path / "cache")
+    assert data["ref_as_candidate"]["note"].startswith("skipped")
+
+
+def test_a_failing_phase_is_reported_and_the_rest_runs(tmp_path, fake_kz):
+    code, text = run_main(["--kernelbench", tmp_path, "--kz", fake_kz, "--out", tmp_path / "out", "--device", "cpu"])
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert code == 0 and len(data["kz_batch"]["verdicts"]) == len(data["manifest"])
+    assert "kb: FAILED: ValueError:" in text and "not a KernelBench checkout" in text
+
+
+def test_dry_run_checks_loaders_and_times_nothing(tmp_path, fake_kz):
+    code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", tmp_path,
+                           "--dry-run", "--device", "cpu"])
+    assert code == 0 and "KernelBench loaders: compatible" in text
+    assert not (tmp_path / "kz-batch.jsonl").exists()
+    assert (tmp_path / "batch" / "manifest.jsonl").exists()
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+def test_kernelbench_path_is_required_unless_skipped(capsys):
+    with pytest.raises(SystemExit):
+        kernelbench_compare.parse_args([])
+    assert "fetch-kernelbench.sh" in capsys.readouterr().err
+    assert kernelbench_compare.parse_args(["--skip", "kb"]).skip == {"kb"}
+    with pytest.raises(SystemExit):
+        kernelbench_compare.parse_args(["--skip", "kb,warmup"])
+
+
+def test_a_folder_that_is_not_kernelbench_says_how_to_get_it(tmp_path):
+    with pytest.raises(ValueError, match="fetch-kernelbench.sh"):
+        kb_harness.source_dir(tmp_path)
+
+
+# ---- KernelBench side, pieces --------------------------------------------------------------------
+
+def test_pydantic_stand_in_gives_each_instance_its_own_defaults():
+    namespace = {}
+    exec(kb_harness.STUBS["pydantic"], namespace)
+
+    class Result(namespace["BaseModel"]):
+        compiled: bool = False
+        metadata: dict = {}
+
+    first, second = Result(compiled=True), Result()
+    first.metadata["x"] = 1
+    assert first.compiled and not second.compiled and second.metadata == {}
+
+
+def test_stubs_only_for_missing_modules(tmp_path):
+    stubbed = kb_harness.install_stubs(tmp_path)
+    assert "json" not in stubbed and all((tmp_path / f"{name}.py").exists() for name in stubbed)
+    assert not (tmp_path / "pydantic.py").exists() or "pydantic" in stubbed
+
+
+@pytest.mark.parametrize("outcome, expected", [
+    ({"compiled": True, "correctness": True}, "ok"),
+    ({"compiled": True, "correctness": False, "metadata": {"runtime_error": "x"}}, "runtime_error"),
+    ({"compiled": True, "correctness": False, "metadata": {}}, "incorrect"),
+    ({"compiled": False, "correctness": False}, "compile_error"),
+    ({"compiled": False, "timeout": True}, "timeout"),
+])
+def test_kernelbench_outcomes_map_to_statuses(outcome, expected):
+    assert kb_harness.verdict_class(outcome) == expected
+
+
+def test_a_hanging_sample_times_out_and_the_next_still_runs(tmp_path):
+    kb_harness.prepare(FAKES / "kernelbench", tmp_path / "stubs")
+    samples = [{"id": f"t/{name}", "source": source, "ref_source": "", "build_dir": str(tmp_path / name)}
+               for name, source in (("hang", "FAKE_HANG"), ("fine", "class ModelNew: pass"))]
+    for s in samples:
+        pathlib.Path(s["build_dir"]).mkdir()
+        (pathlib.Path(s["build_dir"]) / "built").write_text("")
+    settings = {"correct_trials": 5, "perf_trials": 100, "timeout_s": 15, "min_eval_s": 1}
+    result = kb_harness.evaluate_all(samples, settings, "Hopper", tmp_path / "log", float("inf"))
+    assert [o["class"] for o in result["outcomes"]] == ["timeout", "ok"]
+    assert result["outcomes"][0]["wall_s"] < 60
+
+
+# ---- the report on known numbers ---------------------------------------------------------------------
+
+def synthetic():
+    manifest = [{"id": f"t{i}/{fmt}__correct", "task": f"t{i}", "format": fmt, "kind": "correct", "expected": "ok"}
+                for i, fmt in enumerate(["cuda", "cuda", "cuda-rtc", "triton"])]
+    verdicts = [{"id": r["id"], "task": r["task"], "format": r["format"], "status": "ok", "wall_s": 5.0,
+                 "stage_s": {"startup": 2.0, "load_reference": 1.0, "compile": 0.5, "correctness": 0.5,
+                             "timing": 0.5, "recheck": 0.25}, "speedup": 1.1} for r in manifest]
+    return {"settings": {"device": "cuda:0", "gpu": "NVIDIA H200", "kb_limit": 2, "kb_workers": 16,
+                         "kb_gpu_arch": "Hopper"},
+            "manifest": manifest,
+            # 4 evaluations of 5 s, 40 s of wall: 20 s outside them, charged to cuda.
+            "kz_batch": {"wall_s": 40.0, "verdicts": verdicts},
+            # KernelBench: 60 s pre-build + 2 x 10 s = 80 s for 2 candidates = 1.5 per minute.
+            "kb": {"setup": {"commit": "abc", "stubbed": []}, "prebuild": {"wall_s": 60.0},
+                   "eval": {"outcomes": [{"id": manifest[0]["id"], "class": "ok", "wall_s": 10.0, "eval_s": 6.0},
+                                         {"id": manifest[1]["id"], "class": "ok", "wall_s": 10.0, "eval_s": 6.0}]}},
+            "stability": {"task": "t2", "format": "cuda-rtc",
+                          "verdicts": [{"runtime_ms": x, "ref_runtime_ms": 0.2, "speedup": 0.2 / x} for x in (0.1, 0.11)]},
+            "ref_as_candidate": {"verdicts": [{"task": "t0", "speedup": 0.99}, {"task": "t1", "speedup": 1.02}],
+                                 "skipped": ["t3"]}}
+
+
+def test_rates_and_ratios_on_known_numbers():
+    data = synthetic()
+    times = compare_report.kz_format_times(data)
+    assert times["cuda"] == {"count": 2, "seconds": 30.0}      # 2 x 5 s + the 20 s outside evaluations
+    assert times["cuda-rtc"] == {"count": 1, "seconds": 5.0}
+    assert compare_report.kb_totals(data)["seconds"] == 80.0
+    text = compare_report.render(data)
+    # cuda: 2 per 30 s = 4.0/min against 1.5/min; cuda-rtc: 12.0/min = 8.00x.
+    assert "4.0" in text and "2.67x" in text and "8.00x" in text
+    # Without the pre-build: kz cuda 2 per 10 s = 12/min, KernelBench 2 per 20 s = 6/min.
+    kz_cuda_row = next(line for line in text.splitlines() if line.startswith("kz           cuda "))
+    assert kz_cuda_row.split()[-2:] == ["12.0", "2.00x"], kz_cuda_row
+    # The goal compares the same samples: kz's 2 KernelBench samples took 10 s + the 20 s outside.
+    assert "goal cuda >= 10x KernelBench (on its 2 samples): 2.67x, NOT met" in text
+    assert "max/min" in text and "1.100" in text
+    assert "0.990x to 1.020x" in text and "not run (time budget): t3" in text
+    assert "KernelBench: parallel pre-build 60.0 s; 2 evaluations 20.0 s, of which 12.0 s inside" in text
+    assert "re-ran" not in text and "whose pre-build had failed" not in text
+
+
+def test_rebuilds_of_failed_builds_are_named():
+    data = synthetic()
+    data["kz_batch"]["verdicts"][1].update(status="compile_error", checks=["kernel_compile"])
+    data["kb"]["prebuild"]["samples"] = {data["manifest"][1]["id"]: {"built": False}}
+    text = compare_report.stage_section(data)
+    assert "0.5 s re-ran 1 load_inline build(s)" in text
+    assert "6.0 s of its evaluations went to 1 sample(s) whose pre-build had failed" in text
+    short = compare_report.short_report(data)
+    assert "KernelBench cuda" in short and "kz cuda-rtc" in short and "goal cuda-rtc >= 50x" in short
+    assert "timing stability: t2 (cuda-rtc) in 2 separate kz evaluations: candidate median max/min 1.100" in short
+    assert "reference as its own candidate (--format torch): 2 tasks" in short
+
+
+def test_report_of_an_empty_run_does_not_fail():
+    text = compare_report.render({"settings": {"device": "cpu"}, "manifest": []})
+    assert "not measured" in text
