@@ -213,7 +213,7 @@ def stability_section(data: dict) -> str:
     settings = data.get("settings", {})
     name = f"{st.get('task', settings.get('stability_task', '?'))} ({st.get('format', settings.get('stability_format', '?'))})"
     if len(verdicts) < 2:
-        return f"timing stability of {name}: {st.get('note') or 'not measured (needs a GPU)'}"
+        return f"timing stability of {name}: {st.get('note') or untimed(st)}"
     return (f"timing stability: {name} in {len(verdicts)} separate kz evaluations\n"
             + table(["", "per evaluation", "max/min"], stability_rows(data)))
 
@@ -234,7 +234,7 @@ def reference_section(data: dict) -> str:
     ref = data.get("ref_as_candidate") or {}
     verdicts = [v for v in ref.get("verdicts", []) if v.get("speedup")]
     if not verdicts:
-        return f"reference as its own candidate: {ref.get('note') or 'not measured (needs a GPU)'}"
+        return f"reference as its own candidate: {ref.get('note') or untimed(ref)}"
     speedups = [v["speedup"] for v in verdicts]
     inside = sum(0.97 <= s <= 1.03 for s in speedups)
     lines = [f"reference as its own candidate (--format torch): {len(speedups)} tasks, speedup "
@@ -245,6 +245,15 @@ def reference_section(data: dict) -> str:
     if ref.get("skipped"):
         lines.append(f"  not run (time budget): {', '.join(ref['skipped'])}")
     return "\n".join(lines)
+
+
+def untimed(phase: dict) -> str:
+    """Why a timing phase has no figures: it did not run (no GPU), or its verdicts were not timed."""
+    statuses = [v.get("status") for v in phase.get("verdicts", [])]
+    if not statuses:
+        return "not measured (needs a GPU)"
+    counts = ", ".join(f"{s} x{statuses.count(s)}" for s in sorted(set(statuses)))
+    return f"no timed verdicts ({counts}; see the kz-*.jsonl logs)"
 
 
 def geomean(values: list) -> float:

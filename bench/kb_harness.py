@@ -21,6 +21,7 @@ import pathlib
 import sys
 import tempfile
 import time
+import traceback
 
 # Minimal stand-ins for modules KernelBench imports but does not use to evaluate. Only the names
 # its modules reference at import time, or use on the evaluation path (pydantic.BaseModel for
@@ -140,12 +141,16 @@ def check_loaders(references: dict, candidates: list, call_get_inputs: bool) -> 
 
 def _child_init(log_path: str, gpu_arch: str) -> None:
     """In each spawned process: its output (nvcc and ninja included) to a log, and the build
-    architecture set by KernelBench's own set_gpu_arch, as its scripts do."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    from kernelbench import utils
-    utils.set_gpu_arch([gpu_arch])
+    architecture set by KernelBench's own set_gpu_arch, as its scripts do. Never raises: a pool
+    replaces a worker whose initializer failed, forever; the task itself reports the failure."""
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        from kernelbench import utils
+        utils.set_gpu_arch([gpu_arch])
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
 
 
 def compile_one(kernel_src: str, build_dir: str) -> dict:

@@ -185,8 +185,9 @@ def phase_kb(args, data, budget, stub_root):
     for s in samples:
         s["build_dir"] = str(builds / s["id"].replace("/", "__"))
     deadline = time.monotonic() + max(0.0, budget.left() - stability_reserve(args, data, len(samples), budget))
+    # The pre-build may use all but the time of one evaluation: cut short, it leaves nothing to evaluate.
     kb["prebuild"] = kb_harness.prebuild(samples, args.kb_compile_workers, args.kb_gpu_arch,
-                                         args.out / "kb-prebuild.log", deadline - 20)
+                                         args.out / "kb-prebuild.log", deadline - 15)
     save(args, data)
     if args.device == "cpu":
         built = sum(bool(r.get("built")) for r in kb["prebuild"]["samples"].values())
