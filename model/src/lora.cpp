@@ -208,6 +208,7 @@ Status add_lora(CausalLM& model, const LoraOptions& options) {
     at::Generator gen = at::detail::createCPUGenerator(options.seed);
     for (auto& [name, lin] : projections(model))
       if (targeted(options, leaf_name(name))) attach_fresh(*lin, options, gen);
+    model.eval();  // no dropout outside the Trainer's passes (generation stays deterministic)
     return Status::ok();
   });
 }

@@ -7,6 +7,7 @@
 #include "kz/model/train.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,6 +15,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <mutex>
 
 #include "kz/model/generate.h"
 
@@ -21,6 +23,29 @@ namespace kz::model {
 
 // ---- activation checkpointing ----
 namespace {
+
+// True when recomputing the layer draws random numbers (LoRA dropout in training mode).
+bool layer_uses_rng(DecoderLayer& layer) {
+  for (const auto& lin : {layer.self_attn->q_proj, layer.self_attn->k_proj, layer.self_attn->v_proj,
+                          layer.self_attn->o_proj, layer.mlp->gate_proj, layer.mlp->up_proj, layer.mlp->down_proj})
+    if (lin->lora_A && lin->lora_dropout > 0 && lin->is_training()) return true;
+  return false;
+}
+
+// The default generator of `device` (CPU or an accelerator), whose state the recompute replays.
+at::Generator generator_of(const at::Device& device) { return at::globalContext().defaultGenerator(device); }
+
+at::Tensor rng_state(const at::Device& device) {
+  at::Generator gen = generator_of(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_rng_state(const at::Device& device, const at::Tensor& state) {
+  at::Generator gen = generator_of(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 // Forward runs the layer without a graph and keeps its input and attention inputs; backward
 // reruns it with grad mode on and differentiates the recomputed output. The trained parameters
@@ -38,6 +63,11 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["has_mask"] = in->mask.defined();
     if (in->mask.defined()) ctx->saved_data["mask"] = in->mask;
     ctx->saved_data["num_params"] = static_cast<int64_t>(params.size());
+    // Dropout masks must be the same when the layer is recomputed: keep the generator's state
+    // from before this forward, as torch.utils.checkpoint's preserve_rng_state does.
+    const bool rng = layer_uses_rng(*layer);
+    ctx->saved_data["has_rng"] = rng;
+    if (rng) ctx->saved_data["rng"] = rng_state(x.device());
     return layer->forward(x, *in);
   }
 
@@ -62,7 +92,13 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     at::Tensor y;
     {
       at::AutoGradMode grad_mode(true);
+      at::Tensor outer_rng;
+      if (ctx->saved_data["has_rng"].toBool()) {  // replay the forward's draws, then carry on where we were
+        outer_rng = rng_state(x.device());
+        set_rng_state(x.device(), ctx->saved_data["rng"].toTensor());
+      }
       y = layer->forward(x, in);
+      if (outer_rng.defined()) set_rng_state(x.device(), outer_rng);
     }
     auto grads = torch::autograd::grad({y}, wrt, {grad_out[0]}, /*retain_graph=*/false, /*create_graph=*/false,
                                        /*allow_unused=*/true);
@@ -299,7 +335,25 @@ at::Tensor Trainer::gradient(const Param& p) const {
   return p.param.grad();
 }
 
+namespace {
+
+// Training mode (LoRA dropout on) for one forward/backward, then the mode the caller had.
+class TrainingMode {
+ public:
+  explicit TrainingMode(torch::nn::Module& m) : module_(m), was_(m.is_training()) { module_.train(true); }
+  ~TrainingMode() { module_.train(was_); }
+  TrainingMode(const TrainingMode&) = delete;
+  TrainingMode& operator=(const TrainingMode&) = delete;
+
+ private:
+  torch::nn::Module& module_;
+  bool was_;
+};
+
+}  // namespace
+
 Result<double> Trainer::backward(const MicroBatch& batch, const LossOptions& loss, double denominator) {
+  TrainingMode mode(*model_);
   auto value = micro_batch_loss(*model_, batch, loss, denominator);
   if (!value.ok()) return value.status();
   return guarded("backward", [&]() -> Result<double> {

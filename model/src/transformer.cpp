@@ -174,7 +174,7 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   at::Tensor y = at::linear(x, weight, bias);
   if (!lora_A) return y;
   at::Tensor h = x.to(lora_A->weight.scalar_type());
-  if (lora_dropout > 0 && is_training() && c10::GradMode::is_enabled()) h = at::dropout(h, lora_dropout, true);
+  if (lora_dropout > 0 && is_training()) h = at::dropout(h, lora_dropout, true);
   return y + (lora_B->forward(lora_A->forward(h)) * lora_scaling).to(y.scalar_type());
 }
 

@@ -7,10 +7,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -121,14 +123,14 @@ std::unique_ptr<Trainer> make_trainer(std::shared_ptr<CausalLM> model, const Tra
   return t.ok() ? std::move(*t) : nullptr;
 }
 
-// Every trainable parameter's gradient after one backward of the reference batch.
-std::map<std::string, at::Tensor> gradients(std::shared_ptr<CausalLM> model, const json& ref, bool checkpointing) {
+// Every trainable parameter's gradient after one backward of `batch` (random stream seeded).
+std::map<std::string, at::Tensor> gradients(std::shared_ptr<CausalLM> model, const MicroBatch& batch, bool checkpointing) {
   TrainOptions options;
   options.activation_checkpointing = checkpointing;
   auto trainer = make_trainer(model, options);
-  auto batches = reference_batches(ref, false);
   LossOptions loss;
-  auto share = trainer->backward(batches[0], loss, step_denominator(batches, loss));
+  at::manual_seed(1234);
+  auto share = trainer->backward(batch, loss, step_denominator({batch}, loss));
   EXPECT_TRUE(share.ok()) << share.status().to_string();
   std::map<std::string, at::Tensor> out;
   for (const auto& item : model->named_parameters())
@@ -188,15 +190,44 @@ TEST_P(TrainTest, LoraStepMatchesPeft) {
   }
 }
 
+// Names of the autograd nodes reachable from `t`.
+std::multiset<std::string> graph_nodes(const at::Tensor& t) {
+  std::multiset<std::string> names;
+  std::set<const torch::autograd::Node*> seen;
+  std::vector<std::shared_ptr<torch::autograd::Node>> todo = {t.grad_fn()};
+  while (!todo.empty()) {
+    auto node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    names.insert(node->name());
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function);
+  }
+  return names;
+}
+
+TEST_P(TrainTest, CheckpointingKeepsOnlyLayerInputs) {
+  at::Tensor ids = to_tensor(ref_["input_ids"], at::kLong);
+  auto plain = graph_nodes(*model_->logits(ids));
+  model_->activation_checkpointing = true;
+  auto recomputed = graph_nodes(*model_->logits(ids));
+  int64_t layers = model_->config().num_hidden_layers, found = 0;
+  for (const auto& name : recomputed) found += name.find("CheckpointedLayer") != std::string::npos;
+  EXPECT_EQ(found, layers);
+  EXPECT_LT(recomputed.size() + 20 * static_cast<size_t>(layers), plain.size());  // the layers' insides are gone
+  c10::NoGradGuard no_grad;  // without grad mode nothing is recorded either way
+  EXPECT_FALSE(model_->logits(ids)->requires_grad());
+}
+
 TEST_P(TrainTest, ActivationCheckpointingGivesTheSameGradients) {
-  auto plain = gradients(model_, ref_, false);
-  auto recomputed = gradients(model_, ref_, true);
+  MicroBatch batch = reference_batches(ref_, false)[0];
+  auto plain = gradients(model_, batch, false);
+  auto recomputed = gradients(model_, batch, true);
   ASSERT_EQ(plain.size(), recomputed.size());
   for (const auto& [name, g] : plain) EXPECT_LT(max_abs_diff(g, recomputed[name]), 1e-6) << name;
   // LoRA: the layers' inputs (frozen embeddings) need no gradient, the adapters inside do.
   ASSERT_TRUE(load_lora(*model_, ref_dir() / "lora_init").is_ok());
-  auto lora_plain = gradients(model_, ref_, false);
-  auto lora_recomputed = gradients(model_, ref_, true);
+  auto lora_plain = gradients(model_, batch, false);
+  auto lora_recomputed = gradients(model_, batch, true);
   ASSERT_EQ(lora_plain.size(), lora_parameters(*model_).size());
   for (const auto& [name, g] : lora_plain) {
     ASSERT_TRUE(lora_recomputed[name].defined()) << name;
@@ -266,6 +297,30 @@ TEST_F(LoraTest, FreshAdaptersStartAsPeftAndFreezeTheBase) {
   EXPECT_EQ(trainable, static_cast<int64_t>(params.size()));
   EXPECT_LT(max_abs_diff(*model_->logits(ids), before), 1e-7);  // B = 0: unchanged
   EXPECT_FALSE(add_lora(*model_, options).is_ok());             // already attached
+}
+
+// Dropout masks drawn in forward are replayed by the recompute: same gradients, which differ
+// from dropout-free ones (so dropout did act).
+TEST_F(LoraTest, CheckpointingReplaysDropout) {
+  LoraOptions options;
+  options.dropout = 0.3;
+  ASSERT_TRUE(add_lora(*model_, options).is_ok());
+  {
+    c10::NoGradGuard no_grad;
+    for (auto& [name, t] : lora_parameters(*model_))
+      if (name.ends_with("lora_B.weight")) t.normal_(0.0, 0.05);
+  }
+  MicroBatch batch;
+  batch.input_ids = at::tensor(std::vector<int64_t>{5, 17, 99, 3, 64, 12, 7, 1, 2}).view({1, 9});
+  auto plain = gradients(model_, batch, false);
+  auto recomputed = gradients(model_, batch, true);
+  for (const auto& [name, g] : plain) EXPECT_LT(max_abs_diff(g, recomputed[name]), 1e-6) << name;
+  for (const auto& item : model_->named_modules())
+    if (auto lin = std::dynamic_pointer_cast<Linear>(item.value()); lin && lin->lora_A) lin->lora_dropout = 0;
+  auto no_dropout = gradients(model_, batch, false);
+  const std::string name = "model.layers.1.mlp.down_proj.lora_A.weight";
+  EXPECT_GT(max_abs_diff(plain[name], no_dropout[name]), 1e-4);
+  EXPECT_FALSE(model_->is_training()) << "the trainer restores eval mode";
 }
 
 // Trains adapters a little on every fixture, saves them, and has peft load them (one Python run):

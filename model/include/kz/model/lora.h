@@ -5,7 +5,8 @@
 // kaiming-uniform(a = sqrt(5)), i.e. uniform(-1/sqrt(in), 1/sqrt(in)), and B = 0, so the model is
 // unchanged until B trains. Adapter weights are float32 whatever the base dtype (PEFT's
 // autocast_adapter_dtype), and attaching freezes every base parameter: a Trainer created
-// afterwards trains only the adapters.
+// afterwards trains only the adapters. Attaching leaves the model in eval mode, so dropout acts
+// only inside Trainer::backward/step (which switch training mode on for their passes).
 //
 // On disk (PEFT's save_pretrained / PeftModel.from_pretrained): DIR/adapter_config.json
 // ({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r", "lora_alpha", "target_modules", ...})
@@ -34,7 +35,7 @@ const std::vector<std::string>& lora_target_names();  // q,k,v,o,gate,up,down _p
 struct LoraOptions {
   int64_t r = 16;            // rank
   double alpha = 32;         // scaling = alpha / r
-  double dropout = 0.0;      // on the adapter's input while training (not replayed by checkpointing)
+  double dropout = 0.0;      // on the adapter's input, in training mode only
   bool use_rslora = false;   // scaling = alpha / sqrt(r)
   std::vector<std::string> target_modules = lora_target_names();
   uint64_t seed = 0;         // A's initialisation

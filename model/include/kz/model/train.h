@@ -30,8 +30,10 @@
 //
 // Activation checkpointing recomputes each decoder layer in backward: the layer's parameters are
 // inputs of the recompute function, so gradients flow (and autograd::grad works) even when the
-// layer input does not require grad (LoRA over frozen embeddings). Randomness inside a layer (LoRA
-// dropout) is not replayed: use dropout 0 with checkpointing.
+// layer input does not require grad (LoRA over frozen embeddings). When a layer draws random
+// numbers (LoRA dropout), the generator's state is saved and replayed so the recompute uses the
+// forward's dropout masks. Parameter gradients come out of the recompute function, so
+// torch::autograd::grad works as well as backward().
 #pragma once
 
 #include <cstdint>
@@ -89,14 +91,15 @@ enum class LrSchedule { constant, warmup_cosine };
 
 struct TrainOptions {
   // AdamW, as torch.optim.AdamW: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
-  double lr = 1e-5;
+  double lr = 1e-5;            // peak learning rate
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decay_norms_and_biases = false;  // false: norm weights and biases get no weight decay
-  // Learning rate of optimiser step s (0-based): constant lr, or warmup_cosine: lr * (s+1)/warmup_steps
-  // for s < warmup_steps, then cosine from lr down to lr * min_lr_ratio at s = total_steps.
+  // Learning rate of optimiser step s (0-based): lr * (s+1)/warmup_steps for s < warmup_steps,
+  // then constant lr, or (warmup_cosine) a cosine from lr down to lr * min_lr_ratio at
+  // s = total_steps, held there afterwards.
   LrSchedule schedule = LrSchedule::constant;
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;     // warmup_cosine: required, > warmup_steps

@@ -38,8 +38,8 @@ class Linear : public torch::nn::Module {
  public:
   Linear(at::Tensor weight, std::optional<at::Tensor> bias);
   // With an adapter: y + lora_scaling * lora_B(lora_A(dropout(x))), computed in the adapter's
-  // dtype (float32 over a bf16 base, as PEFT does) and cast back to y's. Dropout only while
-  // training with grad mode on, so generation is deterministic.
+  // dtype (float32 over a bf16 base, as PEFT does) and cast back to y's. Dropout only in training
+  // mode (add_lora leaves the model in eval mode; the Trainer switches it on for its passes).
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;  // bias undefined when the config has none
   // LoRA: A [r, in], B [out, r], registered as submodules "lora_A"/"lora_B" so their parameters
