@@ -14,10 +14,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <mutex>
 
 #include "kz/model/generate.h"
+#include "kz/model/safetensors.h"
 
 namespace kz::model {
 
@@ -424,6 +427,68 @@ Status Trainer::update() {
     }
     ++step_;
     zero_grad();
+    return Status::ok();
+  });
+}
+
+// ---- resumable state ----
+namespace {
+
+constexpr const char* kStateTensors = "optimizer.safetensors";
+constexpr const char* kStateJson = "trainer_state.json";
+
+// (file name, tensor) pairs save_state writes for one parameter.
+std::vector<std::pair<std::string, at::Tensor>> state_tensors(const Trainer::Param& p) {
+  std::vector<std::pair<std::string, at::Tensor>> out = {{p.name + ".exp_avg", p.exp_avg}, {p.name + ".exp_avg_sq", p.exp_avg_sq}};
+  if (p.mixed()) out.emplace_back(p.name + ".master", p.master);
+  return out;
+}
+
+}  // namespace
+
+Status Trainer::save_state(const fs::path& dir) const {
+  return guarded("saving trainer state to " + dir.string(), [&]() -> Status {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return io_error(fmt::format("creating {}: {}", dir.string(), ec.message()));
+    std::vector<at::Tensor> host;  // CPU copies alive while writing
+    std::vector<StTensorView> views;
+    for (const auto& p : params_)
+      for (const auto& [name, t] : state_tensors(p)) {
+        host.push_back(t.detach().to(at::kCPU, at::kFloat).contiguous());
+        views.push_back({name, StDType::f32, host.back().sizes().vec(), host.back().data_ptr(), host.back().nbytes()});
+      }
+    KZ_RETURN_IF_ERROR(write_safetensors(dir / kStateTensors, views));
+    return write_file_atomic(dir / kStateJson, nlohmann::json{{"step", step_}}.dump() + "\n");
+  });
+}
+
+Status Trainer::load_state(const fs::path& dir) {
+  auto text = read_file(dir / kStateJson);
+  if (!text.ok()) return text.status().with_context("loading trainer state");
+  auto file = SafetensorsFile::open(dir / kStateTensors);
+  if (!file.ok()) return file.status().with_context("loading trainer state");
+  return guarded("loading trainer state from " + dir.string(), [&]() -> Status {
+    const int64_t step = nlohmann::json::parse(*text).at("step").get<int64_t>();
+    std::vector<std::string> problems;
+    std::vector<std::pair<at::Tensor, const StTensorInfo*>> copies;
+    for (const auto& p : params_)
+      for (const auto& [name, t] : state_tensors(p)) {
+        const StTensorInfo* info = file->find(name);
+        if (!info) problems.push_back(name + " missing");
+        else if (info->dtype != StDType::f32 || info->shape != t.sizes().vec())
+          problems.push_back(fmt::format("{} is {} [{}], expected F32 [{}]", name, st_dtype_name(info->dtype),
+                                         fmt::join(info->shape, ", "), fmt::join(t.sizes(), ", ")));
+        else copies.emplace_back(t, info);
+      }
+    if (!problems.empty())
+      return invalid_argument(fmt::format("{} does not fit this trainer's parameters: {}", (dir / kStateTensors).string(),
+                                          fmt::join(problems, "; ")));
+    c10::NoGradGuard no_grad;
+    for (auto& [t, info] : copies) t.copy_(at::from_blob(const_cast<void*>(file->data(*info)), info->shape, at::kFloat));
+    for (auto& p : params_)
+      if (p.mixed()) p.param.copy_(p.master);
+    step_ = step;
     return Status::ok();
   });
 }

@@ -498,6 +498,48 @@ TEST_F(StepTest, Bfloat16KeepsFloat32MasterWeights) {
   EXPECT_TRUE(at::equal(param, master.to(at::kBFloat16)));
 }
 
+// Two steps, save weights and optimiser state, resume in a fresh model: the third step is the
+// same as without the interruption (bf16, so the float32 masters must come back too).
+TEST_F(StepTest, ResumedTrainingContinuesExactly) {
+  LoadOptions bf16;
+  bf16.dtype = at::kBFloat16;
+  TrainOptions options;
+  options.lr = 1e-3;
+  options.weight_decay = 0.01;
+  options.schedule = LrSchedule::warmup_cosine;
+  options.warmup_steps = 2;
+  options.total_steps = 5;
+  auto model = load(fixtures() / "qwen2", bf16);
+  auto trainer = make_trainer(model, options);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(trainer->step({batch()}, LossOptions{}).ok());
+  fs::path dir = scratch_dir("resume");
+  ASSERT_TRUE(model->save(dir).is_ok());
+  ASSERT_TRUE(trainer->save_state(dir / "trainer").is_ok());
+  auto third = trainer->step({batch()}, LossOptions{});
+  ASSERT_TRUE(third.ok());
+
+  auto again = load(dir);
+  ASSERT_TRUE(again);
+  auto resumed = make_trainer(again, options);
+  ASSERT_TRUE(resumed->load_state(dir / "trainer").is_ok());
+  EXPECT_EQ(resumed->steps_done(), 2);
+  auto third_again = resumed->step({batch()}, LossOptions{});
+  ASSERT_TRUE(third_again.ok());
+  EXPECT_DOUBLE_EQ(third_again->lr, third->lr);
+  EXPECT_DOUBLE_EQ(third_again->loss, third->loss);
+  for (const auto& name : trainer->parameter_names())
+    EXPECT_TRUE(at::equal(trainer->master(name), resumed->master(name))) << name;
+
+  // A LoRA trainer cannot take a full fine-tuning state.
+  auto lora_model = load(fixtures() / "qwen2");
+  ASSERT_TRUE(add_lora(*lora_model, LoraOptions{}).is_ok());
+  auto lora_trainer = make_trainer(lora_model, options);
+  Status s = lora_trainer->load_state(dir / "trainer");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("model.layers.0.self_attn.q_proj.lora_A.weight.exp_avg missing"), std::string::npos) << s.message();
+  EXPECT_EQ(lora_trainer->steps_done(), 0);
+}
+
 TEST_F(StepTest, PolicyLossesReduceToNllWhereTheyShould) {
   MicroBatch b = batch();
   auto nll = micro_batch_loss(*model_, b, LossOptions{}, 14);

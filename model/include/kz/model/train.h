@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kz/core/files.h"
 #include "kz/core/status.h"
 #include "kz/model/transformer.h"
 
@@ -139,6 +140,15 @@ class Trainer {
   // AdamW at learning_rate(options, steps_done()), then zeroes the gradients.
   Status update();
   void zero_grad();
+
+  // Optimiser state, for resuming a run: DIR/optimizer.safetensors ("<name>.exp_avg",
+  // "<name>.exp_avg_sq" per trained parameter, and "<name>.master" for the float32 masters of
+  // bf16/fp16 parameters) and DIR/trainer_state.json ({"step": n}). The weights themselves are
+  // saved apart (CausalLM::save, or save_lora for adapters).
+  Status save_state(const fs::path& dir) const;
+  // Restores save_state's files into a trainer over the same parameters (masters are copied into
+  // the model too); every missing or mis-shaped tensor is named in one error, nothing changes then.
+  Status load_state(const fs::path& dir);
 
   int64_t steps_done() const { return step_; }
   const TrainOptions& options() const { return options_; }
