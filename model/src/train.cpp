@@ -159,6 +159,7 @@ Status LossOptions::validate() const {
   if (!(sum_denominator > 0)) return invalid_argument(fmt::format("loss sum_denominator {} must be > 0", sum_denominator));
   if (!(clip_low >= 0 && clip_low < 1)) return invalid_argument(fmt::format("loss clip_low {} must be in [0, 1)", clip_low));
   if (!(clip_high >= 0)) return invalid_argument(fmt::format("loss clip_high {} must be >= 0", clip_high));
+  if (!(kl_coef >= 0)) return invalid_argument(fmt::format("loss kl_coef {} must be >= 0", kl_coef));
   return Status::ok();
 }
 
@@ -198,8 +199,8 @@ Status expect_shape(const char* name, const at::Tensor& t, std::vector<int64_t> 
   return invalid_argument(fmt::format("micro-batch {} has shape {}, expected [{}]", name, shape_of(t), fmt::join(shape, ", ")));
 }
 
-// Per-token loss [B, T-1] (before masking and reduction) from log-probs with a graph.
-at::Tensor token_losses(const at::Tensor& lp, const MicroBatch& batch, const LossOptions& loss) {
+// The policy part of the per-token loss [B, T-1] from log-probs with a graph.
+at::Tensor policy_losses(const at::Tensor& lp, const MicroBatch& batch, const LossOptions& loss) {
   if (loss.kind == TokenLoss::nll) return -lp;
   at::Tensor adv = batch.advantages.to(lp.device(), at::kFloat);
   if (adv.dim() == 1) adv = adv.unsqueeze(1);  // per sequence: the same for every token
@@ -207,6 +208,14 @@ at::Tensor token_losses(const at::Tensor& lp, const MicroBatch& batch, const Los
   at::Tensor ratio = at::exp(lp - batch.old_logprobs.to(lp.device(), at::kFloat));
   at::Tensor clipped = ratio.clamp(1.0 - loss.clip_low, 1.0 + loss.clip_high);
   return -at::minimum(ratio * adv, clipped * adv);
+}
+
+// Per-token loss [B, T-1] before masking and reduction: the policy part plus the KL penalty.
+at::Tensor token_losses(const at::Tensor& lp, const MicroBatch& batch, const LossOptions& loss) {
+  at::Tensor l = policy_losses(lp, batch, loss);
+  if (loss.kl_coef <= 0) return l;
+  at::Tensor log_ratio = batch.ref_logprobs.to(lp.device(), at::kFloat) - lp;  // log(p_ref / p)
+  return l + loss.kl_coef * (at::exp(log_ratio) - log_ratio - 1.0);
 }
 
 }  // namespace
@@ -227,6 +236,10 @@ Status validate_micro_batch(const MicroBatch& b, const LossOptions& loss) {
   if (loss.kind == TokenLoss::clipped_policy) {
     if (!b.old_logprobs.defined()) return invalid_argument("loss clipped_policy needs micro-batch old_logprobs");
     KZ_RETURN_IF_ERROR(expect_shape("old_logprobs", b.old_logprobs, {n, t - 1}));
+  }
+  if (loss.kl_coef > 0) {
+    if (!b.ref_logprobs.defined()) return invalid_argument("loss kl_coef > 0 needs micro-batch ref_logprobs");
+    KZ_RETURN_IF_ERROR(expect_shape("ref_logprobs", b.ref_logprobs, {n, t - 1}));
   }
   return Status::ok();
 }

@@ -160,6 +160,8 @@ TEST_P(TrainTest, FullFinetuneStepMatchesTorch) {
   const double loss = ref_["full"]["loss"], norm = ref_["full"]["grad_norm"];
   EXPECT_NEAR(stats->loss, loss, kRel * loss);
   EXPECT_NEAR(stats->grad_norm, norm, kRel * norm);
+  RecordProperty("loss_rel_diff", std::to_string(std::abs(stats->loss - loss) / loss));
+  RecordProperty("grad_norm_rel_diff", std::to_string(std::abs(stats->grad_norm - norm) / norm));
   EXPECT_EQ(stats->step, 1);
   auto want = read_tensors(ref_dir() / "full_step");
   double worst = 0;
@@ -181,6 +183,8 @@ TEST_P(TrainTest, LoraStepMatchesPeft) {
   const double loss = ref_["lora"]["loss"], norm = ref_["lora"]["grad_norm"];
   EXPECT_NEAR(stats->loss, loss, kRel * loss);
   EXPECT_NEAR(stats->grad_norm, norm, kRel * norm);
+  RecordProperty("loss_rel_diff", std::to_string(std::abs(stats->loss - loss) / loss));
+  RecordProperty("grad_norm_rel_diff", std::to_string(std::abs(stats->grad_norm - norm) / norm));
   auto want = read_tensors(ref_dir() / "lora_step" / "adapter_model.safetensors");
   ASSERT_EQ(want.size(), lora_parameters(*model_).size());
   for (const auto& [name, t] : lora_parameters(*model_)) {
@@ -349,7 +353,7 @@ TEST(LoraPeft, SavedAdaptersLoadInPeftWithTheSameLogits) {
     ASSERT_TRUE(save_lora(*model, dir, (fixtures() / name).string()).is_ok());
     c10::NoGradGuard no_grad;
     for (const auto& p : prompts) ours[dir.string()].push_back(model->logits(at::tensor(p).unsqueeze(0))->squeeze(0));
-    pairs += " " + (fixtures() / name).string() + ":" + dir.string();
+    pairs.append(" ").append((fixtures() / name).string()).append(":").append(dir.string());
 
     auto again = load(fixtures() / name);  // our own loader reads it back
     ASSERT_TRUE(load_lora(*again, dir).is_ok());
@@ -572,6 +576,33 @@ TEST_F(StepTest, PolicyLossesReduceToNllWhereTheyShould) {
   clip_value.backward();
   EXPECT_LT(max_abs_diff(g_pg, w.grad()), 1e-6);
   EXPECT_GT(g_pg.abs().max().item<double>(), 0.0);
+}
+
+// The k3 KL penalty: zero with zero gradient against itself, the formula against another policy.
+TEST_F(StepTest, KlPenaltyIsK3) {
+  MicroBatch b = batch();
+  at::Tensor lp;
+  {
+    c10::NoGradGuard no_grad;
+    lp = *token_logprobs(*model_, b.input_ids, b.attention_mask, false);
+  }
+  LossOptions kl;
+  kl.kl_coef = 0.5;
+  EXPECT_FALSE(micro_batch_loss(*model_, b, kl, 13).ok());  // needs ref_logprobs
+  b.ref_logprobs = lp;
+  at::Tensor nll = *micro_batch_loss(*model_, b, LossOptions{}, 13);
+  at::Tensor with_kl = *micro_batch_loss(*model_, b, kl, 13);
+  EXPECT_NEAR(with_kl.item<double>(), nll.item<double>(), 1e-6);
+  const at::Tensor& w = model_->layers[1]->self_attn->v_proj->weight;
+  model_->zero_grad();
+  nll.backward();
+  at::Tensor g = w.grad().clone();
+  model_->zero_grad();
+  with_kl.backward();
+  EXPECT_LT(max_abs_diff(g, w.grad()), 1e-6);
+  b.ref_logprobs = lp - 0.3;  // log(p_ref / p) = -0.3 on every token
+  double k3 = std::exp(-0.3) + 0.3 - 1.0;
+  EXPECT_NEAR(micro_batch_loss(*model_, b, kl, 13)->item<double>(), nll.item<double>() + 0.5 * k3, 1e-6);
 }
 
 TEST_F(StepTest, SequenceMeanAveragesEachSequenceFirst) {

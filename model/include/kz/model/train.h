@@ -17,6 +17,8 @@
 //   nll              l = -lp
 //   policy_gradient  l = -A * lp                        (REINFORCE / GRPO on-policy)
 //   clipped_policy   l = -min(r A, clip(r, 1-clip_low, 1+clip_high) A), r = exp(lp - old_lp)
+// plus, when kl_coef > 0, kl_coef * (exp(ref_lp - lp) - (ref_lp - lp) - 1) per token (the k3
+// estimator of KL(policy || reference) that GRPO uses; needs ref_logprobs),
 // reduced by `reduction`:
 //   token_mean     sum(m * l) / (sum of m over every micro-batch of the step)
 //   sequence_mean  mean over the step's sequences of (sum_t m l / sum_t m)
@@ -60,6 +62,7 @@ struct LossOptions {
   double sum_denominator = 1.0;  // reduction sum: the constant divisor
   double clip_low = 0.2;         // clipped_policy: ratio floor 1 - clip_low
   double clip_high = 0.28;       // clipped_policy: ratio ceiling 1 + clip_high (asymmetric, DAPO's default)
+  double kl_coef = 0.0;          // weight of the per-token KL penalty to ref_logprobs; 0: none
   Status validate() const;
 };
 
@@ -71,6 +74,7 @@ struct MicroBatch {
                               // float or int; undefined: every real target. Pad targets never count.
   at::Tensor advantages;      // policy losses: [B] per sequence or [B, T-1] per token
   at::Tensor old_logprobs;    // clipped_policy: [B, T-1] log-probs of the sampling policy
+  at::Tensor ref_logprobs;    // kl_coef > 0: [B, T-1] log-probs of the reference model
 };
 
 // Checks shapes and dtypes against `loss`; the error names the tensor and both shapes.
