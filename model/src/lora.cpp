@@ -113,7 +113,8 @@ Status check_supported(const json& j) {
   auto truthy = [&](const char* key) { return set(key) && j[key] != false && j[key] != json::object() && j[key] != json::array(); };
   for (const char* key : {"use_dora", "fan_in_fan_out", "lora_bias", "rank_pattern", "alpha_pattern",
                           "layers_to_transform", "modules_to_save", "layer_replication", "target_parameters",
-                          "trainable_token_indices", "use_qalora", "use_bdlora"})
+                          "trainable_token_indices", "use_qalora", "use_bdlora", "exclude_modules",
+                          "alora_invocation_tokens", "arrow_config"})
     if (truthy(key)) return invalid_argument(fmt::format("{} is set ({}), which is not supported", key, j[key].dump()));
   if (set("bias") && j["bias"] != "none") return invalid_argument(fmt::format("bias {} is not supported (only \"none\")", j["bias"].dump()));
   return Status::ok();

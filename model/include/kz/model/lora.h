@@ -14,8 +14,8 @@
 //   base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight   [r, in]
 //   base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight   [out, r]
 // Our parameter names are the same without the "base_model.model." prefix. Only plain LoRA
-// loads: DoRA, per-module rank/alpha patterns, layer subsets, fan_in_fan_out, LoRA biases and
-// modules_to_save are rejected with an error naming the field.
+// loads: DoRA, per-module rank/alpha patterns, layer subsets, excluded modules, fan_in_fan_out,
+// LoRA biases, modules_to_save, aLoRA and Arrow are rejected with an error naming the field.
 #pragma once
 
 #include <cstdint>
