@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -71,6 +72,12 @@ std::map<std::string, at::Tensor> read_tensors(const fs::path& path) {
     out[name] = at::from_blob(const_cast<void*>(e.file->data(*e.info)), e.info->shape, at::kFloat).clone();
   }
   return out;
+}
+
+std::string sci(double v) {  // margins recorded in the XML report
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
 }
 
 fs::path scratch_root() { return fs::temp_directory_path() / ("kz_train_test_" + std::to_string(::getpid())); }
@@ -160,8 +167,8 @@ TEST_P(TrainTest, FullFinetuneStepMatchesTorch) {
   const double loss = ref_["full"]["loss"], norm = ref_["full"]["grad_norm"];
   EXPECT_NEAR(stats->loss, loss, kRel * loss);
   EXPECT_NEAR(stats->grad_norm, norm, kRel * norm);
-  RecordProperty("loss_rel_diff", std::to_string(std::abs(stats->loss - loss) / loss));
-  RecordProperty("grad_norm_rel_diff", std::to_string(std::abs(stats->grad_norm - norm) / norm));
+  RecordProperty("loss_rel_diff", sci(std::abs(stats->loss - loss) / loss));
+  RecordProperty("grad_norm_rel_diff", sci(std::abs(stats->grad_norm - norm) / norm));
   EXPECT_EQ(stats->step, 1);
   auto want = read_tensors(ref_dir() / "full_step");
   double worst = 0;
@@ -171,7 +178,7 @@ TEST_P(TrainTest, FullFinetuneStepMatchesTorch) {
     worst = std::max(worst, diff);
     EXPECT_LT(diff, 1e-5) << item.key();
   }
-  RecordProperty("max_param_diff", std::to_string(worst));
+  RecordProperty("max_param_diff", sci(worst));
 }
 
 TEST_P(TrainTest, LoraStepMatchesPeft) {
@@ -183,8 +190,8 @@ TEST_P(TrainTest, LoraStepMatchesPeft) {
   const double loss = ref_["lora"]["loss"], norm = ref_["lora"]["grad_norm"];
   EXPECT_NEAR(stats->loss, loss, kRel * loss);
   EXPECT_NEAR(stats->grad_norm, norm, kRel * norm);
-  RecordProperty("loss_rel_diff", std::to_string(std::abs(stats->loss - loss) / loss));
-  RecordProperty("grad_norm_rel_diff", std::to_string(std::abs(stats->grad_norm - norm) / norm));
+  RecordProperty("loss_rel_diff", sci(std::abs(stats->loss - loss) / loss));
+  RecordProperty("grad_norm_rel_diff", sci(std::abs(stats->grad_norm - norm) / norm));
   auto want = read_tensors(ref_dir() / "lora_step" / "adapter_model.safetensors");
   ASSERT_EQ(want.size(), lora_parameters(*model_).size());
   for (const auto& [name, t] : lora_parameters(*model_)) {
