@@ -525,6 +525,11 @@ Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const Lo
     stats.tokens += target_mask(batches[i]).sum().item<double>();
   }
   stats.grad_norm = clip_gradients();
+  if (!std::isfinite(stats.grad_norm)) {  // one bad batch must not poison the weights and moments
+    zero_grad();
+    return invalid_argument(fmt::format("train step {}: gradient norm is {} (loss {}); update skipped", step_,
+                                        stats.grad_norm, stats.loss));
+  }
   KZ_RETURN_IF_ERROR(update());
   stats.step = step_;
   return stats;

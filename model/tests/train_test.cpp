@@ -649,6 +649,21 @@ TEST_F(StepTest, BadBatchesAndOptionsAreErrors) {
   EXPECT_FALSE(Trainer::create(model_, TrainOptions{}).ok());
 }
 
+TEST_F(StepTest, NonFiniteGradientsSkipTheUpdate) {
+  auto trainer = make_trainer(model_, TrainOptions{});
+  at::Tensor up = model_->layers[1]->mlp->up_proj->weight;
+  at::Tensor before = up.detach().clone();
+  {
+    c10::NoGradGuard no_grad;
+    model_->layers[0]->input_layernorm->weight[3] = std::nan("");
+  }
+  auto s = trainer->step({batch()}, LossOptions{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("update skipped"), std::string::npos) << s.status().message();
+  EXPECT_TRUE(at::equal(up, before));
+  EXPECT_EQ(trainer->steps_done(), 0);
+}
+
 TEST(Schedule, WarmupThenCosine) {
   TrainOptions o;
   o.lr = 1.0;

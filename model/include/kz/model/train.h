@@ -131,7 +131,8 @@ class Trainer {
   // Collects the model's parameters that require grad (error if none).
   static Result<std::unique_ptr<Trainer>> create(std::shared_ptr<CausalLM> model, const TrainOptions& options);
 
-  // One optimiser step over `batches`: backward on each, clip, AdamW, zero gradients.
+  // One optimiser step over `batches`: backward on each, clip, AdamW, zero gradients. A
+  // non-finite gradient norm is an error and skips the update (weights and moments untouched).
   Result<StepStats> step(const std::vector<MicroBatch>& batches, const LossOptions& loss);
 
   // Forward + backward of one micro-batch, adding into the accumulated gradients; returns its
