@@ -170,7 +170,13 @@ Linear::Linear(at::Tensor w, std::optional<at::Tensor> b) {
   if (b) bias = register_parameter("bias", std::move(*b));
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+at::Tensor Linear::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (!lora_A) return y;
+  at::Tensor h = x.to(lora_A->weight.scalar_type());
+  if (lora_dropout > 0 && is_training()) h = at::dropout(h, lora_dropout, true);
+  return y + (lora_B->forward(lora_A->forward(h)) * lora_scaling).to(y.scalar_type());
+}
 
 Embedding::Embedding(at::Tensor w) { weight = register_parameter("weight", std::move(w)); }
 
@@ -303,7 +309,8 @@ std::pair<at::Tensor, at::Tensor> CausalLM::rope(const at::Tensor& positions) co
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& positions, AttentionInputs in) {
   std::tie(in.cos, in.sin) = rope(positions);
   at::Tensor x = embed_tokens->forward(input_ids);
-  for (auto& layer : layers) x = layer->forward(x, in);
+  const bool recompute = activation_checkpointing && !in.cache && c10::GradMode::is_enabled();
+  for (auto& layer : layers) x = recompute ? checkpointed_layer_forward(*layer, x, in) : layer->forward(x, in);
   return norm->forward(x);
 }
 

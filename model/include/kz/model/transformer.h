@@ -33,13 +33,20 @@
 
 namespace kz::model {
 
-// y = x W^T + b, weight [out, in] as in nn.Linear. The single place a later LoRA adapter hooks
-// in (lora_A/lora_B registered here give PEFT's names "...q_proj.lora_A.weight").
+// y = x W^T + b, weight [out, in] as in nn.Linear. The single place a LoRA adapter hooks in
+// (lora.h attaches, loads, merges it).
 class Linear : public torch::nn::Module {
  public:
   Linear(at::Tensor weight, std::optional<at::Tensor> bias);
+  // With an adapter: y + lora_scaling * lora_B(lora_A(dropout(x))), computed in the adapter's
+  // dtype (float32 over a bf16 base, as PEFT does) and cast back to y's. Dropout only in training
+  // mode (add_lora leaves the model in eval mode; the Trainer switches it on for its passes).
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;  // bias undefined when the config has none
+  // LoRA: A [r, in], B [out, r], registered as submodules "lora_A"/"lora_B" so their parameters
+  // carry PEFT's names ("...q_proj.lora_A.weight"). Null without an adapter.
+  std::shared_ptr<Linear> lora_A, lora_B;
+  double lora_scaling = 0, lora_dropout = 0;
 };
 
 // A token-embedding table, weight [V, C].
@@ -160,6 +167,10 @@ class CausalLM : public torch::nn::Module {
   // tokens [B] int64 on the model's device. Throws c10::Error.
   at::Tensor decode_step(const at::Tensor& tokens, KVCache& cache);
 
+  // Activation checkpointing (train.h): when true and grad mode is on (no KV cache), each decoder
+  // layer keeps only its input and recomputes its activations during backward.
+  bool activation_checkpointing = false;
+
   const ModelConfig& config() const { return config_; }
   at::ScalarType dtype() const { return embed_tokens->weight.scalar_type(); }
   at::Device device() const { return embed_tokens->weight.device(); }
@@ -180,6 +191,10 @@ class CausalLM : public torch::nn::Module {
   at::Tensor inv_freq_;  // [D/2] float32 RoPE frequencies (llama3 scaling applied)
   std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& positions) const;
 };
+
+// layer->forward(x, in) through a recompute-in-backward autograd function (defined in
+// train.cpp): saves x and the attention inputs, not the layer's activations.
+at::Tensor checkpointed_layer_forward(DecoderLayer& layer, const at::Tensor& x, const AttentionInputs& in);
 
 // at::kFloat / kBFloat16 / kHalf for a checkpoint dtype, and back.
 at::ScalarType to_scalar_type(WeightDType dtype);

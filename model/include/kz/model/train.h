@@ -1,0 +1,178 @@
+// Training steps on a CausalLM: token losses (SFT and policy gradient), gradient accumulation
+// over micro-batches, global grad-norm clipping, AdamW with a learning-rate schedule, fp32 master
+// weights for bf16/fp16 models, and activation checkpointing.
+//
+// One optimiser step reads top to bottom:
+//   auto trainer = Trainer::create(model, options);          // the parameters that require grad
+//   auto stats = trainer->step(micro_batches, loss_options);  // forward+backward each micro-batch,
+//                                                             // clip, AdamW, schedule, zero grads
+// step() is backward() per micro-batch, clip_gradients(), then update(); loops that interleave
+// other work call those directly. What trains is what requires grad when the trainer is created:
+// everything after CausalLM::load (full fine-tuning), only the adapters after add_lora (lora.h).
+//
+// Shapes: B sequences, T tokens; token-level tensors are [B, T-1] and index *targets*: entry
+// [b, t] belongs to the prediction of input_ids[b, t+1] (as token_logprobs returns them).
+//
+// Loss of one step over all its micro-batches (m = loss mask, lp = log-probs, A = advantages):
+//   nll              l = -lp
+//   policy_gradient  l = -A * lp                        (REINFORCE / GRPO on-policy)
+//   clipped_policy   l = -min(r A, clip(r, 1-clip_low, 1+clip_high) A), r = exp(lp - old_lp)
+// plus, when kl_coef > 0, kl_coef * (exp(ref_lp - lp) - (ref_lp - lp) - 1) per token (the k3
+// estimator of KL(policy || reference) that GRPO uses; needs ref_logprobs),
+// reduced by `reduction`:
+//   token_mean     sum(m * l) / (sum of m over every micro-batch of the step)
+//   sequence_mean  mean over the step's sequences of (sum_t m l / sum_t m)
+//   sum            sum(m * l) / sum_denominator (e.g. a fixed max length, as Dr. GRPO)
+// Accumulating micro-batches therefore gives the same gradient as one batch holding them all.
+//
+// Precision: float32 parameters are updated in place. bf16/fp16 parameters get float32 master
+// copies, float32 gradient accumulators and float32 Adam moments (fp32_master_weights, default
+// on); the model's weights are the master rounded after every step. With it off, the moments
+// and update are in the parameter's dtype (less memory, updates below bf16's resolution vanish).
+//
+// Activation checkpointing recomputes each decoder layer in backward: the layer's parameters are
+// inputs of the recompute function, so gradients flow (and autograd::grad works) even when the
+// layer input does not require grad (LoRA over frozen embeddings). When a layer draws random
+// numbers (LoRA dropout), the generator's state is saved and replayed so the recompute uses the
+// forward's dropout masks. Parameter gradients come out of the recompute function, so
+// torch::autograd::grad works as well as backward().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kz/core/files.h"
+#include "kz/core/status.h"
+#include "kz/model/transformer.h"
+
+namespace kz::model {
+
+enum class TokenLoss { nll, policy_gradient, clipped_policy };
+enum class LossReduction { token_mean, sequence_mean, sum };
+const char* token_loss_name(TokenLoss loss);             // "nll", "policy_gradient", "clipped_policy"
+Result<TokenLoss> parse_token_loss(const std::string& name);
+const char* loss_reduction_name(LossReduction reduction);  // "token_mean", "sequence_mean", "sum"
+Result<LossReduction> parse_loss_reduction(const std::string& name);
+
+struct LossOptions {
+  TokenLoss kind = TokenLoss::nll;
+  LossReduction reduction = LossReduction::token_mean;
+  double sum_denominator = 1.0;  // reduction sum: the constant divisor
+  double clip_low = 0.2;         // clipped_policy: ratio floor 1 - clip_low
+  double clip_high = 0.28;       // clipped_policy: ratio ceiling 1 + clip_high (asymmetric, DAPO's default)
+  double kl_coef = 0.0;          // weight of the per-token KL penalty to ref_logprobs; 0: none
+  Status validate() const;
+};
+
+// One micro-batch; tensors may live on any device (moved to the model's).
+struct MicroBatch {
+  at::Tensor input_ids;       // [B, T] int64, T >= 2
+  at::Tensor attention_mask;  // [B, T] 1 token / 0 pad, any padding pattern; undefined: all tokens
+  at::Tensor loss_mask;       // [B, T-1] 1 where the target is trained (e.g. completion tokens only),
+                              // float or int; undefined: every real target. Pad targets never count.
+  at::Tensor advantages;      // policy losses: [B] per sequence or [B, T-1] per token
+  at::Tensor old_logprobs;    // clipped_policy: [B, T-1] log-probs of the sampling policy
+  at::Tensor ref_logprobs;    // kl_coef > 0: [B, T-1] log-probs of the reference model
+};
+
+// Checks shapes and dtypes against `loss`; the error names the tensor and both shapes.
+Status validate_micro_batch(const MicroBatch& batch, const LossOptions& loss);
+
+// The trained-token weights of a micro-batch: loss_mask (or attention_mask[:, 1:]) times the
+// target-is-real mask, float32 [B, T-1] on the batch's device.
+at::Tensor target_mask(const MicroBatch& batch);
+
+// The reduction's divisor for a step made of `batches` (token count, sequence count or the constant).
+double step_denominator(const std::vector<MicroBatch>& batches, const LossOptions& loss);
+
+// This micro-batch's share of the step loss (a scalar with the autograd graph): summing it over
+// the step's micro-batches gives the loss of the header comment.
+Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, const LossOptions& loss,
+                                    double denominator);
+
+enum class LrSchedule { constant, warmup_cosine };
+
+struct TrainOptions {
+  // AdamW, as torch.optim.AdamW: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
+  double lr = 1e-5;            // peak learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decay_norms_and_biases = false;  // false: norm weights and biases get no weight decay
+  // Learning rate of optimiser step s (0-based): lr * (s+1)/warmup_steps for s < warmup_steps,
+  // then constant lr, or (warmup_cosine) a cosine from lr down to lr * min_lr_ratio at
+  // s = total_steps, held there afterwards.
+  LrSchedule schedule = LrSchedule::constant;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;     // warmup_cosine: required, > warmup_steps
+  double min_lr_ratio = 0.0;
+  double max_grad_norm = 1.0;  // global L2 norm clipping as torch.nn.utils.clip_grad_norm_; 0: off
+  bool fp32_master_weights = true;   // for bf16/fp16 parameters, see the header comment
+  bool activation_checkpointing = false;  // sets CausalLM::activation_checkpointing
+  Status validate() const;
+};
+
+// Learning rate of 0-based optimiser step `step` under `options`.
+double learning_rate(const TrainOptions& options, int64_t step);
+
+struct StepStats {
+  int64_t step = 0;        // optimiser steps done, this one included
+  double loss = 0;         // the step's loss (sum of its micro-batch shares)
+  double grad_norm = 0;    // global L2 norm before clipping
+  double lr = 0;           // the learning rate this step used
+  double tokens = 0;       // trained tokens (sum of target masks)
+};
+
+class Trainer {
+ public:
+  // Collects the model's parameters that require grad (error if none).
+  static Result<std::unique_ptr<Trainer>> create(std::shared_ptr<CausalLM> model, const TrainOptions& options);
+
+  // One optimiser step over `batches`: backward on each, clip, AdamW, zero gradients. A
+  // non-finite gradient norm is an error and skips the update (weights and moments untouched).
+  Result<StepStats> step(const std::vector<MicroBatch>& batches, const LossOptions& loss);
+
+  // Forward + backward of one micro-batch, adding into the accumulated gradients; returns its
+  // loss share (denominator: step_denominator of the whole step).
+  Result<double> backward(const MicroBatch& batch, const LossOptions& loss, double denominator);
+  // Global L2 norm of the accumulated gradients.
+  double grad_norm() const;
+  // Scales the gradients to max_grad_norm when above it; returns the norm before clipping.
+  double clip_gradients();
+  // AdamW at learning_rate(options, steps_done()), then zeroes the gradients.
+  Status update();
+  void zero_grad();
+
+  // Optimiser state, for resuming a run: DIR/optimizer.safetensors ("<name>.exp_avg",
+  // "<name>.exp_avg_sq" per trained parameter, and "<name>.master" for the float32 masters of
+  // bf16/fp16 parameters) and DIR/trainer_state.json ({"step": n}). The weights themselves are
+  // saved apart (CausalLM::save, or save_lora for adapters).
+  Status save_state(const fs::path& dir) const;
+  // Restores save_state's files into a trainer over the same parameters (masters are copied into
+  // the model too); every missing or mis-shaped tensor is named in one error, nothing changes then.
+  Status load_state(const fs::path& dir);
+
+  int64_t steps_done() const { return step_; }
+  const TrainOptions& options() const { return options_; }
+  CausalLM& model() { return *model_; }
+  // Trained parameters by HF name, and the float32 tensor AdamW updates for each (the parameter
+  // itself, or its master copy).
+  std::vector<std::string> parameter_names() const;
+  at::Tensor master(const std::string& name) const;
+
+  struct Param;  // one trained tensor with its optimiser state (train.cpp)
+  Trainer(std::shared_ptr<CausalLM> model, TrainOptions options, std::vector<Param> params);
+  ~Trainer();
+
+ private:
+  at::Tensor gradient(const Param& p) const;  // accumulated float32 gradient (undefined: none yet)
+  std::shared_ptr<CausalLM> model_;
+  TrainOptions options_;
+  std::vector<Param> params_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kz::model
