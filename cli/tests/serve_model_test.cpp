@@ -151,6 +151,21 @@ TEST_F(ServeModelTest, GreedyGenerateMatchesTransformers) {
   }
 }
 
+// Shards of ~100 KB: an index and several files, the same weights (streams are keyed by tensor
+// name, not by file), so the same greedy tokens.
+TEST_F(ServeModelTest, ShardedCheckpointGivesTheSameTokens) {
+  fs::path sharded = dir_ / "tiny-sharded";
+  run_ok({KZ_BIN, "init-model", "--preset", "tiny", "--out", sharded.string(), "--max-shard-gb", "0.0001",
+          "--jobs", "3"});
+  ASSERT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
+  json got = json::parse(run_ok({KZ_BIN, "generate", "--model", sharded.string(), "--prompt", kPrompts[1],
+                                 "--temperature", "0", "--max-new-tokens", std::to_string(kMaxNew), "--json"}),
+                         nullptr, false);
+  ASSERT_FALSE(got.is_discarded());
+  EXPECT_EQ(got["token_ids"], reference_["raw"][1]["token_ids"]);
+}
+
 TEST_F(ServeModelTest, InProcessGeneratorMatchesTransformers) {
   auto g = local();
   ASSERT_TRUE(g);

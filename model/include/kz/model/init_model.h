@@ -9,7 +9,8 @@
 //                            a small byte-level BPE trained on a corpus built into the program
 //                            (English, Python/PyTorch and CUDA), Qwen2 split pattern, ChatML specials
 //
-// The tokenizer's vocabulary (about 2,000 ids; 512 for `tiny`) is smaller than the config's
+// The tokenizer's vocabulary (about 1,000 ids: merging stops when the corpus runs out of repeated
+// pairs; 512 for `tiny`) is smaller than the config's
 // vocab_size (151,936 for Qwen2.5-0.5B): the embedding rows above it are never produced by the
 // tokenizer, as with Qwen's own padded tables. Token text therefore differs from real Qwen
 // tokenizers; shapes, speed and memory are those of the real models.
