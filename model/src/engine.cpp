@@ -61,6 +61,8 @@ struct Engine::Impl {
   Impl(EngineOptions o, std::shared_ptr<CausalLM> m, Tokenizer t)
       : options(std::move(o)), model(std::move(m)), tokenizer(std::move(t)) {}
 
+  std::function<bool(const std::vector<int64_t>&)> stop_string_check(const std::vector<std::string>& stop) const;
+
   Status check(const EngineRequest& r) const {
     if (r.prompt_ids.empty()) return invalid_argument("the prompt is empty (no tokens)");
     const auto context = model->config().max_position_embeddings;
@@ -84,6 +86,7 @@ struct Engine::Impl {
     int64_t room = context > 0 ? context - static_cast<int64_t>(r.prompt_ids.size()) : s.max_new_tokens;
     g.sampling.max_new_tokens = std::max<int64_t>(1, std::min(s.max_new_tokens, room));
     if (s.stop_at_eos) g.sampling.stop_token_ids = eos;
+    if (!s.stop.empty()) g.stop_check = stop_string_check(s.stop);
     return g;
   }
 
@@ -100,6 +103,27 @@ struct Engine::Impl {
     return c;
   }
 };
+
+// Ends a row as soon as its decoded text holds a stop string (the text itself is cut afterwards,
+// by apply_stop_strings). Decodes each new token once.
+std::function<bool(const std::vector<int64_t>&)> Engine::Impl::stop_string_check(const std::vector<std::string>& stop) const {
+  struct State {
+    TokenStreamDecoder decoder;
+    std::string text;
+    size_t seen = 0;
+  };
+  size_t longest = 0;
+  for (const auto& s : stop) longest = std::max(longest, s.size());
+  auto state = std::make_shared<State>(State{TokenStreamDecoder(tokenizer, /*skip_special=*/true), "", 0});
+  return [state, stop, longest](const std::vector<int64_t>& ids) {
+    size_t before = state->text.size();
+    for (; state->seen < ids.size(); ++state->seen) state->text += state->decoder.push(static_cast<TokenId>(ids[state->seen]));
+    size_t from = before >= longest ? before - longest + 1 : 0;
+    for (const auto& s : stop)
+      if (!s.empty() && state->text.find(s, from) != std::string::npos) return true;
+    return false;
+  };
+}
 
 Status EngineOptions::validate() const {
   if (model_dir.empty()) return invalid_argument("a model directory is required");

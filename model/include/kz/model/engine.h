@@ -5,10 +5,9 @@
 //
 // A generate() call is one batch (generate.h: left-padded prefill, cached decode, per-request
 // sampling and seed). Calls from several threads are serialised: one batch at a time on the
-// device. Stop strings are applied to the decoded text after generation (the text ends before
-// the first stop string, and the tokens end with the one that completed it); generation itself
-// stops only at stop tokens and max_new_tokens, so a request with stop strings still costs up to
-// its max_new_tokens.
+// device. Stop strings are checked on each row's decoded text after every step (the row ends
+// there), then the text is cut before the first stop string and the tokens end with the one that
+// completed it.
 #pragma once
 
 #include <cstdint>
