@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -372,6 +374,40 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   EXPECT_EQ(chat_answer["choices"][0]["message"]["role"], "assistant");
   EXPECT_TRUE(chat_answer["choices"][0]["logprobs"]["content"].is_array());
 
+  // stream: true answers in server-sent events whose pieces add up to the greedy text.
+  for (bool chat : {false, true}) {
+    json request = {{"max_tokens", kMaxNew}, {"temperature", 0}, {"stream", true},
+                    {"stream_options", {{"include_usage", true}}}};
+    if (chat) request["messages"] = {{{"role", "system"}, {"content", "You write CUDA kernels."}},
+                                     {{"role", "user"}, {"content", "Write a ReLU kernel."}}};
+    else request["prompt"] = kPrompts[0];
+    auto [s, events] = http("POST", server.url(chat ? "/v1/chat/completions" : "/v1/completions"), request.dump());
+    ASSERT_EQ(s, 200) << events;
+    std::string text, finish;
+    bool done = false, usage = false;
+    std::istringstream lines(events);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty()) continue;
+      ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+      std::string data = line.substr(6);
+      if (data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json chunk = json::parse(data);
+      EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion");
+      if (chunk.contains("usage")) usage = true;
+      for (const auto& choice : chunk["choices"]) {
+        if (chat && choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
+        if (!chat) text += choice["text"].get<std::string>();
+        if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+      }
+    }
+    EXPECT_TRUE(done && usage);
+    EXPECT_EQ(text, (chat ? reference_["chat"] : reference_["raw"][0])["text"].get<std::string>());
+    EXPECT_FALSE(finish.empty());
+  }
+
   // Errors: OpenAI's shape, 400 for the client's mistakes.
   auto expect_error = [&](const std::string& path, const std::string& request, long want, const std::string& words) {
     auto [s, t] = http("POST", server.url(path), request);
@@ -385,7 +421,7 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   expect_error("/v1/completions", R"({"model": "tiny"})", 400, "\"prompt\" is required");
   expect_error("/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature");
   expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "\"n\"");
-  expect_error("/v1/completions", R"({"prompt": "x", "stream": true})", 400, "stream");
+  expect_error("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "stream");
   expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
   expect_error("/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "role");
   expect_error("/v1/nothing", "{}", 404, "no route");

@@ -49,6 +49,8 @@ struct Parsed {
   bool chat = false;
   std::vector<GenerationRequest> requests;  // one per prompt (chat: one)
   bool logprobs = false;
+  bool stream = false;         // answer as server-sent events (after generation, see the header)
+  bool stream_usage = false;   // stream_options.include_usage
 };
 
 // Reads an optional field of a given kind; absent and null leave `out` as it is.
@@ -148,7 +150,13 @@ std::variant<Parsed, BadRequest> parse_request(const std::string& text, bool cha
   parsed.logprobs = p.logprobs;
   bool flag = false;
   if ((bad = optional_field(body, "stream", flag, [](bool) { return true; }, "a boolean"))) return *bad;
-  if (flag) return BadRequest{"streaming (\"stream\": true) is not supported by this server", "stream"};
+  parsed.stream = flag;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return BadRequest{"\"stream_options\" must be an object", "stream_options"};
+    if ((bad = optional_field(*it, "include_usage", parsed.stream_usage, [](bool) { return true; }, "a boolean")))
+      return *bad;
+  }
+  flag = false;
   if ((bad = optional_field(body, "echo", flag, [](bool) { return true; }, "a boolean"))) return *bad;
   if (flag) return BadRequest{"\"echo\" is not supported by this server", "echo"};
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -247,6 +255,34 @@ json response_body(const Parsed& parsed, const std::vector<std::vector<Completio
           {"choices", choices},
           {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
                      {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+// The same answer as server-sent events: per choice, a chunk with its text (chat: the role, then
+// the content) and one with its finish_reason; then the usage when asked; then [DONE].
+std::string sse_body(const Parsed& parsed, const json& answer, bool include_usage) {
+  std::string out;
+  auto event = [&](const json& choices, const json* usage = nullptr) {
+    json chunk = {{"id", answer["id"]}, {"object", parsed.chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", answer["created"]}, {"model", answer["model"]}, {"choices", choices}};
+    if (usage) chunk["usage"] = *usage;
+    out += "data: " + dump(chunk) + "\n\n";
+  };
+  for (const auto& choice : answer["choices"]) {
+    json first = {{"index", choice["index"]}, {"logprobs", choice["logprobs"]}, {"finish_reason", nullptr}};
+    json last = {{"index", choice["index"]}, {"logprobs", nullptr}, {"finish_reason", choice["finish_reason"]}};
+    if (parsed.chat) {
+      first["delta"] = {{"role", "assistant"}, {"content", choice["message"]["content"]}};
+      last["delta"] = json::object();
+    } else {
+      first["text"] = choice["text"];
+      last["text"] = "";
+    }
+    event(json::array({first}));
+    event(json::array({last}));
+  }
+  if (include_usage) event(json::array(), &answer["usage"]);
+  out += "data: [DONE]\n\n";
+  return out;
 }
 
 // ---- the batching queue -----------------------------------------------------------------------
@@ -381,7 +417,10 @@ struct OpenAIServer::Impl {
       }
       completions.push_back(std::move(*r));
     }
-    reply(res, 200, response_body(p, completions, options.model_name));
+    json answer = response_body(p, completions, options.model_name);
+    if (!p.stream) return reply(res, 200, answer);
+    res.status = 200;
+    res.set_content(sse_body(p, answer, p.stream_usage), "text/event-stream");
   }
 
   json health() const {

@@ -6,7 +6,7 @@
 //   POST /v1/completions       {"model", "prompt": string or [string], "max_tokens" (default 16),
 //                              "temperature" (1), "top_p" (1), "top_k" (0: off), "n" (1), "stop":
 //                              string or [string], "seed", "logprobs": int (the chosen token's
-//                              log-prob only; top alternatives are not computed), "stream": false}
+//                              log-prob only; top alternatives are not computed), "stream"}
 //                              -> {"id", "object": "text_completion", "created", "model",
 //                                  "choices": [{"index", "text", "logprobs", "finish_reason"}], "usage"}
 //   POST /v1/chat/completions  {"model", "messages": [{"role", "content": string or [{"type":
@@ -22,7 +22,12 @@
 // Batching: handlers put requests on one queue; a single batcher thread takes what is queued (up
 // to max_batch completions, waiting up to batch_wait_ms after the first for others to arrive)
 // and runs it as one Generator::generate() call, so requests that arrive together share one
-// model batch. Streaming (stream: true) is refused with 400.
+// model batch.
+//
+// "stream": true is answered in OpenAI's server-sent-events format (chunks, then "data: [DONE]";
+// "stream_options": {"include_usage": true} adds a usage chunk) for clients that always stream,
+// but only once the whole completion is generated: the Generator interface returns finished
+// completions, so there is no token-by-token latency benefit.
 #pragma once
 
 #include <memory>
