@@ -24,6 +24,9 @@ Action add_config_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
 Action add_serve_eval_command(CLI::App& app);
 Action add_propose_command(CLI::App& app);
+Action add_init_model_command(CLI::App& app);
+Action add_generate_command(CLI::App& app);     // with libtorch (KZ_WITH_ENGINE)
+Action add_serve_model_command(CLI::App& app);  // with libtorch and cpp-httplib (KZ_WITH_MODEL_SERVER)
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {

@@ -19,6 +19,13 @@ int main(int argc, char** argv) {
   add(kz::cli::add_serve_eval_command(app));
 #endif
   add(kz::cli::add_propose_command(app));
+  add(kz::cli::add_init_model_command(app));
+#ifdef KZ_WITH_ENGINE
+  add(kz::cli::add_generate_command(app));
+#endif
+#ifdef KZ_WITH_MODEL_SERVER
+  add(kz::cli::add_serve_model_command(app));
+#endif
   add(kz::cli::add_config_command(app));
   try {
     app.parse(argc, argv);

@@ -59,6 +59,7 @@ Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t v
 // Per-row state of one generate() call.
 struct Row {
   const SamplingOptions* sampling;
+  const GenerateRequest* request;
   at::Generator gen;
   GenerateResult result;
   bool done = false;
@@ -101,6 +102,9 @@ bool update_finished(std::vector<Row>& rows) {
       row.done = true;
     } else if (static_cast<int64_t>(row.result.token_ids.size()) >= row.sampling->max_new_tokens) {
       row.result.finish_reason = FinishReason::length;
+      row.done = true;
+    } else if (row.request->stop_check && row.request->stop_check(row.result.token_ids)) {
+      row.result.finish_reason = FinishReason::stop;
       row.done = true;
     }
     all_done = all_done && row.done;
@@ -150,7 +154,7 @@ Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::v
   for (const auto& r : requests) {
     prompts.push_back(r.prompt_ids);
     max_new = std::max(max_new, r.sampling.max_new_tokens);
-    rows.push_back(Row{&r.sampling, make_generator(model.device(), r.sampling.seed), {}});
+    rows.push_back(Row{&r.sampling, &r, make_generator(model.device(), r.sampling.seed), {}});
   }
   auto [ids, mask] = left_pad(prompts, options.pad_token_id);
   // The last new token is never fed back, so it needs no slot.

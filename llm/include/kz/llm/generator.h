@@ -1,7 +1,7 @@
 // The one interface every model backend implements: chat messages in, n completions out.
 //
 // Backends: the OpenAI-compatible HTTP client (http_generator.h: vLLM, SGLang, llama.cpp's
-// server, hosted APIs) and, later, the in-process libtorch engine. Callers (kz bench, kz propose,
+// server, hosted APIs) and the in-process libtorch engine (engine_generator.h). Callers (kz bench, kz propose,
 // the co-evolution loop) only see this header.
 #pragma once
 
@@ -22,6 +22,7 @@ struct SamplingParams {
   int n = 1;                          // completions per request
   double temperature = 1.0;           // 0: greedy
   double top_p = 1.0;
+  int top_k = 0;                      // 0: off; sent only when set (a vLLM/SGLang/kz extension)
   int max_tokens = 4096;              // new tokens per completion
   std::vector<std::string> stop;      // stop sequences (not included in the text)
   std::optional<uint64_t> seed;       // backends that support it make sampling reproducible

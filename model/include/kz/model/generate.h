@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct SamplingOptions {
 struct GenerateRequest {
   std::vector<int64_t> prompt_ids;  // not empty
   SamplingOptions sampling;
+  // Optional: called on the host with this row's new tokens after each step that added one (not
+  // after the step that ends the row anyway); true ends the row with FinishReason::stop. For
+  // stop strings, which need the decoded text.
+  std::function<bool(const std::vector<int64_t>& new_tokens)> stop_check;
 };
 
 enum class FinishReason { stop, length };

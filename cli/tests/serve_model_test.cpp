@@ -1,0 +1,467 @@
+// kz init-model, kz generate and kz serve-model end to end, on a tiny checkpoint written by the
+// test itself:
+//   - transformers (cli/tests/hf_model_reference.py) loads the checkpoint and its tokenizer, and
+//     its greedy continuations (raw and chat) equal ours token for token;
+//   - `kz generate --json` is valid JSON with the documented fields;
+//   - the in-process Generator (llm/engine_generator.h) gives the same tokens;
+//   - `kz serve-model` on a free loopback port, driven by the project's HttpGenerator: the same
+//     text as in-process for greedy, n completions, stop strings, logprobs, usage, concurrent
+//     requests batched together, and OpenAI-style errors (400 on bad JSON / bad fields, 404);
+//   - the 0.5B and 7B presets' configs (no weights) load in transformers with the real shapes.
+#include <curl/curl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kz/core/files.h"
+#include "kz/core/subprocess.h"
+#include "kz/llm/engine_generator.h"
+#include "kz/llm/http_generator.h"
+
+namespace kz {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+constexpr int kMaxNew = 24;
+const std::vector<std::string> kPrompts = {"def relu(x):", "import torch", "__global__ void add(float* x) {",
+                                           "The quick brown fox"};
+
+Result<RunResult> run(std::vector<std::string> argv, std::chrono::seconds timeout = 300s) {
+  ProcessSpec spec;
+  spec.argv = std::move(argv);
+  spec.env = current_environment();
+  spec.output_tail_bytes = 4 << 20;
+  return run_process(spec, timeout);
+}
+
+// Runs and expects exit code 0; returns stdout.
+std::string run_ok(std::vector<std::string> argv) {
+  std::string shown = fmt::format("{}", fmt::join(argv, " "));
+  auto r = run(std::move(argv));
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return "";
+  EXPECT_TRUE(r->exit.exited && r->exit.exit_code == 0) << shown << ": " << r->exit.describe() << "\n" << r->stderr_text;
+  return r->stdout_text;
+}
+
+size_t append_body(char* data, size_t size, size_t count, void* user) {
+  static_cast<std::string*>(user)->append(data, size * count);
+  return size * count;
+}
+
+// One raw HTTP exchange: {status, body}.
+std::pair<long, std::string> http(const std::string& method, const std::string& url, const std::string& body = "") {
+  std::string out;
+  CURL* easy = curl_easy_init();
+  curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, append_body);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &out);
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT, 60L);
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+  if (method == "POST") {
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  }
+  long status = 0;
+  if (curl_easy_perform(easy) == CURLE_OK) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(easy);
+  return {status, out};
+}
+
+class ServeModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto dir = make_unique_dir(fs::temp_directory_path(), "kz_serve_model_test");
+    ASSERT_TRUE(dir.ok()) << dir.status().to_string();
+    dir_ = *dir;
+    model_ = dir_ / "tiny";
+    run_ok({KZ_BIN, "init-model", "--preset", "tiny", "--out", model_.string(), "--seed", "0"});
+    std::vector<std::string> argv = {KZ_PYTHON, KZ_HF_REFERENCE, "generate", model_.string(), std::to_string(kMaxNew)};
+    argv.insert(argv.end(), kPrompts.begin(), kPrompts.end());
+    std::string out = run_ok(argv);
+    reference_ = json::parse(out, nullptr, false);
+    ASSERT_FALSE(reference_.is_discarded()) << "transformers' reference is not JSON: " << out;
+  }
+
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  static std::unique_ptr<Generator> local() {
+    model::EngineOptions options;
+    options.model_dir = model_;
+    auto g = open_engine_generator(options);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? std::move(*g) : nullptr;
+  }
+
+  static GenerationRequest raw(const std::string& prompt, double temperature = 0) {
+    GenerationRequest r;
+    r.id = prompt;
+    r.prompt = prompt;
+    r.params.temperature = temperature;
+    r.params.max_tokens = kMaxNew;
+    return r;
+  }
+
+  static GenerationRequest chat() {
+    GenerationRequest r;
+    r.id = "chat";
+    r.messages = {{"system", "You write CUDA kernels."}, {"user", "Write a ReLU kernel."}};
+    r.params.temperature = 0;
+    r.params.max_tokens = kMaxNew;
+    return r;
+  }
+
+  static inline fs::path dir_, model_;
+  static inline json reference_;
+};
+
+TEST_F(ServeModelTest, GreedyGenerateMatchesTransformers) {
+  ASSERT_TRUE(reference_.contains("raw"));
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    std::string out = run_ok({KZ_BIN, "generate", "--model", model_.string(), "--prompt", kPrompts[i],
+                              "--temperature", "0", "--max-new-tokens", std::to_string(kMaxNew), "--json"});
+    json got = json::parse(out, nullptr, false);
+    ASSERT_FALSE(got.is_discarded()) << "kz generate --json printed: " << out;
+    for (const char* key : {"text", "token_ids", "logprobs", "finish_reason", "prompt_ids", "prompt_tokens",
+                            "completion_tokens", "tokens_per_s"})
+      EXPECT_TRUE(got.contains(key)) << key;
+    const json& want = reference_["raw"][i];
+    EXPECT_EQ(got["prompt_ids"], want["prompt_ids"]) << kPrompts[i];
+    EXPECT_EQ(got["token_ids"], want["token_ids"]) << kPrompts[i];
+    EXPECT_EQ(got["text"], want["text"]) << kPrompts[i];
+    EXPECT_EQ(got["logprobs"].size(), got["token_ids"].size());
+    for (const auto& lp : got["logprobs"]) EXPECT_LE(lp.get<double>(), 0.0);
+    bool hit_eos = got["token_ids"].size() < kMaxNew;
+    EXPECT_EQ(got["finish_reason"], hit_eos ? "stop" : "length");
+  }
+}
+
+// Shards of ~100 KB: an index and several files, the same weights (streams are keyed by tensor
+// name, not by file), so the same greedy tokens.
+TEST_F(ServeModelTest, ShardedCheckpointGivesTheSameTokens) {
+  fs::path sharded = dir_ / "tiny-sharded";
+  run_ok({KZ_BIN, "init-model", "--preset", "tiny", "--out", sharded.string(), "--max-shard-gb", "0.0001",
+          "--jobs", "3"});
+  ASSERT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
+  json got = json::parse(run_ok({KZ_BIN, "generate", "--model", sharded.string(), "--prompt", kPrompts[1],
+                                 "--temperature", "0", "--max-new-tokens", std::to_string(kMaxNew), "--json"}),
+                         nullptr, false);
+  ASSERT_FALSE(got.is_discarded());
+  EXPECT_EQ(got["token_ids"], reference_["raw"][1]["token_ids"]);
+}
+
+TEST_F(ServeModelTest, InProcessGeneratorMatchesTransformers) {
+  auto g = local();
+  ASSERT_TRUE(g);
+  std::vector<GenerationRequest> requests;
+  for (const auto& p : kPrompts) requests.push_back(raw(p));
+  requests.push_back(chat());
+  auto results = g->generate(requests);  // one batch: left padding must not change greedy tokens
+  ASSERT_EQ(results.size(), requests.size());
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().to_string();
+    ASSERT_EQ(results[i]->size(), 1u);
+    EXPECT_EQ((*results[i])[0].text, reference_["raw"][i]["text"].get<std::string>()) << kPrompts[i];
+    EXPECT_EQ((*results[i])[0].completion_tokens, static_cast<int>(reference_["raw"][i]["token_ids"].size()));
+    EXPECT_EQ((*results[i])[0].prompt_tokens, static_cast<int>(reference_["raw"][i]["prompt_ids"].size()));
+  }
+  const auto& c = results.back();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ((*c)[0].text, reference_["chat"]["text"].get<std::string>());  // ChatML as transformers renders it
+  EXPECT_EQ((*c)[0].prompt_tokens, static_cast<int>(reference_["chat"]["prompt_ids"].size()));
+}
+
+TEST_F(ServeModelTest, InProcessStopStringsSeedsAndN) {
+  auto g = local();
+  ASSERT_TRUE(g);
+  // A stop string cut out of the greedy text: the text ends before it.
+  std::string full = reference_["raw"][2]["text"];
+  ASSERT_GE(full.size(), 8u);
+  std::string stop = full.substr(full.size() / 2, 3);
+  GenerationRequest r = raw(kPrompts[2]);
+  r.params.stop = {stop};
+  r.params.logprobs = true;
+  auto results = g->generate({r});
+  ASSERT_TRUE(results[0].ok()) << results[0].status().to_string();
+  const Completion& c = (*results[0])[0];
+  EXPECT_EQ(c.text, full.substr(0, full.find(stop)));
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.logprobs.size(), static_cast<size_t>(c.completion_tokens));
+  // n samples with a seed: reproducible, and the n rows differ from each other.
+  GenerationRequest s = raw(kPrompts[0], 1.0);
+  s.params.n = 4;
+  s.params.seed = 7;
+  auto a = g->generate({s}), b = g->generate({s});
+  ASSERT_TRUE(a[0].ok() && b[0].ok());
+  ASSERT_EQ(a[0]->size(), 4u);
+  std::set<std::string> distinct;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ((*a[0])[i].text, (*b[0])[i].text);
+    distinct.insert((*a[0])[i].text);
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  // A bad request fails alone.
+  GenerationRequest bad = raw("");
+  auto mixed = g->generate({bad, raw(kPrompts[0])});
+  EXPECT_FALSE(mixed[0].ok());
+  EXPECT_TRUE(mixed[1].ok());
+}
+
+// `kz serve-model` on a free port, stopped with SIGTERM at the end.
+class ServedModel {
+ public:
+  explicit ServedModel(const fs::path& model, int max_batch = 8) {
+    ProcessSpec spec;
+    spec.argv = {KZ_BIN, "serve-model", "--model", model.string(), "--port", "0", "--max-batch",
+                 std::to_string(max_batch), "--batch-wait-ms", "20", "--served-model-name", "tiny"};
+    spec.env = current_environment();
+    auto p = Process::spawn(spec);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    if (!p.ok()) return;
+    process_.emplace(std::move(*p));
+    std::regex listening(R"(http://127\.0\.0\.1:(\d+)/v1)");
+    auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (process_->wait_for(50ms)) break;  // exited: failed to start
+      std::smatch m;
+      const std::string& err = process_->stderr_tail();
+      if (std::regex_search(err, m, listening)) {
+        port_ = std::stoi(m[1]);
+        return;
+      }
+    }
+    ADD_FAILURE() << "kz serve-model did not start: " << process_->stderr_tail();
+  }
+
+  // SIGTERM; the server must exit 0 promptly.
+  void stop() {
+    if (!process_) return;
+    process_->kill_group(SIGTERM);
+    auto exit = process_->wait_for(30s);
+    ASSERT_TRUE(exit.has_value()) << "kz serve-model did not stop on SIGTERM";
+    EXPECT_TRUE(exit->exited && exit->exit_code == 0) << exit->describe() << "\n" << process_->stderr_tail();
+    process_.reset();
+  }
+
+  int port() const { return port_; }
+  std::string url(const std::string& path) const { return fmt::format("http://127.0.0.1:{}{}", port_, path); }
+
+  std::unique_ptr<Generator> client(int max_in_flight = 16) const {
+    HttpGeneratorOptions o;
+    o.base_url = url("/v1");
+    o.model = "tiny";
+    o.max_in_flight = max_in_flight;
+    o.request_timeout_s = 120;
+    o.max_retries = 0;
+    auto g = make_http_generator(o);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? std::move(*g) : nullptr;
+  }
+
+ private:
+  std::optional<Process> process_;
+  int port_ = 0;
+};
+
+TEST_F(ServeModelTest, ServerMatchesInProcessAndBatchesConcurrentRequests) {
+  ServedModel server(model_);
+  ASSERT_GT(server.port(), 0);
+  auto [models_status, models_body] = http("GET", server.url("/v1/models"));
+  EXPECT_EQ(models_status, 200);
+  EXPECT_EQ(json::parse(models_body)["data"][0]["id"], "tiny");
+  EXPECT_EQ(http("GET", server.url("/health")).first, 200);
+
+  // Greedy through HTTP == transformers == in process: raw prompts and chat, with logprobs.
+  auto client = server.client();
+  ASSERT_TRUE(client);
+  std::vector<GenerationRequest> requests;
+  for (const auto& p : kPrompts) requests.push_back(raw(p));
+  requests.push_back(chat());
+  for (auto& r : requests) r.params.logprobs = true;
+  auto served = client->generate(requests);
+  auto g = local();
+  ASSERT_TRUE(g);
+  auto in_process = g->generate(requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(served[i].ok()) << served[i].status().to_string();
+    ASSERT_TRUE(in_process[i].ok()) << in_process[i].status().to_string();
+    const Completion &a = (*served[i])[0], &b = (*in_process[i])[0];
+    const json& want = i < kPrompts.size() ? reference_["raw"][i] : reference_["chat"];
+    EXPECT_EQ(a.text, want["text"].get<std::string>()) << requests[i].id;
+    EXPECT_EQ(a.text, b.text) << requests[i].id;
+    EXPECT_EQ(a.finish_reason, b.finish_reason);
+    EXPECT_EQ(a.completion_tokens, b.completion_tokens);
+    EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    for (size_t t = 0; t < a.logprobs.size(); ++t) {
+      EXPECT_EQ(a.logprobs[t].token, b.logprobs[t].token);
+      EXPECT_NEAR(a.logprobs[t].logprob, b.logprobs[t].logprob, 1e-4);
+    }
+  }
+
+  // 24 concurrent requests (n = 1 and n = 2 mixed): all answered, the same greedy texts, and
+  // fewer generate() batches than requests.
+  json before = json::parse(http("GET", server.url("/health")).second);
+  std::vector<GenerationRequest> burst;
+  for (int i = 0; i < 24; ++i) {
+    GenerationRequest r = raw(kPrompts[i % kPrompts.size()]);
+    r.id = fmt::format("burst-{}", i);
+    r.params.n = 1 + i % 2;
+    burst.push_back(r);
+  }
+  auto burst_results = client->generate(burst);
+  for (size_t i = 0; i < burst.size(); ++i) {
+    ASSERT_TRUE(burst_results[i].ok()) << burst_results[i].status().to_string();
+    ASSERT_EQ(burst_results[i]->size(), static_cast<size_t>(burst[i].params.n));
+    for (const auto& c : *burst_results[i])
+      EXPECT_EQ(c.text, reference_["raw"][i % kPrompts.size()]["text"].get<std::string>()) << burst[i].id;
+  }
+  json after = json::parse(http("GET", server.url("/health")).second);
+  size_t requests_served = after["requests"].get<size_t>() - before["requests"].get<size_t>();
+  size_t batches = after["batches"].get<size_t>() - before["batches"].get<size_t>();
+  EXPECT_EQ(requests_served, burst.size());
+  EXPECT_LT(batches, burst.size()) << "concurrent requests were not batched";
+  server.stop();
+}
+
+TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
+  ServedModel server(model_);
+  ASSERT_GT(server.port(), 0);
+  // A completion with n, stop, seed and logprobs, read raw.
+  json body = {{"model", "tiny"}, {"prompt", kPrompts[0]}, {"max_tokens", 8}, {"n", 3}, {"temperature", 0.8},
+               {"seed", 3}, {"logprobs", 1}, {"stop", {"\n"}}};
+  auto [status, text] = http("POST", server.url("/v1/completions"), body.dump());
+  ASSERT_EQ(status, 200) << text;
+  json answer = json::parse(text);
+  EXPECT_EQ(answer["object"], "text_completion");
+  EXPECT_EQ(answer["model"], "tiny");
+  ASSERT_EQ(answer["choices"].size(), 3u);
+  int completion_tokens = 0;
+  for (const auto& choice : answer["choices"]) {
+    EXPECT_EQ(choice["text"].get<std::string>().find('\n'), std::string::npos);
+    EXPECT_TRUE(choice["finish_reason"] == "stop" || choice["finish_reason"] == "length");
+    completion_tokens += static_cast<int>(choice["logprobs"]["tokens"].size());
+  }
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], reference_["raw"][0]["prompt_ids"].size());
+  EXPECT_EQ(answer["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(answer["usage"]["total_tokens"], answer["usage"]["prompt_tokens"].get<int>() + completion_tokens);
+  // Chat answers in chat's shape.
+  json chat_body = {{"model", "tiny"},
+                    {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}}}},
+                    {"max_tokens", 4}, {"logprobs", true}};
+  auto [chat_status, chat_text] = http("POST", server.url("/v1/chat/completions"), chat_body.dump());
+  ASSERT_EQ(chat_status, 200) << chat_text;
+  json chat_answer = json::parse(chat_text);
+  EXPECT_EQ(chat_answer["object"], "chat.completion");
+  EXPECT_EQ(chat_answer["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(chat_answer["choices"][0]["logprobs"]["content"].is_array());
+
+  // stream: true answers in server-sent events whose pieces add up to the greedy text.
+  for (bool chat : {false, true}) {
+    json request = {{"max_tokens", kMaxNew}, {"temperature", 0}, {"stream", true},
+                    {"stream_options", {{"include_usage", true}}}};
+    if (chat) request["messages"] = {{{"role", "system"}, {"content", "You write CUDA kernels."}},
+                                     {{"role", "user"}, {"content", "Write a ReLU kernel."}}};
+    else request["prompt"] = kPrompts[0];
+    auto [s, events] = http("POST", server.url(chat ? "/v1/chat/completions" : "/v1/completions"), request.dump());
+    ASSERT_EQ(s, 200) << events;
+    std::string text, finish;
+    bool done = false, usage = false;
+    std::istringstream lines(events);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty()) continue;
+      ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+      std::string data = line.substr(6);
+      if (data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json chunk = json::parse(data);
+      EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion");
+      if (chunk.contains("usage")) usage = true;
+      for (const auto& choice : chunk["choices"]) {
+        if (chat && choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
+        if (!chat) text += choice["text"].get<std::string>();
+        if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+      }
+    }
+    EXPECT_TRUE(done && usage);
+    EXPECT_EQ(text, (chat ? reference_["chat"] : reference_["raw"][0])["text"].get<std::string>());
+    EXPECT_FALSE(finish.empty());
+  }
+
+  // Errors: OpenAI's shape, 400 for the client's mistakes.
+  auto expect_error = [&](const std::string& path, const std::string& request, long want, const std::string& words) {
+    auto [s, t] = http("POST", server.url(path), request);
+    EXPECT_EQ(s, want) << request << " -> " << t;
+    json e = json::parse(t, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << t;
+    ASSERT_TRUE(e.contains("error") && e["error"].contains("message")) << t;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(words), std::string::npos) << t;
+  };
+  expect_error("/v1/completions", "{not json", 400, "not valid JSON");
+  expect_error("/v1/completions", R"({"model": "tiny"})", 400, "\"prompt\" is required");
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature");
+  expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "\"n\"");
+  expect_error("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "stream");
+  expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "role");
+  expect_error("/v1/nothing", "{}", 404, "no route");
+  // A prompt longer than the context (2,048 tokens) is the client's mistake too.
+  std::string long_prompt;
+  for (int i = 0; i < 3000; ++i) long_prompt += fmt::format("w{} ", i);
+  expect_error("/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "context");
+
+  // The HttpGenerator sees a 400 as a failed request, the others in the batch unaffected.
+  auto client = server.client();
+  GenerationRequest too_long = raw(long_prompt);
+  auto results = client->generate({too_long, raw(kPrompts[1])});
+  EXPECT_FALSE(results[0].ok());
+  EXPECT_TRUE(results[1].ok());
+  server.stop();
+}
+
+TEST_F(ServeModelTest, LargePresetConfigsLoadInTransformers) {
+  struct Want {
+    const char* preset;
+    int64_t parameters, vocab, hidden, layers;
+    bool tied;
+  };
+  for (Want w : {Want{"qwen2.5-0.5b", 494032768, 151936, 896, 24, true},
+                 Want{"qwen2.5-7b", 7615616512, 152064, 3584, 28, false}}) {
+    fs::path dir = dir_ / w.preset;
+    std::string out = run_ok({KZ_BIN, "init-model", "--preset", w.preset, "--out", dir.string(), "--config-only"});
+    EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+    json got = json::parse(run_ok({KZ_PYTHON, KZ_HF_REFERENCE, "config", dir.string()}), nullptr, false);
+    ASSERT_FALSE(got.is_discarded());
+    EXPECT_EQ(got["parameters"], w.parameters) << w.preset;  // Qwen2.5's published sizes
+    EXPECT_EQ(got["vocab_size"], w.vocab);
+    EXPECT_EQ(got["hidden_size"], w.hidden);
+    EXPECT_EQ(got["num_hidden_layers"], w.layers);
+    EXPECT_EQ(got["tie_word_embeddings"], w.tied);
+    EXPECT_LT(got["eos_token_id"].get<int64_t>(), got["tokenizer_vocab"].get<int64_t>());
+    EXPECT_LE(got["tokenizer_vocab"].get<int64_t>(), w.vocab);
+    EXPECT_NE(got["chat"].get<std::string>().find("<|im_start|>assistant\n"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kz

@@ -1,0 +1,93 @@
+// The model engine behind one torch-free header: a checkpoint directory (weights, tokenizer,
+// generation config) loaded once, and text-level generation on it. `kz generate`,
+// `kz serve-model` and the in-process Generator (llm/engine_generator.h) use this, so none of
+// them includes libtorch headers.
+//
+// A generate() call is one batch (generate.h: left-padded prefill, cached decode, per-request
+// sampling and seed). Calls from several threads are serialised: one batch at a time on the
+// device. Stop strings are checked on each row's decoded text after every step (the row ends
+// there), then the text is cut before the first stop string and the tokens end with the one that
+// completed it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kz/core/files.h"
+#include "kz/core/status.h"
+#include "kz/model/config.h"
+#include "kz/model/tokenizer.h"
+
+namespace kz::model {
+
+struct EngineOptions {
+  fs::path model_dir;           // config.json, safetensors, tokenizer.json (+ generation_config.json)
+  std::string device = "cpu";   // "cpu", "cuda", "cuda:N"
+  std::string dtype;            // "": the checkpoint's; "fp32", "bf16" or "fp16"
+  Status validate() const;
+};
+
+// A request's sampling, as generate.h's SamplingOptions plus text-level stops.
+struct TextSampling {
+  double temperature = 1.0;        // 0: greedy
+  int64_t top_k = 0;               // 0: all tokens
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  // New tokens at most; clamped so prompt + new tokens fit the model's context
+  // (max_position_embeddings). Must be >= 1.
+  int64_t max_new_tokens = 256;
+  std::vector<std::string> stop;   // stop strings (not included in the text)
+  bool stop_at_eos = true;         // the generation config's eos ids end generation
+};
+
+struct EngineRequest {
+  std::vector<TokenId> prompt_ids;  // not empty
+  TextSampling sampling;
+};
+
+struct EngineCompletion {
+  std::string text;                 // new tokens decoded, special tokens skipped, cut at a stop string
+  std::vector<int64_t> token_ids;   // new tokens (the eos token included when generation stopped on it)
+  std::vector<float> logprobs;      // per token, under the unmodified distribution (generate.h)
+  std::string finish_reason;        // "stop" (eos or stop string) or "length"
+  size_t prompt_tokens = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::shared_ptr<Engine>> load(const EngineOptions& options);
+  ~Engine();
+
+  // One Result per request, in order: an invalid request (empty or too long prompt, bad
+  // settings) fails alone; the valid ones run as one batch. A libtorch failure fails them all.
+  std::vector<Result<EngineCompletion>> generate(const std::vector<EngineRequest>& requests);
+
+  const Tokenizer& tokenizer() const;
+  const ModelConfig& config() const;
+  const std::vector<int64_t>& eos_token_ids() const;  // generation_config.json, else config.json, else the tokenizer's
+  int64_t context_length() const;                     // max_position_embeddings
+  std::string device() const;                         // as torch names it: "cpu", "cuda:0"
+  std::string dtype() const;                          // "float32", "bfloat16", "float16"
+  std::string describe() const;                       // "engine:<dir> (<device>, <dtype>)"
+  const fs::path& model_dir() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The text of `ids` after stop strings are applied: the length of the token prefix to keep, and
+// the text it decodes to, cut before the first stop string. stopped is true when a stop string
+// was found. (Pure; exposed for tests.)
+struct StopCut {
+  size_t tokens = 0;
+  std::string text;
+  bool stopped = false;
+};
+StopCut apply_stop_strings(const Tokenizer& tokenizer, const std::vector<int64_t>& ids,
+                           const std::vector<std::string>& stop);
+
+}  // namespace kz::model

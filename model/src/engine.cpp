@@ -1,0 +1,207 @@
+// The engine (engine.h): a loaded CausalLM + Tokenizer, and text-level generation on them. The
+// one libtorch translation unit behind engine.h.
+#include "kz/model/engine.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kz/model/generate.h"
+
+namespace kz::model {
+namespace {
+
+using json = nlohmann::json;
+
+Result<std::optional<at::ScalarType>> parse_dtype(const std::string& name) {
+  if (name.empty()) return std::optional<at::ScalarType>();
+  if (name == "fp32" || name == "float32") return std::optional(at::kFloat);
+  if (name == "bf16" || name == "bfloat16") return std::optional(at::kBFloat16);
+  if (name == "fp16" || name == "float16") return std::optional(at::kHalf);
+  return invalid_argument(fmt::format("dtype \"{}\" is not fp32, bf16 or fp16", name));
+}
+
+// generation_config.json's ids ("eos_token_id": int or list; "pad_token_id": int), when present.
+struct GenerationConfig {
+  std::vector<int64_t> eos;
+  std::optional<int64_t> pad;
+};
+
+Result<GenerationConfig> read_generation_config(const fs::path& dir) {
+  GenerationConfig g;
+  fs::path path = dir / "generation_config.json";
+  if (!fs::exists(path)) return g;
+  auto text = read_file(path);
+  if (!text.ok()) return text.status();
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object()) return parse_error(path.string() + ": not a JSON object");
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    if (it->is_number_integer()) g.eos.push_back(it->get<int64_t>());
+    else if (it->is_array())
+      for (const auto& v : *it)
+        if (v.is_number_integer()) g.eos.push_back(v.get<int64_t>());
+  }
+  if (auto it = j.find("pad_token_id"); it != j.end() && it->is_number_integer()) g.pad = it->get<int64_t>();
+  return g;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  EngineOptions options;
+  std::shared_ptr<CausalLM> model;
+  Tokenizer tokenizer;
+  std::vector<int64_t> eos;
+  int64_t pad_id = 0;
+  std::mutex mutex;  // one batch at a time
+
+  Impl(EngineOptions o, std::shared_ptr<CausalLM> m, Tokenizer t)
+      : options(std::move(o)), model(std::move(m)), tokenizer(std::move(t)) {}
+
+  std::function<bool(const std::vector<int64_t>&)> stop_string_check(const std::vector<std::string>& stop) const;
+
+  Status check(const EngineRequest& r) const {
+    if (r.prompt_ids.empty()) return invalid_argument("the prompt is empty (no tokens)");
+    const auto context = model->config().max_position_embeddings;
+    if (context > 0 && static_cast<int64_t>(r.prompt_ids.size()) >= context)
+      return invalid_argument(fmt::format("the prompt has {} tokens; the model's context is {} tokens",
+                                          r.prompt_ids.size(), context));
+    if (r.sampling.max_new_tokens < 1)
+      return invalid_argument(fmt::format("max new tokens must be >= 1, got {}", r.sampling.max_new_tokens));
+    return Status::ok();
+  }
+
+  GenerateRequest to_request(const EngineRequest& r) const {
+    GenerateRequest g;
+    g.prompt_ids.assign(r.prompt_ids.begin(), r.prompt_ids.end());
+    const TextSampling& s = r.sampling;
+    g.sampling.temperature = s.temperature;
+    g.sampling.top_k = s.top_k;
+    g.sampling.top_p = s.top_p;
+    g.sampling.seed = s.seed;
+    int64_t context = model->config().max_position_embeddings;
+    int64_t room = context > 0 ? context - static_cast<int64_t>(r.prompt_ids.size()) : s.max_new_tokens;
+    g.sampling.max_new_tokens = std::max<int64_t>(1, std::min(s.max_new_tokens, room));
+    if (s.stop_at_eos) g.sampling.stop_token_ids = eos;
+    if (!s.stop.empty()) g.stop_check = stop_string_check(s.stop);
+    return g;
+  }
+
+  EngineCompletion to_completion(const EngineRequest& r, GenerateResult g) const {
+    EngineCompletion c;
+    c.prompt_tokens = r.prompt_ids.size();
+    StopCut cut = apply_stop_strings(tokenizer, g.token_ids, r.sampling.stop);
+    g.token_ids.resize(cut.tokens);
+    g.logprobs.resize(cut.tokens);
+    c.text = std::move(cut.text);
+    c.token_ids = std::move(g.token_ids);
+    c.logprobs = std::move(g.logprobs);
+    c.finish_reason = cut.stopped ? "stop" : finish_reason_name(g.finish_reason);
+    return c;
+  }
+};
+
+// Ends a row as soon as its decoded text holds a stop string (the text itself is cut afterwards,
+// by apply_stop_strings). Decodes each new token once.
+std::function<bool(const std::vector<int64_t>&)> Engine::Impl::stop_string_check(const std::vector<std::string>& stop) const {
+  struct State {
+    TokenStreamDecoder decoder;
+    std::string text;
+    size_t seen = 0;
+  };
+  size_t longest = 0;
+  for (const auto& s : stop) longest = std::max(longest, s.size());
+  auto state = std::make_shared<State>(State{TokenStreamDecoder(tokenizer, /*skip_special=*/true), "", 0});
+  return [state, stop, longest](const std::vector<int64_t>& ids) {
+    size_t before = state->text.size();
+    for (; state->seen < ids.size(); ++state->seen) state->text += state->decoder.push(static_cast<TokenId>(ids[state->seen]));
+    size_t from = before >= longest ? before - longest + 1 : 0;
+    for (const auto& s : stop)
+      if (!s.empty() && state->text.find(s, from) != std::string::npos) return true;
+    return false;
+  };
+}
+
+Status EngineOptions::validate() const {
+  if (model_dir.empty()) return invalid_argument("a model directory is required");
+  if (auto d = parse_dtype(dtype); !d.ok()) return d.status();
+  try {
+    at::Device parsed(device);
+    (void)parsed;
+  } catch (const std::exception&) {
+    return invalid_argument(fmt::format("device \"{}\" is not cpu, cuda or cuda:N", device));
+  }
+  return Status::ok();
+}
+
+Result<std::shared_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  KZ_RETURN_IF_ERROR(options.validate());
+  LoadOptions load;
+  load.dtype = *parse_dtype(options.dtype);
+  try {
+    load.device = at::Device(options.device);
+  } catch (const std::exception& e) {
+    return invalid_argument(fmt::format("device \"{}\": {}", options.device, e.what()));
+  }
+  auto tokenizer = Tokenizer::load(options.model_dir);
+  if (!tokenizer.ok()) return tokenizer.status().with_context("loading the tokenizer");
+  auto generation = read_generation_config(options.model_dir);
+  if (!generation.ok()) return generation.status();
+  auto model = CausalLM::load(options.model_dir, load);
+  if (!model.ok()) return model.status();
+  auto impl = std::make_unique<Impl>(options, std::move(*model), std::move(*tokenizer));
+  impl->eos = generation->eos;
+  if (impl->eos.empty()) impl->eos = impl->model->config().eos_token_ids;
+  if (impl->eos.empty() && impl->tokenizer.eos_id()) impl->eos.push_back(*impl->tokenizer.eos_id());
+  if (generation->pad) impl->pad_id = *generation->pad;
+  else if (impl->tokenizer.pad_id()) impl->pad_id = *impl->tokenizer.pad_id();
+  if (impl->pad_id < 0 || impl->pad_id >= impl->model->config().vocab_size) impl->pad_id = 0;
+  return std::shared_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+std::vector<Result<EngineCompletion>> Engine::generate(const std::vector<EngineRequest>& requests) {
+  std::vector<Result<EngineCompletion>> out(requests.size(), Result<EngineCompletion>(internal_error("not run")));
+  std::vector<size_t> valid;
+  std::vector<GenerateRequest> batch;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (Status s = impl_->check(requests[i]); !s.is_ok()) {
+      out[i] = s;
+      continue;
+    }
+    valid.push_back(i);
+    batch.push_back(impl_->to_request(requests[i]));
+  }
+  if (batch.empty()) return out;
+  std::lock_guard lock(impl_->mutex);
+  GenerateOptions options;
+  options.pad_token_id = impl_->pad_id;
+  auto results = model::generate(*impl_->model, batch, options);
+  for (size_t k = 0; k < valid.size(); ++k) {
+    size_t i = valid[k];
+    if (!results.ok()) out[i] = results.status();
+    else out[i] = impl_->to_completion(requests[i], std::move((*results)[k]));
+  }
+  return out;
+}
+
+const Tokenizer& Engine::tokenizer() const { return impl_->tokenizer; }
+const ModelConfig& Engine::config() const { return impl_->model->config(); }
+const std::vector<int64_t>& Engine::eos_token_ids() const { return impl_->eos; }
+int64_t Engine::context_length() const { return impl_->model->config().max_position_embeddings; }
+std::string Engine::device() const { return impl_->model->device().str(); }
+std::string Engine::dtype() const {
+  auto d = to_weight_dtype(impl_->model->dtype());
+  return d.ok() ? weight_dtype_name(*d) : "?";
+}
+const fs::path& Engine::model_dir() const { return impl_->options.model_dir; }
+std::string Engine::describe() const {
+  return fmt::format("engine:{} ({}, {})", impl_->options.model_dir.string(), device(), dtype());
+}
+
+}  // namespace kz::model
