@@ -242,6 +242,19 @@ def test_rates_and_ratios_on_known_numbers():
     assert "re-ran" not in text and "whose pre-build had failed" not in text
 
 
+def test_concurrent_evaluations_share_the_batch_wall_time():
+    # kz ran its 4 evaluations of 5 s at once ([timing] gpu_jobs): 10 s of wall for 20 s of work.
+    data = synthetic()
+    data["kz_batch"]["wall_s"] = 10.0
+    assert compare_report.kz_overlap_scale(data) == 0.5
+    times = compare_report.kz_format_times(data)
+    assert times["cuda"] == {"count": 2, "seconds": 5.0}       # half of 2 x 5 s, nothing outside
+    assert sum(t["seconds"] for t in times.values()) == 10.0    # the formats add up to the batch
+    # cuda: 2 per 5 s = 24/min against KernelBench's 1.5/min.
+    assert "goal cuda >= 10x KernelBench (on its 2 samples): 16.00x, met" in compare_report.render(data)
+    assert "concurrently" in compare_report.render(data)
+
+
 def test_rebuilds_of_failed_builds_are_named():
     data = synthetic()
     data["kz_batch"]["verdicts"][1].update(status="compile_error", checks=["kernel_compile"])

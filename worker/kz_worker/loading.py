@@ -39,7 +39,13 @@ class Reference:
 
     def inputs(self, seed: int, device: torch.device):
         torch.manual_seed(seed)
-        return [to_device(x, device) for x in self.module.get_inputs()]
+        # get_inputs' factory calls (torch.randn, ...) allocate on the device itself: on a GPU that
+        # spares generating every input set on the CPU and copying it over, the costliest part of
+        # load_reference when several workers share the host's cores. Tensors it builds otherwise
+        # (from numpy, say) are moved as before.
+        with torch.device(device):
+            made = self.module.get_inputs()
+        return [to_device(x, device) for x in made]
 
     def build(self, init_inputs, seed: int, device: torch.device) -> torch.nn.Module:
         torch.manual_seed(seed)
