@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 
@@ -34,9 +35,11 @@ std::vector<fs::path> sorted_entries(const fs::path& dir) {
 }
 
 // Builds `cuda` candidates in parallel (compile-only workers) so that the GPU evaluations that
-// follow find their extensions in the shared build cache instead of compiling one by one.
+// follow find their extensions in the shared build cache instead of compiling one by one. A build
+// that fails is final: its compile_error verdict goes into `settled` (by entry), so the GPU phase
+// does not build it again, one at a time.
 Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
-                     int jobs, std::ostream& out) {
+                     int jobs, std::vector<std::optional<Verdict>>& settled, std::ostream& out) {
   std::vector<size_t> cuda_entries;
   for (size_t i = 0; i < entries.size(); ++i)
     if (resolve_format(evaluator.options().format, entries[i].candidate.source) == Format::cuda)
@@ -49,6 +52,7 @@ Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks,
     auto verdict = evaluator.evaluate(tasks[entry.task_index], entry.candidate, EvalMode::compile_only);
     if (!verdict.ok()) return verdict.status();
     std::lock_guard lock(bar_mutex);
+    if (verdict->status == EvalStatus::compile_error) settled[cuda_entries[k]] = *verdict;
     bar.advance(tasks[entry.task_index].id + " " + status_name(verdict->status));
     return Status::ok();
   });
@@ -152,17 +156,22 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
                                        std::ostream& progress_out) {
   auto pools = DevicePools::create(evaluator, options.devices);
   if (!pools.ok()) return pools.status();
+  std::vector<std::optional<Verdict>> settled(entries.size());
   if (evaluator.options().device != "cpu")
-    KZ_RETURN_IF_ERROR(prebuild_cuda(pools->at(0), tasks, entries, options.compile_jobs, progress_out));
+    KZ_RETURN_IF_ERROR(prebuild_cuda(pools->at(0), tasks, entries, options.compile_jobs, settled, progress_out));
   std::vector<Verdict> verdicts(entries.size());
   ProgressBar bar("eval", entries.size(), progress_out);
   std::mutex mutex;
   int threads = options.jobs * static_cast<int>(pools->size());
   Status status = parallel_for(entries.size(), threads, [&](size_t i) -> Status {
     const auto& entry = entries[i];
-    size_t pool = pools->acquire();
-    auto verdict = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
-    pools->release(pool);
+    auto evaluate_on_a_device = [&]() -> Result<Verdict> {
+      size_t pool = pools->acquire();
+      auto result = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
+      pools->release(pool);
+      return result;
+    };
+    auto verdict = settled[i] ? Result<Verdict>(*settled[i]) : evaluate_on_a_device();
     if (!verdict.ok()) return verdict.status();
     std::lock_guard lock(mutex);
     if (!options.results_path.empty())
