@@ -239,7 +239,7 @@ def test_rates_and_ratios_on_known_numbers():
     assert "max/min" in text and "1.100" in text
     assert "0.990x to 1.020x" in text and "not run (time budget): t3" in text
     assert "KernelBench: parallel pre-build 60.0 s; 2 evaluations 20.0 s, of which 12.0 s inside" in text
-    assert "re-ran" not in text and "whose pre-build had failed" not in text
+    assert "that failed (in the parallel" not in text and "whose pre-build had failed" not in text
 
 
 def test_concurrent_evaluations_share_the_batch_wall_time():
@@ -260,7 +260,7 @@ def test_rebuilds_of_failed_builds_are_named():
     data["kz_batch"]["verdicts"][1].update(status="compile_error", checks=["kernel_compile"])
     data["kb"]["prebuild"]["samples"] = {data["manifest"][1]["id"]: {"built": False}}
     text = compare_report.stage_section(data)
-    assert "0.5 s re-ran 1 load_inline build(s)" in text
+    assert "0.5 s went to 1 load_inline build(s) that failed" in text
     assert "6.0 s of its evaluations went to 1 sample(s) whose pre-build had failed" in text
     short = compare_report.short_report(data)
     assert "KernelBench cuda" in short and "kz cuda-rtc" in short and "goal cuda-rtc >= 50x" in short
