@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include "kz/eval/options.h"
@@ -25,8 +26,8 @@ Action add_bench_command(CLI::App& app);
 Action add_serve_eval_command(CLI::App& app);
 Action add_propose_command(CLI::App& app);
 Action add_init_model_command(CLI::App& app);
-Action add_generate_command(CLI::App& app);     // with libtorch (KZ_WITH_ENGINE)
-Action add_serve_model_command(CLI::App& app);  // with libtorch and cpp-httplib (KZ_WITH_MODEL_SERVER)
+Action add_generate_command(CLI::App& app);     // kz-engine only (libtorch)
+Action add_serve_model_command(CLI::App& app);  // kz-engine, with cpp-httplib (KZ_WITH_MODEL_SERVER)
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {
@@ -46,5 +47,8 @@ Result<EvalOptions> resolve_eval_options(const EvalFlags& flags);
 
 // Prints "kz: <message>" on stderr and returns the exit code for the status.
 int report_error(const Status& status);
+
+// Parses argv and runs the subcommand given (its Action from `actions`); the exit code.
+int run_subcommand(CLI::App& app, const std::map<CLI::App*, Action>& actions, int argc, char** argv);
 
 }  // namespace kz::cli

@@ -2,12 +2,43 @@
 // options, calls the library and prints.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <string_view>
+#include <vector>
 
 #include "commands.h"
 
+namespace {
+
+// generate and serve-model run in kz-engine, built beside kz where libtorch was found: the only
+// program that links it. Returns only when kz-engine could not be started.
+int hand_over_to_engine(int argc, char** argv) {
+  std::error_code ec;
+  auto engine = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "kz-engine";
+  if (ec || !std::filesystem::exists(engine)) {
+    std::cerr << "kz: " << argv[1] << " needs kz-engine beside kz, built only where libtorch is found "
+              << "(KZ_WITH_TORCH; docs/model.md)\n";
+    return kz::cli::kExitUsage;
+  }
+  std::vector<char*> args(argv, argv + argc);
+  args.push_back(nullptr);
+  ::execv(engine.c_str(), args.data());
+  std::cerr << "kz: cannot start " << engine.string() << ": " << std::strerror(errno) << "\n";
+  return kz::cli::kExitInfra;
+}
+
+bool is_engine_command(std::string_view name) { return name == "generate" || name == "serve-model"; }
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc > 1 && is_engine_command(argv[1])) return hand_over_to_engine(argc, argv);
   CLI::App app{"KernelZero: evaluate (and, later, train) kernel-writing models", "kz"};
   app.require_subcommand(1);
   std::map<CLI::App*, kz::cli::Action> actions;
@@ -20,20 +51,9 @@ int main(int argc, char** argv) {
 #endif
   add(kz::cli::add_propose_command(app));
   add(kz::cli::add_init_model_command(app));
-#ifdef KZ_WITH_ENGINE
-  add(kz::cli::add_generate_command(app));
-#endif
-#ifdef KZ_WITH_MODEL_SERVER
-  add(kz::cli::add_serve_model_command(app));
-#endif
+  // Listed for --help only: main() hands these to kz-engine before parsing.
+  app.add_subcommand("generate", "Raw-text continuation from a checkpoint (kz-engine; kz generate --help)");
+  app.add_subcommand("serve-model", "A checkpoint as an OpenAI-compatible endpoint (kz-engine; kz serve-model --help)");
   add(kz::cli::add_config_command(app));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : kz::cli::kExitUsage;
-  }
-  for (auto& [command, action] : actions)
-    if (command->parsed()) return action();
-  return kz::cli::kExitUsage;
+  return kz::cli::run_subcommand(app, actions, argc, argv);
 }

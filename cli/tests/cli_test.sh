@@ -134,6 +134,20 @@ else
        "${why:-}"$'\n'"$(show)"
 fi
 
+# ---- kz stays free of libtorch --------------------------------------------------------------------
+# generate / serve-model live in kz-engine; kz hands them over, so kz itself starts in milliseconds.
+if ldd "$KZ" | grep -q 'libtorch'; then
+  fail "kz does not link libtorch (generate and serve-model run in kz-engine)" "$(ldd "$KZ" | grep torch)"
+else
+  pass "kz does not link libtorch (generate and serve-model run in kz-engine)"
+fi
+run "$KZ" --help
+if [[ $rc == 0 && $out == *"generate"* && $out == *"serve-model"* ]]; then
+  pass "kz --help lists generate and serve-model"
+else
+  fail "kz --help lists generate and serve-model" "$(show)"
+fi
+
 # ---- kz config show ----------------------------------------------------------------------------
 
 run "$KZ" config show
