@@ -15,10 +15,10 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 
 #include "commands.h"
 #include "kz/core/files.h"
+#include "kz/core/jsonl.h"
 #include "kz/core/parallel.h"
 #include "kz/core/hash.h"
 #include "kz/core/terminal.h"
@@ -105,17 +105,12 @@ Result<std::vector<Completion>> generate_replies(const ProposeArgs& args, std::v
 
 // Kept modules of earlier runs join the dedup index; every id already used is reserved.
 Status load_existing(const fs::path& out, NearDuplicateIndex& index, std::set<std::string>& ids) {
-  if (!fs::exists(out)) return Status::ok();
-  auto text = read_file(out);
-  if (!text.ok()) return text.status();
-  std::stringstream lines(*text);
-  size_t number = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto row = nlohmann::json::parse(line, nullptr, false);
-    if (!row.is_object() || !row.contains("id") || !row["id"].is_string())
-      return parse_error(fmt::format("{}:{}: not a kz propose row (JSON object with a string id)", out.string(), number));
+  auto rows = read_jsonl_log(out);
+  if (!rows.ok()) return rows.status();
+  for (const auto& row : *rows) {
+    if (!row.contains("id") || !row["id"].is_string())
+      return parse_error(fmt::format("{}: a row without a string id is not a kz propose row: {}", out.string(),
+                                     row.dump().substr(0, 200)));
     ids.insert(row["id"].get<std::string>());
     if (row.value("status", "") == "kept" && row.contains("py_code") && row["py_code"].is_string())
       index.add(row["id"].get<std::string>(), row["py_code"].get<std::string>(), row.value("fingerprint", ""));

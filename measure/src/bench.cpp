@@ -10,6 +10,7 @@
 #include <set>
 
 #include "kz/core/files.h"
+#include "kz/core/jsonl.h"
 #include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
 #include "kz/eval/suite.h"
@@ -31,21 +32,8 @@ struct Generation {
 std::string sample_label(const std::string& task_id, int sample) { return fmt::format("{}/{}", task_id, sample); }
 
 // Reads a JSONL log; a torn last line (the run was killed mid-write) is skipped, not an error.
-Result<std::vector<nlohmann::json>> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> rows;
-  if (!fs::exists(path)) return rows;
-  auto text = read_file(path);
-  if (!text.ok()) return text.status();
-  std::stringstream lines(*text);
-  for (std::string line; std::getline(lines, line);) {
-    auto row = nlohmann::json::parse(line, nullptr, false);
-    if (!row.is_discarded()) rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
 Result<std::vector<Generation>> load_generations(const fs::path& path) {
-  auto rows = read_jsonl(path);
+  auto rows = read_jsonl_log(path);
   if (!rows.ok()) return rows.status();
   std::vector<Generation> generations;
   for (const auto& row : *rows)
@@ -134,7 +122,7 @@ Verdict no_code_verdict(const Task& task, const Generation& g, const BenchOption
 Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Generation>& generations,
                         const Evaluator& evaluator, const BenchOptions& options, int& evaluated, std::ostream& out) {
   fs::path results = options.out_dir / "results.jsonl";
-  auto done_rows = read_jsonl(results);
+  auto done_rows = read_jsonl_log(results);
   if (!done_rows.ok()) return done_rows.status();
   std::set<std::string> done;
   for (const auto& row : *done_rows) done.insert(row.value("candidate", ""));
@@ -159,7 +147,7 @@ Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Genera
     entries.push_back({it->second, Candidate{label, *code}});
   }
   if (entries.empty()) return Status::ok();
-  SuiteRunOptions run{default_jobs(evaluator.options()), cpu_cores(), results};
+  SuiteRunOptions run{default_jobs(evaluator.options()), cpu_cores(), results, {}};
   auto verdicts = run_suite(evaluator, tasks, entries, run, out);
   if (!verdicts.ok()) return verdicts.status();
   evaluated += static_cast<int>(verdicts->size());
@@ -167,7 +155,7 @@ Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Genera
 }
 
 Result<std::vector<Verdict>> load_verdicts(const fs::path& path) {
-  auto rows = read_jsonl(path);
+  auto rows = read_jsonl_log(path);
   if (!rows.ok()) return rows.status();
   std::vector<Verdict> verdicts;
   for (const auto& row : *rows) {
