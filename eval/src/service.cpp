@@ -2,9 +2,6 @@
 #include "kz/eval/service.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-#include <signal.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "kz/core/http_server.h"
 #include "kz/eval/evaluator.h"
 #include "kz/eval/format.h"
 #include "kz/eval/suite.h"
@@ -249,21 +247,6 @@ void reply_error(httplib::Response& res, int status, const std::string& message)
   reply(res, status, json{{"error", message}});
 }
 
-// httplib::Server with a deeper accept queue: the library listens with a backlog of 5, so a burst
-// of new connections (32 clients polling) overflows it and each dropped SYN costs a client a 1 s
-// retransmit. Listening again on the bound socket raises the backlog (Linux).
-class HttpServer : public httplib::Server {
- public:
-  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
-};
-
-// Ignored process-wide: writing to a socket whose client left must not kill the service.
-void ignore_sigpipe() {
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGPIPE, &ignore, nullptr);
-}
-
 }  // namespace
 
 nlohmann::json to_json(const ServiceItem& item) {
@@ -327,28 +310,14 @@ struct EvalService::Impl {
 
 Status EvalService::Impl::listen() {
   add_routes();
-  size_t http_threads = static_cast<size_t>(std::max(1, options.http_threads));
-  http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
-  http.set_payload_max_length(kMaxRequestBytes);
-  bool bound = false;
-  if (options.port == 0) {
-    port = http.bind_to_any_port(options.host);
-    bound = port > 0;
-  } else {
-    port = options.port;
-    bound = http.bind_to_port(options.host, port);
-  }
-  if (!bound)
-    return io_error(fmt::format("cannot listen on {}:{} (port in use, or not an address of this machine)",
-                                options.host, options.port));
-  http.widen_backlog();
+  auto bound = http.bind(options.host, options.port, options.http_threads, kMaxRequestBytes);
+  if (!bound.ok()) return bound.status();
+  port = *bound;
   return Status::ok();
 }
 
 void EvalService::Impl::start_threads() {
-  listener = std::thread([this] { http.listen_after_bind(); });
-  // stop() must not run before the server loop has started, or it would miss it and hang.
-  for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  listener = http.serve_in_background();
   for (int i = 0; i < workers; ++i) threads.emplace_back([this] { work(); });
 }
 

@@ -2,10 +2,7 @@
 #include "kz/llm/openai_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
-#include <signal.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +13,8 @@
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include "kz/core/http_server.h"
 
 namespace kz {
 namespace {
@@ -295,17 +294,6 @@ struct Pending {
   std::promise<Results> done;
 };
 
-class HttpServer : public httplib::Server {
- public:
-  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }  // see eval/src/service.cpp
-};
-
-void ignore_sigpipe() {
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGPIPE, &ignore, nullptr);
-}
-
 }  // namespace
 
 Status OpenAIServerOptions::validate() const {
@@ -461,28 +449,15 @@ struct OpenAIServer::Impl {
 
   Status listen() {
     add_routes();
-    size_t threads = static_cast<size_t>(options.http_threads);
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http.set_payload_max_length(kMaxRequestBytes);
-    bool bound = false;
-    if (options.port == 0) {
-      port = http.bind_to_any_port(options.host);
-      bound = port > 0;
-    } else {
-      port = options.port;
-      bound = http.bind_to_port(options.host, port);
-    }
-    if (!bound)
-      return io_error(fmt::format("cannot listen on {}:{} (port in use, or not an address of this machine)",
-                                  options.host, options.port));
-    http.widen_backlog();
+    auto bound = http.bind(options.host, options.port, options.http_threads, kMaxRequestBytes);
+    if (!bound.ok()) return bound.status();
+    port = *bound;
     return Status::ok();
   }
 
   void start_threads() {
     batcher = std::thread([this] { batch_loop(); });
-    listener = std::thread([this] { http.listen_after_bind(); });
-    for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    listener = http.serve_in_background();
   }
 
   void stop() {
