@@ -28,6 +28,16 @@ std::thread HttpServer::serve_in_background() {
   return loop;
 }
 
+std::string exception_message(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
 void ignore_sigpipe() {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;

@@ -385,14 +385,7 @@ void EvalService::Impl::add_routes() {
                                   : fmt::format("HTTP {} for {} {}", res.status, req.method, req.path));
   });
   http.set_exception_handler([](const Request&, Response& res, std::exception_ptr error) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    reply_error(res, 500, "internal error: " + what);
+    reply_error(res, 500, "internal error: " + exception_message(error));
   });
 }
 

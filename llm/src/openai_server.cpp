@@ -436,14 +436,7 @@ struct OpenAIServer::Impl {
       reply(res, res.status, error_body(message, res.status == 404 ? "not_found_error" : "invalid_request_error"));
     });
     http.set_exception_handler([](const Request&, Response& res, std::exception_ptr error) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      reply(res, 500, error_body("internal error: " + what, "server_error"));
+      reply(res, 500, error_body("internal error: " + exception_message(error), "server_error"));
     });
   }
 

@@ -2,6 +2,7 @@
 #include "kz/model/generate.h"
 
 #include "kz/model/decode_loop.h"
+#include "torch_status.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -213,16 +214,12 @@ std::pair<at::Tensor, at::Tensor> left_pad(const std::vector<std::vector<int64_t
 Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                              const GenerateOptions& options) {
   KZ_RETURN_IF_ERROR(validate_requests(requests, model.config().vocab_size));
-  try {
-    return run_generation(model, requests, options);
-  } catch (const std::exception& e) {
-    return internal_error(std::string("generate: ") + e.what());
-  }
+  return guarded("generate", [&] { return run_generation(model, requests, options); });
 }
 
 Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                   bool keep_graph) {
-  try {
+  return guarded("token_logprobs", [&]() -> Result<at::Tensor> {
     if (input_ids.dim() != 2 || input_ids.size(1) < 2)
       return invalid_argument("token_logprobs: input_ids must be [B, T] with T >= 2");
     c10::AutoGradMode grad_mode(keep_graph && c10::GradMode::is_enabled());
@@ -237,9 +234,7 @@ Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, 
       lp = lp.masked_fill(pad, 0.0);
     }
     return lp;
-  } catch (const std::exception& e) {
-    return internal_error(std::string("token_logprobs: ") + e.what());
-  }
+  });
 }
 
 }  // namespace kz::model

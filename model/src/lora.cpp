@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/model/safetensors.h"
+#include "torch_status.h"
 
 namespace kz::model {
 namespace {
@@ -129,15 +130,6 @@ Result<std::vector<std::string>> parse_targets(const json& t) {
   }
   if (!t.is_array()) return invalid_argument("target_modules must be a list of module names");
   return t.get<std::vector<std::string>>();
-}
-
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return internal_error(what + ": " + e.what());
-  }
 }
 
 std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }

@@ -21,6 +21,7 @@
 
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
+#include "torch_status.h"
 
 namespace kz::model {
 
@@ -293,15 +294,6 @@ struct Trainer::Param {
 namespace {
 
 bool is_norm_or_bias(const std::string& name) { return name.ends_with(".bias") || name.ends_with("norm.weight"); }
-
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return internal_error(what + ": " + e.what());
-  }
-}
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "kz/model/safetensors.h"
+#include "torch_status.h"
 
 namespace kz::model {
 namespace {
@@ -147,18 +148,6 @@ std::map<std::string, at::Tensor> read_weights(const ModelConfig& config, const 
     out[spec.name] = view.to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
   }
   return out;
-}
-
-// Turns libtorch's exceptions into a Status with context.
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    return internal_error(what + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return internal_error(what + ": " + e.what());
-  }
 }
 
 }  // namespace

@@ -3,14 +3,16 @@
 
 #include <cstring>
 #include <fstream>
-#include <unistd.h>
 
 #include "kz/core/files.h"
 #include "kz/model/config.h"
 #include "kz/model/safetensors.h"
+#include "scratch.h"
 
 namespace kz::model {
 namespace {
+
+using namespace test;
 
 const char* kQwen2 = R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 1000,
   "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -22,21 +24,6 @@ std::string with(std::string json, const std::string& from, const std::string& t
   auto at = json.find(from);
   EXPECT_NE(at, std::string::npos) << from;
   return json.replace(at, from.size(), to);
-}
-
-fs::path scratch_root() { return fs::temp_directory_path() / ("kz_model_io_test_" + std::to_string(::getpid())); }
-
-class ScratchCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch_root()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
-
-fs::path scratch(const std::string& name) {
-  fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
 }
 
 TEST(Config, Qwen2) {
@@ -106,7 +93,7 @@ TEST(Config, ErrorsNameFileAndField) {
   ASSERT_FALSE(heads.ok());
   EXPECT_NE(heads.status().message().find("num_key_value_heads"), std::string::npos);
   EXPECT_EQ(parse_model_config("{not json", "c.json").status().code(), StatusCode::parse_error);
-  EXPECT_EQ(load_model_config(scratch("none")).status().code(), StatusCode::not_found);
+  EXPECT_EQ(load_model_config(scratch_dir("none")).status().code(), StatusCode::not_found);
 }
 
 TEST(Config, SavedJsonKeepsUnknownFieldsAndUpdatesDtype) {
@@ -127,7 +114,7 @@ std::vector<StTensorView> sample_tensors(const std::vector<float>& a, const std:
 TEST(Safetensors, WriteReadRoundTrip) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   std::vector<uint16_t> b = {0x3f80, 0x4000, 0x4040, 0x4080};
-  fs::path file = scratch("rt") / "x.safetensors";
+  fs::path file = scratch_dir("rt") / "x.safetensors";
   ASSERT_TRUE(write_safetensors(file, sample_tensors(a, b)).is_ok());
   auto f = SafetensorsFile::open(file);
   ASSERT_TRUE(f.ok()) << f.status().to_string();
@@ -146,7 +133,7 @@ TEST(Safetensors, WriteReadRoundTrip) {
 
 // Writes raw bytes: an 8-byte length then `header` then `data_bytes` zero bytes.
 fs::path raw_file(const std::string& name, uint64_t header_len, const std::string& header, size_t data_bytes) {
-  fs::path p = scratch(name) / "bad.safetensors";
+  fs::path p = scratch_dir(name) / "bad.safetensors";
   std::ofstream out(p, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&header_len), 8);
   out << header << std::string(data_bytes, '\0');
@@ -170,7 +157,7 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
   cases.push_back({raw_file("dt", bad_dtype.size(), bad_dtype, 16), "Q4"});
   std::string bad_size = R"({"w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}})";
   cases.push_back({raw_file("sz", bad_size.size(), bad_size, 16), "shape needing 20"});
-  fs::path tiny = scratch("tiny") / "t.safetensors";
+  fs::path tiny = scratch_dir("tiny") / "t.safetensors";
   std::ofstream(tiny) << "abc";
   cases.push_back({tiny, "shorter"});
   for (const auto& c : cases) {
@@ -179,7 +166,7 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
     EXPECT_NE(f.status().message().find(c.expect), std::string::npos) << f.status().message();
     EXPECT_NE(f.status().message().find(c.path.string()), std::string::npos) << f.status().message();
   }
-  EXPECT_EQ(SafetensorsFile::open(scratch("missing") / "no.safetensors").status().code(), StatusCode::not_found);
+  EXPECT_EQ(SafetensorsFile::open(scratch_dir("missing") / "no.safetensors").status().code(), StatusCode::not_found);
 }
 
 TEST(Safetensors, ShardedCheckpointWriteAndOpen) {
@@ -188,7 +175,7 @@ TEST(Safetensors, ShardedCheckpointWriteAndOpen) {
   std::vector<float> c(100, 3.f);
   auto tensors = sample_tensors(a, b);
   tensors.push_back({"c", StDType::f32, {100}, c.data(), 400});
-  fs::path dir = scratch("sharded");
+  fs::path dir = scratch_dir("sharded");
   ASSERT_TRUE(write_checkpoint(dir, tensors, 0).is_ok());  // one file first ...
   EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
   ASSERT_TRUE(write_checkpoint(dir, tensors, 32).is_ok());  // ... then sharded: the old file goes
@@ -211,7 +198,7 @@ TEST(Safetensors, ShardedCheckpointWriteAndOpen) {
   auto broken = Checkpoint::open(dir);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("'d'"), std::string::npos) << broken.status().message();
-  EXPECT_EQ(Checkpoint::open(scratch("empty")).status().code(), StatusCode::not_found);
+  EXPECT_EQ(Checkpoint::open(scratch_dir("empty")).status().code(), StatusCode::not_found);
 }
 
 }  // namespace

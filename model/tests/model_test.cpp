@@ -18,57 +18,19 @@
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
 #include "kz/model/transformer.h"
+#include "test_util.h"
 
 namespace kz::model {
 namespace {
+
+using namespace test;
 
 using nlohmann::json;
 
 constexpr double kTol = 1e-4;  // fp32 logits and log-probs (issue #5)
 
-fs::path fixtures() {
-  const char* dir = std::getenv("KZ_MODEL_FIXTURES");
-  return dir ? fs::path(dir) : fs::path();
-}
+json reference(const std::string& name) { return read_json(fixtures() / name / "reference.json"); }
 
-json reference(const std::string& name) {
-  auto text = read_file(fixtures() / name / "reference.json");
-  EXPECT_TRUE(text.ok()) << text.status().to_string();
-  return json::parse(text.ok() ? *text : "{}");
-}
-
-at::Tensor to_tensor(const json& nested) {  // a list of lists of floats -> [R, C] float32
-  std::vector<float> flat;
-  for (const auto& row : nested)
-    for (const auto& v : row) flat.push_back(v.get<float>());
-  return at::tensor(flat).view({static_cast<int64_t>(nested.size()), -1});
-}
-
-std::shared_ptr<CausalLM> load(const fs::path& dir, LoadOptions options = {}) {
-  auto m = CausalLM::load(dir, options);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? *m : nullptr;
-}
-
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
-}
-
-fs::path scratch_root() { return fs::temp_directory_path() / ("kz_model_test_" + std::to_string(::getpid())); }
-
-// Removes the scratch checkpoints when the run ends.
-class ScratchCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch_root()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
-
-fs::path scratch_dir(const std::string& name) {
-  fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 class ModelTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -23,43 +23,18 @@
 #include "kz/model/safetensors.h"
 #include "kz/model/train.h"
 #include "kz/model/transformer.h"
+#include "test_util.h"
 
 namespace kz::model {
 namespace {
+
+using namespace test;
 
 using nlohmann::json;
 
 constexpr double kRel = 1e-4;  // loss and grad norm, relative (issue #5)
 
-fs::path env_dir(const char* name) {
-  const char* dir = std::getenv(name);
-  return dir ? fs::path(dir) : fs::path();
-}
-fs::path fixtures() { return env_dir("KZ_MODEL_FIXTURES"); }
 fs::path train_fixtures() { return env_dir("KZ_TRAIN_FIXTURES"); }
-
-json read_json(const fs::path& path) {
-  auto text = read_file(path);
-  EXPECT_TRUE(text.ok()) << text.status().to_string();
-  return json::parse(text.ok() ? *text : "{}");
-}
-
-std::shared_ptr<CausalLM> load(const fs::path& dir, LoadOptions options = {}) {
-  auto m = CausalLM::load(dir, options);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? *m : nullptr;
-}
-
-at::Tensor to_tensor(const json& nested, at::ScalarType type) {  // list of lists -> [R, C]
-  std::vector<double> flat;
-  for (const auto& row : nested)
-    for (const auto& v : row) flat.push_back(v.get<double>());
-  return at::tensor(flat, at::kDouble).view({static_cast<int64_t>(nested.size()), -1}).to(type);
-}
-
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
-}
 
 // All tensors of a safetensors file (or checkpoint dir) by name, as float32.
 std::map<std::string, at::Tensor> read_tensors(const fs::path& path) {
@@ -80,20 +55,6 @@ std::string sci(double v) {  // margins recorded in the XML report
   return buf;
 }
 
-fs::path scratch_root() { return fs::temp_directory_path() / ("kz_train_test_" + std::to_string(::getpid())); }
-
-class ScratchCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch_root()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
-
-fs::path scratch_dir(const std::string& name) {
-  fs::path dir = scratch_root() / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 // The reference batch; `split` gives two micro-batches (row 0, rows 1..) to exercise accumulation.
 std::vector<MicroBatch> reference_batches(const json& ref, bool split) {

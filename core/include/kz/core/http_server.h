@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,10 @@ class HttpServer : public httplib::Server {
   // came before the loop started would be missed, and the join after it would hang.
   std::thread serve_in_background();
 };
+
+// The message of an exception a route handler threw, for a 500 reply ("unknown exception" when
+// it is no std::exception).
+std::string exception_message(std::exception_ptr error);
 
 // Writing to a socket whose client left must not kill the process: SIGPIPE ignored process-wide.
 void ignore_sigpipe();
