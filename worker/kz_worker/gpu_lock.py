@@ -35,23 +35,24 @@ class GpuLock:
         if self.mode is not None:
             yield
             return
-        fcntl.flock(self.turnstile_fd, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self.gpu_fd, fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(self.turnstile_fd, fcntl.LOCK_UN)
+        self._through_turnstile(fcntl.LOCK_SH)
         yield from self._held("shared")
 
     @contextlib.contextmanager
     def exclusive(self):
         """A timing: waits until no other worker uses the GPU, and keeps new ones out."""
         assert self.mode is None, "the GPU lock is not re-entrant across modes"
+        self._through_turnstile(fcntl.LOCK_EX)
+        yield from self._held("exclusive")
+
+    def _through_turnstile(self, gpu_mode):
+        """Takes the GPU lock in gpu_mode while holding the turnstile, so nobody arriving later
+        gets ahead of a waiting timing."""
         fcntl.flock(self.turnstile_fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(self.gpu_fd, fcntl.LOCK_EX)
+            fcntl.flock(self.gpu_fd, gpu_mode)
         finally:
             fcntl.flock(self.turnstile_fd, fcntl.LOCK_UN)
-        yield from self._held("exclusive")
 
     def _held(self, mode):
         self.mode = mode
