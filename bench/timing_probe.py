@@ -1,0 +1,142 @@
+"""Where does a candidate's timed median come from? (issue #3: the cuda-rtc speedup drop)
+
+For every candidate in a directory (matched to the suite's reference by file name), in one process:
+times the reference and the candidate with the harness's Timer (end event recorded after the
+device-wide synchronize: host launch overhead inside every sample) and with the end event
+recorded before the synchronize (device time from the first launch to the last on the current
+stream), and measures the host time of one forward without any synchronize. `--hooks` installs
+the harness's launch-counting hooks first, `--audit` also the sandbox's audit hook, so that three
+runs of this script (none, hooks, hooks+audit) show what each costs.
+
+    python3 bench/timing_probe.py --candidates suite/examples/cuda-rtc --format cuda-rtc \
+        [--hooks] [--audit] --out probe.json          # GPU host, from the repository root
+
+Prints a table; --out writes every figure as JSON.
+"""
+import argparse
+import importlib.util
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "worker"))
+from kz_worker import cheats, loading, sandbox, timing  # noqa: E402
+
+
+def import_file(path: pathlib.Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class EndBeforeSyncTimer(timing.Timer):
+    """The end event on the current stream right after the forward returns: no host sync inside."""
+
+    def time_once(self, model, inputs, after=None) -> float:
+        self.flush_buffer.zero_()
+        self.start.record()
+        output = model(*inputs)
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+
+def host_us(model, inputs, calls: int = 50) -> float:
+    """Median host microseconds of one forward call (launch overhead), the GPU drained between."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(*inputs)
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def median_ms(timer, model, input_sets, runs: int) -> float:
+    samples = [timer.time_once(model, input_sets[i % len(input_sets)]) for i in range(runs)]
+    return statistics.median(samples)
+
+
+def probe(reference_path, candidate_path, index, device, runs):
+    reference = loading.Reference(import_file(reference_path, f"probe_ref{index}"), {})
+    candidate = import_file(candidate_path, f"probe_cand{index}")
+    init = reference.init_inputs()
+    ref_model = reference.build(init, 0, device)
+    torch.manual_seed(0)
+    cand_model = candidate.ModelNew(*loading.clone_all(init)).to(device).eval()
+    loading.share_weights(ref_model, cand_model)
+    input_sets = [reference.inputs(50_000 + k, device) for k in range(4)]
+    row = {"task": reference_path.stem}
+    with torch.no_grad():
+        for name, model in (("ref", ref_model), ("cand", cand_model)):
+            for _ in range(3):
+                for inputs in input_sets:
+                    model(*inputs)
+            torch.cuda.synchronize()
+            row[f"{name}_sync_ms"] = median_ms(timing.Timer(device, 64), model, input_sets, runs)
+            row[f"{name}_event_ms"] = median_ms(EndBeforeSyncTimer(device, 64), model, input_sets, runs)
+            row[f"{name}_host_us"] = host_us(model, input_sets[0])
+    for kind in ("sync", "event"):
+        row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidates", required=True)
+    parser.add_argument("--suite", default="suite/kzbench")
+    parser.add_argument("--format", default="cuda-rtc")
+    parser.add_argument("--hooks", action="store_true", help="install the harness's launch-counting hooks")
+    parser.add_argument("--audit", action="store_true", help="also install the sandbox's audit hook")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.cuda.set_device(device)
+    references = {p.name: p for p in pathlib.Path(args.suite).glob("level*/*.py")}
+    if args.hooks or args.audit:
+        cheats.install_launch_hooks(args.format)
+    if args.audit:
+        scratch = tempfile.mkdtemp(prefix="kz_probe_")
+        sandbox.install({"sandbox": {"enabled": True, "writable_dirs": [scratch, "/tmp"]},
+                         "scratch_dir": scratch, "device": args.device})
+    rows = []
+    for index, path in enumerate(sorted(pathlib.Path(args.candidates).glob("*.py"))):
+        if path.name not in references:
+            continue
+        try:
+            rows.append(probe(references[path.name], path, index, device, args.runs))
+        except Exception as exc:  # one broken candidate must not hide the others' figures
+            rows.append({"task": path.stem, "error": f"{type(exc).__name__}: {exc}"})
+    mode = "hooks+audit" if args.audit else "hooks" if args.hooks else "plain"
+    print(f"mode {mode}, {args.runs} runs each; ms medians; host_us: one forward without sync")
+    print(f"{'task':24} {'ref sync':>9} {'cand sync':>9} {'ref evt':>9} {'cand evt':>9} "
+          f"{'ref host':>8} {'cand host':>9} {'x sync':>7} {'x evt':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['task']:24} {r['error']}")
+            continue
+        print(f"{r['task']:24} {r['ref_sync_ms']:9.4f} {r['cand_sync_ms']:9.4f} {r['ref_event_ms']:9.4f} "
+              f"{r['cand_event_ms']:9.4f} {r['ref_host_us']:8.1f} {r['cand_host_us']:9.1f} "
+              f"{r['speedup_sync']:7.3f} {r['speedup_event']:7.3f}")
+    ok = [r for r in rows if "error" not in r]
+    for kind in ("sync", "event"):
+        if ok:
+            geo = statistics.geometric_mean([r[f"speedup_{kind}"] for r in ok])
+            print(f"geomean speedup ({kind}): {geo:.3f}x over {len(ok)}")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps({"mode": mode, "runs": args.runs, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
