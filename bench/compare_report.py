@@ -163,6 +163,15 @@ def stage_section(data: dict) -> str:
              "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
              "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]
+    locked = [v for v in verdicts if v.get("gpu_wait_s") is not None]
+    if locked:
+        wait = sum(v["gpu_wait_s"] for v in locked)
+        exclusive = sum(v.get("gpu_exclusive_s") or 0.0 for v in locked)
+        wall = (data.get("kz_batch") or {}).get("wall_s") or 0.0
+        lines.append(f"  GPU lock ({len(locked)} evaluations sharing the GPU): {wait:.1f} s waiting for it (inside the "
+                     f"stages above), {exclusive:.1f} s held exclusive by timings"
+                     + (f" = {100 * exclusive / wall:.0f}% of the batch's {wall:.0f} s wall time (timings never "
+                        "overlap: their sum bounds the rate)" if wall else ""))
     failed = [v for v in verdicts if v["format"] == "cuda" and "kernel_compile" in (v.get("checks") or [])]
     if failed:
         seconds = sum((v.get("stage_s") or {}).get("compile", 0.0) for v in failed)

@@ -726,7 +726,7 @@ struct Process::Impl {
     add(out, POLLIN);
     add(err, POLLIN);
     add(msg, POLLIN);
-    add(in, POLLOUT);
+    if (stdin_off < stdin_data.size()) add(in, POLLOUT);  // a deferred stdin waits for send_stdin
     if (!exit) add(pidfd, POLLIN);
     // Without a pidfd nothing wakes us on exit: poll in short slices and check.
     if (!exit && !pidfd.valid()) timeout_ms = std::min(timeout_ms, 10);
@@ -934,8 +934,16 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   for (Fd* fd : {&impl->in, &impl->out, &impl->err, &impl->msg}) {
     if (fd->valid()) set_nonblocking(fd->get());
   }
-  if (impl->stdin_data.empty()) impl->in.reset();  // immediate EOF, never the parent's stdin
+  if (impl->stdin_data.empty() && !spec.defer_stdin) impl->in.reset();  // immediate EOF, never the parent's stdin
   return Process(std::move(impl));
+}
+
+void Process::send_stdin(std::string data) {
+  Impl& p = *impl_;
+  if (!p.in.valid()) return;  // sent before, or the child was spawned without a deferred stdin
+  p.stdin_data = std::move(data);
+  p.stdin_off = 0;
+  p.write_stdin();
 }
 
 Process::ReadEvent Process::read_message(std::string& line, std::chrono::milliseconds timeout) {

@@ -174,6 +174,24 @@ TEST(Subprocess, EmptyStdinIsEof) {
   EXPECT_EQ(r.stdout_text, "done\n");
 }
 
+TEST(Subprocess, DeferredStdinIsSentWhenAskedAndThenClosed) {
+  ProcessSpec spec = sh("echo started >&3; read line; echo \"got $line\" >&3; cat >/dev/null; echo eof >&3");
+  spec.message_pipe = true;
+  spec.defer_stdin = true;
+  auto child = Process::spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status().to_string();
+  std::string line;
+  ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "started") << "the child runs before its stdin arrives";
+  EXPECT_EQ(child->read_message(line, 300ms), Process::ReadEvent::timeout) << "stdin stays open, empty, until sent";
+  std::string big(1 << 20, 'x');  // larger than a pipe: the rest goes out while we wait on the child
+  child->send_stdin("request\n" + big);
+  ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "got request");
+  ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "eof") << "stdin is closed once everything was written";
+}
+
 TEST(Subprocess, LargeStdinNoDeadlock) {
   ProcessSpec spec;
   spec.argv = {"cat"};

@@ -88,6 +88,7 @@ std::vector<std::pair<std::string, Field>> fields(EvalOptions& o) {
       {"worker.cache_dir", field(o.worker.cache_dir)},
       {"worker.scratch_root", field(o.worker.scratch_root)},
       {"worker.keep_scratch", field(o.worker.keep_scratch)},
+      {"worker.prestart", field(o.worker.prestart)},
       {"cache.enabled", field(o.cache.enabled)},
       {"cache.path", field(o.cache.path)},
       {"sandbox.enabled", field(o.sandbox.enabled)},

@@ -90,6 +90,8 @@ nlohmann::json to_json(const Verdict& v) {
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
+  if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
+  if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
   if (v.candidate_timing && v.reference_timing)
@@ -136,6 +138,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
+  for (auto [key, field] : {std::pair{"gpu_wait_s", &v.gpu_wait_s}, std::pair{"gpu_exclusive_s", &v.gpu_exclusive_s}})
+    if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
   if (j.contains("timing") && j["timing"].is_object()) {
     const auto& t = j["timing"];
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);

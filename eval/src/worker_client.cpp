@@ -6,6 +6,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
 
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
@@ -146,6 +150,97 @@ WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
   }
 }
 
+
+// A spawned worker and its scratch dir (removed with it, unless keep_scratch).
+struct StartedWorker {
+  Process process;
+  fs::path scratch;
+  bool keep_scratch = false;
+
+  StartedWorker(Process p, fs::path dir, bool keep) : process(std::move(p)), scratch(std::move(dir)), keep_scratch(keep) {}
+  StartedWorker(StartedWorker&& other) noexcept
+      : process(std::move(other.process)), scratch(std::move(other.scratch)), keep_scratch(other.keep_scratch) {
+    other.scratch.clear();
+  }
+  StartedWorker& operator=(StartedWorker&&) = delete;
+  ~StartedWorker() {
+    if (scratch.empty() || keep_scratch) return;
+    process.kill_and_reap();  // nothing may still write there
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+  }
+};
+
+ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
+                        const std::function<void(ProcessSpec&)>& customize) {
+  ProcessSpec spec;
+  spec.argv = {setup.python, "-m", "kz_worker"};
+  spec.env = worker_environment(setup, scratch);
+  if (setup.prestart) spec.env["KZ_WORKER_PRELOAD"] = "1";  // imports before reading the request
+  spec.cwd = scratch;
+  spec.defer_stdin = true;  // the request follows (at once, or when a spare is taken)
+  spec.message_pipe = true;
+  if (customize) customize(spec);
+  return spec;
+}
+
+Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
+                                   const std::function<void(ProcessSpec&)>& customize) {
+  fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
+  auto scratch = make_unique_dir(scratch_root, scratch_prefix);
+  if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
+  auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
+  if (!worker.ok()) {
+    std::error_code ignored;
+    fs::remove_all(*scratch, ignored);
+    return worker.status();
+  }
+  return StartedWorker(std::move(*worker), *scratch, setup.keep_scratch);
+}
+
+// What makes two workers interchangeable: their whole spec, the scratch dir left out.
+std::string spare_key(const WorkerSetup& setup, const std::string& scratch_prefix,
+                      const std::function<void(ProcessSpec&)>& customize) {
+  const fs::path placeholder = "/<scratch>";
+  ProcessSpec spec = worker_spec(setup, placeholder, customize);
+  const ResourceLimits& l = spec.limits;
+  std::vector<std::string> writable;
+  for (const auto& path : spec.writable_paths) writable.push_back(path.string());
+  nlohmann::json key = {{"argv", spec.argv}, {"env", spec.env}, {"root", setup.scratch_root.string()},
+                        {"prefix", scratch_prefix}, {"writable", writable},
+                        {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.drop_capabilities,
+                                   spec.new_process_group}},
+                        {"limits", {l.cpu_time_s, l.file_size_bytes, l.max_processes, l.address_space_bytes,
+                                    l.open_files, l.no_core_dumps}}};
+  return key.dump();
+}
+
+// Started workers waiting for a request, by spare_key. Process-wide: every Evaluator shares them.
+class SpareWorkers {
+ public:
+  static SpareWorkers& instance() {
+    static SpareWorkers spares;  // destroyed at exit: the spares are killed, their scratch dirs removed
+    return spares;
+  }
+
+  std::optional<StartedWorker> take(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    auto it = waiting_.find(key);
+    if (it == waiting_.end() || it->second.empty()) return std::nullopt;
+    StartedWorker worker = std::move(it->second.front());  // the oldest: none waits longer than it must
+    it->second.pop_front();
+    return worker;
+  }
+
+  void add(const std::string& key, StartedWorker worker) {
+    std::lock_guard lock(mutex_);
+    waiting_[key].push_back(std::move(worker));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::deque<StartedWorker>> waiting_;
+};
 }  // namespace
 
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
@@ -163,6 +258,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
+  setup.prestart = options.prestart;
   return setup;
 }
 
@@ -170,32 +266,24 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize) {
-  fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
-  auto scratch = make_unique_dir(scratch_root, scratch_prefix);
-  if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
-
-  ProcessSpec spec;
-  spec.argv = {setup.python, "-m", "kz_worker"};
-  spec.env = worker_environment(setup, *scratch);
-  spec.cwd = *scratch;
-  spec.stdin_data = make_request(*scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // sources may hold any bytes
-  spec.message_pipe = true;
-  if (customize) customize(spec);
-  auto worker = Process::spawn(spec);
-  auto remove_scratch = [&] {
-    if (setup.keep_scratch) return;
-    std::error_code ignored;
-    fs::remove_all(*scratch, ignored);
-  };
-  if (!worker.ok()) {
-    remove_scratch();
-    return worker.status();
+  std::string key = setup.prestart ? spare_key(setup, scratch_prefix, customize) : "";
+  std::optional<StartedWorker> started = setup.prestart ? SpareWorkers::instance().take(key) : std::nullopt;
+  if (!started) {
+    auto fresh = start_worker(setup, scratch_prefix, customize);
+    if (!fresh.ok()) return fresh.status();
+    started.emplace(std::move(*fresh));
   }
-  WorkerOutcome outcome = supervise(*worker, deadline_s);
-  outcome.limit_hit = worker->limit_hit();
-  outcome.sandbox = worker->sandbox();
-  remove_scratch();
-  return outcome;
+  if (setup.prestart) {  // the next request's worker imports torch while this one evaluates
+    auto spare = start_worker(setup, scratch_prefix, customize);
+    if (spare.ok()) SpareWorkers::instance().add(key, std::move(*spare));  // else the next one starts its own
+  }
+  Process& worker = started->process;
+  // Sources may hold any bytes.
+  worker.send_stdin(make_request(started->scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  WorkerOutcome outcome = supervise(worker, deadline_s);
+  outcome.limit_hit = worker.limit_hit();
+  outcome.sandbox = worker.sandbox();
+  return outcome;  // started's destructor removes the scratch dir
 }
 
 }  // namespace kz

@@ -77,7 +77,8 @@ bool is_descendant_of_us(pid_t pid) {
   return false;
 }
 
-// The pid of a kz_worker process started by this test that has lived longer than `age_s`.
+// The pid of a kz_worker process started by this test that has lived longer than `age_s` and is
+// evaluating (its scratch dir holds candidate.py: a prestarted spare waiting for work holds none).
 std::optional<pid_t> old_worker(double age_s) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     pid_t pid = std::atoi(entry.path().filename().c_str());
@@ -85,6 +86,8 @@ std::optional<pid_t> old_worker(double age_s) {
     std::ifstream cmdline(entry.path() / "cmdline");
     std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
     if (args.find("kz_worker") == std::string::npos || !is_descendant_of_us(pid)) continue;
+    std::error_code ec;
+    if (!fs::exists(entry.path() / "cwd" / "candidate.py", ec)) continue;
     auto info = proc_info(pid);
     if (info && uptime_s() - info->started_s > age_s) return pid;
   }
@@ -164,7 +167,8 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
       EXPECT_LT(v.wall_s, 0.5) << id << ": a hit starts no worker";
     } else {
       ++real;
-      EXPECT_GE(v.wall_s, 0.3) << id << ": a real run starts Python";
+      // Not a wall-time floor: a prestarted worker ([worker] prestart) has Python running already.
+      EXPECT_FALSE(v.stage_s.empty()) << id << ": a real run goes through a worker's stages";
     }
   }
   EXPECT_GE(real, kVariants) << "every variant runs at least once";

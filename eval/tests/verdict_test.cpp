@@ -46,6 +46,17 @@ TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
   EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
 }
 
+TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("gpu_wait_s")) << "absent where no GPU lock was taken";
+  v.gpu_wait_s = 3.5;
+  v.gpu_exclusive_s = 0.25;
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->gpu_wait_s, 3.5);
+  EXPECT_EQ(back->gpu_exclusive_s, 0.25);
+}
+
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
   EXPECT_TRUE(json["speedup"].is_null());

@@ -1,13 +1,35 @@
 """Entry point: `python -m kz_worker` reads one JSON request on stdin, evaluates it (or, with
 "mode": "validate_module", validates a proposed module) and writes the verdict on fd 3
-(protocol.py). Run by the C++ supervisor, one process per evaluation."""
+(protocol.py). Run by the C++ supervisor, one process per evaluation.
+
+With KZ_WORKER_PRELOAD=1 the worker imports torch, its own modules and Triton before it reads the
+request: the supervisor starts it ahead of time ([worker] prestart) and sends the request when an
+evaluation needs a worker. On the CPU the supervisor then sets TRITON_INTERPRET=1 itself, since
+Triton reads it when imported."""
 import json
 import os
 import sys
 
 
+def preload() -> None:
+    import torch
+    from . import harness, validate  # noqa: F401
+    # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
+    # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
+    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+        try:
+            import triton.runtime.jit  # noqa: F401
+        except ImportError:
+            pass
+
+
 def main() -> int:
-    request = json.loads(sys.stdin.read())
+    if os.environ.get("KZ_WORKER_PRELOAD") == "1":
+        preload()
+    text = sys.stdin.read()
+    if not text:  # a spare whose supervisor ended without needing it
+        return 0
+    request = json.loads(text)
     if request["device"] == "cpu":
         # Must be set before triton is imported (by us or by the candidate).
         os.environ["TRITON_INTERPRET"] = "1"

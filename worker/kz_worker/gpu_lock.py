@@ -16,6 +16,7 @@ only until its own stage deadline kills it (the kernel drops a dead process's lo
 import contextlib
 import fcntl
 import os
+import time
 
 import torch
 
@@ -28,6 +29,10 @@ class GpuLock:
         self.gpu_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         self.turnstile_fd = os.open(base + ".turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         self.mode = None  # None, "shared" or "exclusive": what this process holds now
+        # Seconds spent waiting for the lock (both modes) and holding it exclusive: where an
+        # evaluation's time went when workers share a GPU (the verdict's gpu_wait_s, gpu_exclusive_s).
+        self.waited_s = 0.0
+        self.exclusive_s = 0.0
 
     @contextlib.contextmanager
     def shared(self):
@@ -48,23 +53,34 @@ class GpuLock:
     def _through_turnstile(self, gpu_mode):
         """Takes the GPU lock in gpu_mode while holding the turnstile, so nobody arriving later
         gets ahead of a waiting timing."""
+        start = time.monotonic()
         fcntl.flock(self.turnstile_fd, fcntl.LOCK_EX)
         try:
             fcntl.flock(self.gpu_fd, gpu_mode)
         finally:
             fcntl.flock(self.turnstile_fd, fcntl.LOCK_UN)
+            self.waited_s += time.monotonic() - start
 
     def _held(self, mode):
         self.mode = mode
+        start = time.monotonic()
         try:
             yield
         finally:
             self.mode = None
             fcntl.flock(self.gpu_fd, fcntl.LOCK_UN)
+            if mode == "exclusive":
+                self.exclusive_s += time.monotonic() - start
+
+    def report(self) -> dict:
+        return {"gpu_wait_s": self.waited_s, "gpu_exclusive_s": self.exclusive_s}
 
 
 class NoLock:
     """The CPU, or [timing] exclusive = false."""
+
+    def report(self) -> dict:
+        return {}
 
     @contextlib.contextmanager
     def shared(self):

@@ -84,6 +84,7 @@ class Evaluation:
         self.expected = None
         self.guard = None
         self.replays = None
+        self.gpu = gpu_lock.NoLock()
 
     def enter(self, stage: str) -> None:
         self.stage = stage
@@ -98,6 +99,7 @@ class Evaluation:
             status, check = formats.classify_exception(exc, self.stage)
             self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
+        self.result.update(self.gpu.report())
         return self.result
 
     def _fail(self, status, message, checks):

@@ -76,3 +76,20 @@ def test_shared_nests_and_locks_are_released_on_exception(tmp_path):
     assert lock.mode is None
     events = run_all(str(tmp_path), [("exclusive", 0.0)])  # would hang if still held
     assert len(events) == 2
+
+
+def test_report_counts_waiting_and_exclusive_holding(tmp_path):
+    ctx = mp.get_context("fork")
+    events = ctx.Queue()
+    holder = ctx.Process(target=hold, args=(str(tmp_path), "exclusive", events))
+    holder.start()
+    assert events.get(timeout=10)[1] == "in"  # the other worker holds the GPU for HOLD_S
+    lock = GpuLock(str(tmp_path), "GPU-test")
+    with lock.shared():
+        pass
+    holder.join(20)
+    assert lock.report()["gpu_wait_s"] >= HOLD_S / 2, lock.report()
+    assert lock.report()["gpu_exclusive_s"] == 0.0
+    with lock.exclusive():
+        time.sleep(0.1)
+    assert 0.1 <= lock.report()["gpu_exclusive_s"] < 5, lock.report()

@@ -55,6 +55,7 @@ struct ProcessSpec {
   std::map<std::string, std::string> env;     // the child's whole environment (nothing inherited)
   std::filesystem::path cwd;                  // empty: the parent's working directory
   std::string stdin_data;                     // written to the child's stdin, which is then closed
+  bool defer_stdin = false;                   // stdin stays open, empty, until Process::send_stdin
   bool message_pipe = false;                  // open fd 3 in the child as a write-only message pipe
   bool new_process_group = true;              // setpgid(0,0) in the child, so kill_group reaches all
   size_t output_tail_bytes = 64 * 1024;       // how much of stdout/stderr to keep (the last bytes)
@@ -108,6 +109,10 @@ class Process {
   ~Process();  // kills the process group if still running, then reaps
 
   pid_t pid() const;
+
+  // With spec.defer_stdin: writes `data` to the child's stdin (the rest while this Process waits
+  // on the child: read_message, wait_for), then closes it. Once only.
+  void send_stdin(std::string data);
 
   // Waits up to `timeout` for the next complete line on the message pipe (without the '\n').
   // eof: the child closed the pipe (usually: it exited). Requires spec.message_pipe.

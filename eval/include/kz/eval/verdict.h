@@ -88,6 +88,9 @@ struct Verdict {
   // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
   // stored run's).
   std::vector<std::pair<std::string, double>> stage_s;
+  // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
+  // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
+  std::optional<double> gpu_wait_s, gpu_exclusive_s;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;

@@ -28,6 +28,7 @@ struct WorkerSetup {
   std::filesystem::path cache_dir;     // compile caches (torch extensions, Triton)
   std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
   bool keep_scratch = false;           // keep scratch dirs (debugging)
+  bool prestart = false;               // keep a spare worker started for the next request of the same kind
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
@@ -61,6 +62,11 @@ struct WorkerOutcome {
 // messages until the result, a deadline or its death, then removes the scratch dir unless
 // keep_scratch. `customize` may adjust the process spec before the spawn (limits, sandboxing).
 // A non-ok Result: the scratch dir or the process could not be created (KernelZero's failure).
+//
+// With setup.prestart, a worker is spawned (with its own scratch dir) before its request exists:
+// it imports torch while waiting on stdin (KZ_WORKER_PRELOAD=1). A request takes such a spare when
+// one of the same kind (the same process spec but for the scratch dir) is waiting, and leaves a new
+// one started for the next. Spares live until the program ends (killed then, scratch dirs removed).
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const std::filesystem::path&)>& make_request,
                                          const StageDeadline& deadline_s,
