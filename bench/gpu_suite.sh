@@ -7,7 +7,8 @@
 #                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
 #                   wrong_during_timing)
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
-#                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build)
+#                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
+#                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
 #   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
 #                   through kz and its cuda candidates through KernelBench's own harness (a checkout
 #                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried

@@ -1,9 +1,11 @@
 """kz's libtorch engine against Hugging Face transformers on one random-init checkpoint (issue #5,
-"Speed"): prefill and greedy-decode tokens/s, peak CUDA memory per phase, and batch-1 decode as a
-fraction of the memory-bandwidth limit.
+"Speed"): prefill and greedy-decode tokens/s, training-step tokens/s (LoRA and full fine-tuning),
+peak CUDA memory per phase, and batch-1 decode as a fraction of the memory-bandwidth limit.
 
     python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out OUTDIR          # H200
     python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out OUTDIR --tiny   # CPU test
+    python3 bench/model_bench.py ... --train lora --train-batch 8 --train-len 2048         # training variants
+    python3 bench/model_bench.py ... --train full --train-full-preset qwen2.5-7b           # full FT of the 7B
 
 Steps: measure copy bandwidth; build a random-init Qwen2.5-7B-shaped model in bf16 with
 transformers directly on the device and save it (a temporary checkpoint, removed at the end);
@@ -17,10 +19,30 @@ The batch-1 bandwidth limit is copy bandwidth (bytes read + written by a large d
 the weight bytes one decode step reads (every weight except the input embedding table, of which
 a step reads one row; the KV cache is ignored, < 1% at batch 1).
 
+Training (--train lora,full), after the inference phases, on the same model on both sides: one
+batch of train-batch x train-len random ids (default 4 x 1024), token-mean causal-LM cross-entropy,
+AdamW (lr 1e-5, no weight decay) after clipping the gradient norm to 1, one warm-up step then
+train-steps timed steps (default 5) between device synchronisations: tokens/s = batch x len x
+steps / time. Activation checkpointing of every decoder layer on both sides (kz's
+activation_checkpointing, transformers' gradient_checkpointing_enable, non-reentrant) unless
+--no-train-checkpointing. kz trains with its Trainer (train.h); transformers with torch.optim.AdamW
+(fused on CUDA, transformers' default optimiser) and torch.nn.utils.clip_grad_norm_.
+  lora: adapters r 16, alpha 32, no dropout, on q,k,v,o,gate,up,down_proj, float32 over the bf16
+        base (kz: lora.h; transformers: peft, removed again afterwards).
+  full: every parameter. kz keeps float32 master weights, gradients and moments for its bf16
+        weights (train.h), ~18 bytes per parameter; torch.optim.AdamW updates the bf16 weights
+        with bf16 moments, ~8. The 7B's would need ~128 GiB of kz state before activations, with
+        the transformers model resident beside it, so by default full fine-tuning runs on a second
+        checkpoint, --train-full-preset (Qwen2.5-0.5B's architecture, random weights), built and
+        run the same way once the first is done. Naming the main preset (qwen2.5-7b) trains it in
+        the main run instead; running out of memory is then reported in the phase's "error".
+
 Outputs in OUTDIR: model_bench.json (everything), kz.json and kz.err (the tool's output),
-table.txt (what is printed last).
+kz_full.json and kz_full.err (its run on the full-fine-tuning preset), table.txt (what is
+printed last).
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -38,11 +60,27 @@ PRESETS = {
                        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                        use_sliding_window=False),
+    # Qwen2.5-0.5B's architecture (config.json of Qwen/Qwen2.5-0.5B), random weights: full
+    # fine-tuning where the 7B's does not fit.
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         use_sliding_window=False),
     # The same family at toy size, for the CPU test of every code path.
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False),
+    # Toy size with tied embeddings like Qwen2.5-0.5B: the CPU test's second (full fine-tuning) checkpoint.
+    "tiny-tied": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False),
 }
+
+TRAIN_MODES = ("lora", "full")
+# The training recipe of both sides (kz_model_bench hard-codes the same: bench_lora, TrainOptions).
+LORA_RANK, LORA_ALPHA = 16, 32
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LEARNING_RATE, MAX_GRAD_NORM = 1e-5, 1.0
 
 
 def parse_args():
@@ -60,7 +98,16 @@ def parse_args():
                    help="transformers' KV cache in generate (static only pays off with torch.compile)")
     p.add_argument("--skip-hf", action="store_true", help="only kz")
     p.add_argument("--no-graph", action="store_true", help="kz decodes eagerly")
-    p.add_argument("--kz-timeout", type=int, default=240, help="seconds before kz_model_bench is killed")
+    p.add_argument("--train", default="lora,full", help="training phases, comma-separated: lora, full (empty: none)")
+    p.add_argument("--train-batch", type=int, default=None, help="sequences per training step (default 4)")
+    p.add_argument("--train-len", type=int, default=None, help="tokens per training sequence (default 1024)")
+    p.add_argument("--train-steps", type=int, default=None, help="timed training steps after one warm-up (default 5)")
+    p.add_argument("--train-full-preset", default=None, choices=sorted(PRESETS),
+                   help="model of the full fine-tuning phase (default qwen2.5-0.5b; tiny: tiny-tied); "
+                        "the main preset trains it in the main run")
+    p.add_argument("--no-train-checkpointing", action="store_true",
+                   help="train without activation checkpointing (both frameworks)")
+    p.add_argument("--kz-timeout", type=int, default=360, help="seconds before each kz_model_bench run is killed")
     p.add_argument("--work-dir", default=None, help="where the temporary checkpoint goes (default: system temp)")
     a = p.parse_args()
     tiny = a.tiny
@@ -71,7 +118,19 @@ def parse_args():
     a.prefill_batch = a.prefill_batch or (2 if tiny else 8)
     a.prefill_len = a.prefill_len or (32 if tiny else 2048)
     a.preset = "tiny" if tiny else "qwen2.5-7b"
+    a.train = [m for m in a.train.split(",") if m]
+    if any(m not in TRAIN_MODES for m in a.train):
+        p.error(f"--train {','.join(a.train)}: phases are {', '.join(TRAIN_MODES)}")
+    a.train_batch = a.train_batch or (2 if tiny else 4)
+    a.train_len = a.train_len or (32 if tiny else 1024)
+    a.train_steps = a.train_steps or (2 if tiny else 5)
+    a.train_full_preset = a.train_full_preset or ("tiny-tied" if tiny else "qwen2.5-0.5b")
     return a
+
+
+def full_elsewhere(args):
+    """Whether full fine-tuning runs on its own checkpoint rather than in the main run."""
+    return "full" in args.train and args.train_full_preset != args.preset
 
 
 def log(msg):
@@ -90,6 +149,13 @@ def reset_peak(device):
 
 def peak_bytes(device):
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def release_memory(device):
+    """Frees what dropped references still hold (a failed phase's tensors, a deleted model)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def copy_bandwidth(device, tiny):
@@ -127,26 +193,43 @@ def weight_bytes(model):
     return total, per_token
 
 
-def run_kz(args, ckpt, out_dir):
-    """Runs kz_model_bench; on a crash, once more without CUDA graphs. Returns its JSON or None."""
-    attempts = [args.no_graph] if args.no_graph else [False, True]
+def kz_phase_flags(args, inference, train_modes):
+    """kz_model_bench's flags for the inference phases (or none) and the training phases."""
+    flags = []
+    if inference:
+        flags += ["--batches", ",".join(map(str, args.batches)), "--prompt", str(args.prompt), "--new", str(args.new),
+                  "--prefill-batch", str(args.prefill_batch), "--prefill-len", str(args.prefill_len)]
+    else:
+        flags.append("--no-inference")
+    if train_modes:
+        flags += ["--train", ",".join(train_modes), "--train-batch", str(args.train_batch),
+                  "--train-len", str(args.train_len), "--train-steps", str(args.train_steps)]
+        if args.no_train_checkpointing:
+            flags.append("--no-train-checkpointing")
+    return flags
+
+
+def run_kz(args, ckpt, out_dir, name, inference, train_modes):
+    """Runs kz_model_bench (output OUTDIR/NAME.json, stderr NAME.err); on a crash, once more without
+    CUDA graphs when it decodes. Returns its JSON or None."""
+    attempts = [args.no_graph] if args.no_graph or not inference else [False, True]
+    out, err_path = os.path.join(out_dir, name + ".json"), os.path.join(out_dir, name + ".err")
     for no_graph in attempts:
-        cmd = [args.kz_bin, "--model", ckpt, "--device", args.device, "--batches", ",".join(map(str, args.batches)),
-               "--prompt", str(args.prompt), "--new", str(args.new), "--prefill-batch", str(args.prefill_batch),
-               "--prefill-len", str(args.prefill_len), "--out", os.path.join(out_dir, "kz.json")]
+        cmd = [args.kz_bin, "--model", ckpt, "--device", args.device, *kz_phase_flags(args, inference, train_modes),
+               "--out", out]
         if no_graph:
             cmd.append("--no-graph")
         log("running " + " ".join(cmd))
         try:
-            with open(os.path.join(out_dir, "kz.err"), "a") as err:
+            with open(err_path, "a") as err:
                 rc = subprocess.run(cmd, stderr=err, timeout=args.kz_timeout).returncode
         except subprocess.TimeoutExpired:  # a hang: no time left for a second attempt
             log(f"kz_model_bench timed out after {args.kz_timeout} s")
             return None
         if rc == 0:
-            with open(os.path.join(out_dir, "kz.json")) as f:
+            with open(out) as f:
                 return json.load(f)
-        log(f"kz_model_bench exited with {rc} (see kz.err)")
+        log(f"kz_model_bench exited with {rc} (see {name}.err)")
     return None
 
 
@@ -195,6 +278,71 @@ def hf_decode(model, args, device, batch, prompt=None):
     return r
 
 
+def lora_model(model):
+    """`model` with fresh peft adapters as kz_model_bench's (float32 over the bf16 base: peft's
+    autocast_adapter_dtype). peft injects them into `model` itself; unload() takes them out again."""
+    from peft import LoraConfig, get_peft_model
+    config = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def trainable(model, mode):
+    """`model` made ready for `mode`: with adapters for lora (taken out again on exit), every
+    parameter trainable for full."""
+    if mode == "full":
+        yield model.requires_grad_(True)
+        return
+    peft_model = lora_model(model)
+    try:
+        yield peft_model
+    finally:
+        peft_model.unload()
+
+
+def hf_train(model, args, device, mode):
+    """kz_model_bench's training phase with transformers: the same batch shape, loss, optimiser,
+    clipping, checkpointing and step count. Leaves `model` without adapters, gradients or
+    checkpointing, in eval mode (the full phase leaves it trained)."""
+    reset_peak(device)
+    try:
+        if not args.no_train_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        with trainable(model, mode) as trained:
+            return train_steps(trained, args, device, mode)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.gradient_checkpointing_disable()
+        model.disable_input_require_grads()  # the hook gradient_checkpointing_enable added
+        model.eval()
+
+
+def train_steps(trained, args, device, mode):
+    """One warm-up step, then the timed ones, of the parameters of `trained` that require grad."""
+    params = [p for p in trained.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0, fused=device.type == "cuda")
+    ids = torch.randint(0, trained.config.vocab_size, (args.train_batch, args.train_len), device=device)
+
+    def step():
+        loss = trained(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    first_loss = step().item()
+    seconds, losses = timed(device, lambda: [step() for _ in range(args.train_steps)])
+    return dict(phase=f"train_{mode}", batch=args.train_batch, tokens=args.train_len, timed_steps=args.train_steps,
+                seconds=seconds, step_seconds=seconds / args.train_steps,
+                tokens_per_s=args.train_batch * args.train_len * args.train_steps / seconds,
+                first_loss=first_loss, last_loss=losses[-1].item(),
+                trained_parameters=sum(p.numel() for p in params),
+                activation_checkpointing=not args.no_train_checkpointing, peak_bytes=peak_bytes(device))
+
+
 def guarded(phase, batch, fn):
     try:
         return fn()
@@ -203,12 +351,18 @@ def guarded(phase, batch, fn):
         return dict(phase=phase, batch=batch, error=repr(e))
 
 
-def run_hf(model, args, device, kz):
-    prompt = (kz or {}).get("sample", {}) or {}
-    phases = [guarded("prefill", args.prefill_batch, lambda: hf_prefill(model, args, device))]
-    for b in args.batches:
-        log(f"transformers decode at batch {b}")
-        phases.append(guarded("decode", b, lambda: hf_decode(model, args, device, b, prompt.get("prompt"))))
+def run_hf(model, args, device, kz, inference, train_modes):
+    phases = []
+    if inference:
+        prompt = (kz or {}).get("sample", {}) or {}
+        phases.append(guarded("prefill", args.prefill_batch, lambda: hf_prefill(model, args, device)))
+        for b in args.batches:
+            log(f"transformers decode at batch {b}")
+            phases.append(guarded("decode", b, lambda: hf_decode(model, args, device, b, prompt.get("prompt"))))
+    for mode in train_modes:
+        log(f"transformers train {mode}")
+        phases.append(guarded(f"train_{mode}", args.train_batch, lambda: hf_train(model, args, device, mode)))
+        release_memory(device)  # what a failed phase left behind
     return dict(framework="transformers", phases=phases)
 
 
@@ -236,13 +390,46 @@ def rate(p):
     return "error" if "error" in p else ("-" if not p else f"{p['tokens_per_s']:,.0f}")
 
 
-def table(args, kz, hf, bandwidth, per_token_bytes):
-    """The summary printed last: one row per phase, then the bandwidth line."""
-    rows = [("prefill", args.prefill_batch, f"prefill {args.prefill_batch}x{args.prefill_len}")]
-    rows += [("decode", b, f"decode b{b}") for b in args.batches]
-    lines = [f"{'phase':<18} {'kz tok/s':>10} {'hf tok/s':>10} {'kz/hf':>7} {'kz GiB':>7} {'hf GiB':>7}  notes"]
-    for phase, batch, name in rows:
-        k, h = find(kz, phase, batch), find(hf, phase, batch)
+def error_note(error):
+    """A phase's error, short enough for the table; running out of memory is the one to expect
+    (full fine-tuning of the 7B) and its messages only say so after their context."""
+    return "error: out of memory" if "out of memory" in error.lower() else "error: " + error[:60]
+
+
+def train_rows(args, main_run, full_run):
+    """Table rows (phase, batch, name, kz result, transformers result) of the training phases; the
+    full phase's come from full_run when it had its own checkpoint."""
+    rows = []
+    for mode in args.train:
+        elsewhere = mode == "full" and full_elsewhere(args)
+        name = f"train {mode} {args.train_batch}x{args.train_len}"
+        if elsewhere:
+            name += f" ({args.train_full_preset.removeprefix('qwen2.5-')})"
+        rows.append((f"train_{mode}", args.train_batch, name, *(full_run if elsewhere else main_run)))
+    return rows
+
+
+def train_notes(k, h):
+    """Losses of the first and last step on each side, and a warning when the trained parameter
+    counts differ (the two recipes would not be the same)."""
+    notes = [f"{side} loss {p['first_loss']:.3f}->{p['last_loss']:.3f}" for side, p in (("kz", k), ("hf", h))
+             if "first_loss" in p]
+    if "trained_parameters" in k and "trained_parameters" in h and k["trained_parameters"] != h["trained_parameters"]:
+        notes.append(f"trained parameters differ: kz {k['trained_parameters']:,}, hf {h['trained_parameters']:,}")
+    return notes
+
+
+def table(args, main_run, full_run, bandwidth, per_token_bytes):
+    """The summary printed last: one row per phase, then the decode, bandwidth and training lines.
+    main_run and full_run are (kz, transformers) results of the main checkpoint and of the full
+    fine-tuning one."""
+    kz, hf = main_run
+    rows = [("prefill", args.prefill_batch, f"prefill {args.prefill_batch}x{args.prefill_len}", kz, hf)]
+    rows += [("decode", b, f"decode b{b}", kz, hf) for b in args.batches]
+    rows += train_rows(args, main_run, full_run)
+    lines = [f"{'phase':<26} {'kz tok/s':>10} {'hf tok/s':>10} {'kz/hf':>7} {'kz GiB':>7} {'hf GiB':>7}  notes"]
+    for phase, batch, name, kz_result, hf_result in rows:
+        k, h = find(kz_result, phase, batch), find(hf_result, phase, batch)
         ratio = f"{k['tokens_per_s'] / h['tokens_per_s']:.2f}x" if "tokens_per_s" in k and "tokens_per_s" in h else "-"
         notes = []
         if phase == "decode" and "tokens_per_s" in k:
@@ -250,9 +437,11 @@ def table(args, kz, hf, bandwidth, per_token_bytes):
             if k.get("graph_error"):
                 notes.append("graph failed: " + k["graph_error"].splitlines()[0][:60])
             notes.append(f"eager-agree {k.get('eager_agreement', 0):.2f}")
+        if phase.startswith("train_"):
+            notes += train_notes(k, h)
         if "error" in k or "error" in h:
-            notes.append("error: " + (k.get("error") or h.get("error"))[:60])
-        lines.append(f"{name:<18} {rate(k):>10} {rate(h):>10} {ratio:>7} {gib(k.get('peak_bytes')):>7} "
+            notes.append(error_note(k.get("error") or h.get("error")))
+        lines.append(f"{name:<26} {rate(k):>10} {rate(h):>10} {ratio:>7} {gib(k.get('peak_bytes')):>7} "
                      f"{gib(h.get('peak_bytes')):>7}  {', '.join(notes)}")
     limit = bandwidth / per_token_bytes
     lines.append(f"decode: {args.new} new tokens after a {args.prompt}-token prompt, greedy; tokens/s over the "
@@ -269,7 +458,43 @@ def table(args, kz, hf, bandwidth, per_token_bytes):
         same = common_prefix(kz["sample"]["tokens"], h1["tokens"])
         lines.append(f"batch-1 greedy tokens, kz vs transformers on the same prompt: first {same} of "
                      f"{len(h1['tokens'])} identical (bf16 kernels differ; random weights give near-ties)")
+    if args.train:
+        lines += train_legend(args)
     return "\n".join(lines)
+
+
+def train_legend(args):
+    checkpointing = "off" if args.no_train_checkpointing else "on"
+    targets = ",".join(t.removesuffix("_proj") for t in LORA_TARGETS)
+    return [f"train: {args.train_batch}x{args.train_len} random ids, 1 warm-up + {args.train_steps} timed steps; "
+            f"token-mean cross-entropy, AdamW lr {LEARNING_RATE:g}, grad-norm clip {MAX_GRAD_NORM:g}; "
+            f"activation checkpointing {checkpointing} (both)",
+            f"train lora: r {LORA_RANK}, alpha {LORA_ALPHA} on {targets}, fp32 adapters; full: kz fp32 master "
+            f"weights, gradients and moments, transformers bf16 weights and moments (torch.optim.AdamW)"]
+
+
+def bench_preset(args, preset, device, name, inference, train_modes, start):
+    """Builds `preset` on the device and saves it to a temporary checkpoint, runs kz_model_bench on
+    that (OUTDIR/NAME.json), then transformers on the model in memory. Returns the kz and
+    transformers results and weight_bytes(model)."""
+    model = make_model(preset, device)
+    weights = weight_bytes(model)
+    work = tempfile.mkdtemp(prefix="kz_model_bench_", dir=args.work_dir)
+    ckpt = os.path.join(work, "checkpoint")
+    try:
+        model.save_pretrained(ckpt)
+        log(f"{preset} built and saved ({weights[0] / 1e9:.2f} GB) after {time.time() - start:.0f} s")
+        # The transformers model stays resident while kz runs: the device holds both easily, and
+        # each process's peak-memory statistics count only its own allocations.
+        kz = run_kz(args, ckpt, args.out, name, inference, train_modes)
+        log(f"kz done after {time.time() - start:.0f} s")
+        hf = None if args.skip_hf else run_hf(model, args, device, kz, inference, train_modes)
+        log(f"transformers done after {time.time() - start:.0f} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        del model
+        release_memory(device)
+    return kz, hf, weights
 
 
 def main():
@@ -279,29 +504,15 @@ def main():
     start = time.time()
     bandwidth = copy_bandwidth(device, args.tiny)
     log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    model = make_model(args.preset, device)
-    total_bytes, per_token_bytes = weight_bytes(model)
-    work = tempfile.mkdtemp(prefix="kz_model_bench_", dir=args.work_dir)
-    ckpt = os.path.join(work, "checkpoint")
-    try:
-        model.save_pretrained(ckpt)
-        log(f"model built and saved ({total_bytes / 1e9:.2f} GB) after {time.time() - start:.0f} s")
-        # The transformers model stays resident while kz runs: the device holds both easily, and
-        # each process's peak-memory statistics count only its own allocations.
-        kz = run_kz(args, ckpt, args.out)
-        log(f"kz done after {time.time() - start:.0f} s")
-        hf = None if args.skip_hf else run_hf(model, args, device, kz)
-        log(f"transformers done after {time.time() - start:.0f} s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    del model
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    summary = table(args, kz, hf, bandwidth, per_token_bytes)
+    main_train = [m for m in args.train if not (m == "full" and full_elsewhere(args))]
+    kz, hf, (total_bytes, per_token_bytes) = bench_preset(args, args.preset, device, "kz", True, main_train, start)
+    kz_full = hf_full = None
+    if full_elsewhere(args):
+        kz_full, hf_full, _ = bench_preset(args, args.train_full_preset, device, "kz_full", False, ["full"], start)
+    summary = table(args, (kz, hf), (kz_full, hf_full), bandwidth, per_token_bytes)
     result = dict(args=vars(args), copy_bandwidth_bytes_per_s=bandwidth, weight_bytes=total_bytes,
                   weight_bytes_per_decode_step=per_token_bytes, batch1_limit_tokens_per_s=bandwidth / per_token_bytes,
-                  kz=kz, transformers=hf, wall_seconds=time.time() - start,
+                  kz=kz, transformers=hf, kz_full=kz_full, transformers_full=hf_full, wall_seconds=time.time() - start,
                   gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__)
     with open(os.path.join(args.out, "model_bench.json"), "w") as f:
@@ -309,9 +520,13 @@ def main():
     with open(os.path.join(args.out, "table.txt"), "w") as f:
         f.write(summary + "\n")
     print(summary)
-    ok = kz is not None and all("error" not in p for p in kz["phases"])
-    ok = ok and (hf is None or all("error" not in p for p in hf["phases"]))
+    runs = [(kz, hf)] + ([(kz_full, hf_full)] if full_elsewhere(args) else [])
+    ok = all(k is not None and without_errors(k) and (h is None or without_errors(h)) for k, h in runs)
     return 0 if ok else 1
+
+
+def without_errors(result):
+    return all("error" not in p for p in result["phases"])
 
 
 if __name__ == "__main__":

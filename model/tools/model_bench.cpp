@@ -2,9 +2,11 @@
 // sets it beside transformers on the same checkpoint).
 //
 //   kz_model_bench --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 256]
-//                  [--prefill-batch 8] [--prefill-len 2048] [--no-graph] [--out FILE]
+//                  [--prefill-batch 8] [--prefill-len 2048] [--no-graph] [--no-inference]
+//                  [--train lora,full] [--train-batch 4] [--train-len 1024] [--train-steps 5]
+//                  [--no-train-checkpointing] [--out FILE]
 //
-// Phases, each with the peak CUDA memory the caching allocator saw during it:
+// Phases, each with the peak CUDA memory the caching allocator saw during it (weights included):
 //  - prefill: prefill-batch x prefill-len random tokens into a KV cache, one warm-up then timed
 //    repeats; tokens/s = prompt tokens / s.
 //  - decode at each batch size: random prompts of `prompt` tokens, greedy, eos ignored, `new` new
@@ -12,7 +14,15 @@
 //    decode tokens/s = batch x (new - 1) / time of the decode steps (the first new token comes
 //    from the prefill logits); end-to-end tokens/s = batch x new / (prefill + decode time). Then
 //    the same prompt is decoded eagerly for a few steps and compared with the graph's tokens.
-// A failing phase is reported in its JSON entry ("error") and the others still run.
+//  - train_lora / train_full (--train, in the order given, after the others): optimiser steps of
+//    the Trainer (train.h) on one batch of train-batch x train-len random ids, token-mean NLL,
+//    AdamW (lr 1e-5, no weight decay, grad-norm clip 1), activation checkpointing unless
+//    --no-train-checkpointing. lora: fresh adapters (r 16, alpha 32, float32) on every projection,
+//    base frozen, removed afterwards; full: every parameter, float32 masters, gradients and
+//    moments for a bf16 model (it changes the weights: later phases see trained ones). One warm-up
+//    step, then train-steps timed ones: tokens/s = batch x len x steps / time.
+// A failing phase (out of memory, say) is reported in its JSON entry ("error"), its memory is
+// released and the others still run.
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/cuda.h>
@@ -24,6 +34,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/model/decode_loop.h"
+#include "kz/model/lora.h"
+#include "kz/model/train.h"
 #include "kz/model/transformer.h"
 
 namespace {
@@ -42,6 +54,12 @@ struct BenchOptions {
   int64_t prefill_repeats = 3;
   int64_t check_steps = 16;  // eager steps compared with the graph's tokens
   bool cuda_graph = true;
+  bool inference = true;     // the prefill and decode phases
+  std::vector<std::string> train;  // training phases to run, in order: "lora", "full"
+  int64_t train_batch = 4;
+  int64_t train_tokens = 1024;
+  int64_t train_steps = 5;   // timed, after one warm-up step
+  bool train_checkpointing = true;
   std::string out = "-";     // JSON destination; "-" = stdout
 };
 
@@ -59,6 +77,12 @@ void reset_peak(at::Device d) {
   if (d.is_cuda()) cuda_allocator()->resetPeakStats(d.index());
 }
 
+// Hands the caching allocator's free blocks back to the driver, so a phase that ran out of memory
+// leaves none of its fragments to the next one.
+void release_cached(at::Device d) {
+  if (d.is_cuda()) cuda_allocator()->emptyCache();
+}
+
 json peak_bytes(at::Device d) {  // null on the CPU
   if (!d.is_cuda()) return nullptr;
   auto stats = cuda_allocator()->getDeviceStats(d.index());
@@ -73,6 +97,10 @@ template <class T>
 T value_or_throw(kz::Result<T> r) {
   if (!r.ok()) throw std::runtime_error(r.status().to_string());
   return std::move(*r);
+}
+
+void ok_or_throw(const kz::Status& s) {
+  if (!s.is_ok()) throw std::runtime_error(s.to_string());
 }
 
 std::vector<int64_t> to_ids(const at::Tensor& t) {
@@ -159,14 +187,86 @@ json bench_decode(CausalLM& model, const BenchOptions& o, int64_t batch, json* s
   return r;
 }
 
-// Runs one phase, turning an exception into {"phase", "error"} so the others still run.
+// The adapter the benchmark trains, spelled out (not the library's defaults) because
+// bench/model_bench.py gives peft the same one.
+kz::model::LoraOptions bench_lora() {
+  kz::model::LoraOptions lora;
+  lora.r = 16;
+  lora.alpha = 32;
+  lora.target_modules = kz::model::lora_target_names();
+  return lora;
+}
+
+// Undoes a training phase's set-up, also when a step throws (out of memory): adapters removed,
+// gradients dropped, checkpointing off, cached blocks released (the full phase's weight updates
+// stay). Declared before the Trainer so that the Trainer's masters and moments are freed first.
+class TrainingPhaseCleanup {
+ public:
+  explicit TrainingPhaseCleanup(CausalLM& model) : model_(model) {}
+  ~TrainingPhaseCleanup() {
+    if (kz::model::has_lora(model_)) kz::model::remove_lora(model_);
+    for (auto& p : model_.parameters()) p.mutable_grad() = at::Tensor();
+    model_.activation_checkpointing = false;
+    release_cached(model_.device());
+  }
+  TrainingPhaseCleanup(const TrainingPhaseCleanup&) = delete;
+  TrainingPhaseCleanup& operator=(const TrainingPhaseCleanup&) = delete;
+
+ private:
+  CausalLM& model_;
+};
+
+int64_t trainable_parameters(const CausalLM& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) n += p.numel();
+  return n;
+}
+
+// `mode` "lora" or "full": one warm-up optimiser step, then o.train_steps timed ones on the same
+// batch of random ids.
+json bench_train(const std::shared_ptr<CausalLM>& model, const BenchOptions& o, const std::string& mode) {
+  const at::Device dev = model->device();
+  reset_peak(dev);
+  TrainingPhaseCleanup cleanup(*model);
+  if (mode == "lora") ok_or_throw(kz::model::add_lora(*model, bench_lora()));
+  kz::model::TrainOptions options;  // AdamW lr 1e-5, no weight decay, clip 1, float32 masters
+  options.activation_checkpointing = o.train_checkpointing;
+  const int64_t trained = trainable_parameters(*model);
+  auto trainer = value_or_throw(kz::model::Trainer::create(model, options));
+  std::vector<kz::model::MicroBatch> batch(1);  // the whole batch in one micro-batch, every token trained
+  batch[0].input_ids = random_prompts(*model, o.train_batch, o.train_tokens);
+  const kz::model::LossOptions nll;  // token-mean NLL: transformers' causal-LM cross-entropy
+  const double first_loss = value_or_throw(trainer->step(batch, nll)).loss;
+  sync(dev);
+  auto start = std::chrono::steady_clock::now();
+  double last_loss = first_loss;
+  for (int64_t s = 0; s < o.train_steps; ++s) last_loss = value_or_throw(trainer->step(batch, nll)).loss;
+  sync(dev);
+  const double seconds = seconds_since(start);
+  const auto tokens = static_cast<double>(o.train_batch * o.train_tokens * o.train_steps);
+  return {{"phase", "train_" + mode}, {"batch", o.train_batch}, {"tokens", o.train_tokens},
+          {"timed_steps", o.train_steps}, {"seconds", seconds},
+          {"step_seconds", seconds / static_cast<double>(o.train_steps)}, {"tokens_per_s", tokens / seconds},
+          {"first_loss", first_loss}, {"last_loss", last_loss}, {"trained_parameters", trained},
+          {"activation_checkpointing", o.train_checkpointing}, {"peak_bytes", peak_bytes(dev)}};
+}
+
+json phase_error(const std::string& phase, int64_t batch, const std::string& error) {
+  std::cerr << "kz_model_bench: " << phase << " (batch " << batch << ") failed: " << error << "\n";
+  return {{"phase", phase}, {"batch", batch}, {"error", error}};
+}
+
+// Runs one phase, turning an exception into {"phase", "error"} so the others still run. libtorch's
+// own errors (an allocation outside the Trainer, say) are reported without their C++ backtrace.
 template <class F>
 json guarded_phase(const std::string& phase, int64_t batch, F&& f) {
   try {
     return f();
+  } catch (const c10::Error& e) {
+    return phase_error(phase, batch, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::cerr << "kz_model_bench: " << phase << " (batch " << batch << ") failed: " << e.what() << "\n";
-    return {{"phase", phase}, {"batch", batch}, {"error", e.what()}};
+    return phase_error(phase, batch, e.what());
   }
 }
 
@@ -187,10 +287,14 @@ json run(const BenchOptions& o) {
                  {"weight_bytes", parameter_bytes(*model)}, {"load_seconds", seconds_since(start)},
                  {"cuda_graph_requested", o.cuda_graph}};
   json phases = json::array();
-  phases.push_back(guarded_phase("prefill", o.prefill_batch, [&] { return bench_prefill(*model, o); }));
   json sample;
-  for (int64_t b : o.batches)
-    phases.push_back(guarded_phase("decode", b, [&] { return bench_decode(*model, o, b, &sample); }));
+  if (o.inference) {
+    phases.push_back(guarded_phase("prefill", o.prefill_batch, [&] { return bench_prefill(*model, o); }));
+    for (int64_t b : o.batches)
+      phases.push_back(guarded_phase("decode", b, [&] { return bench_decode(*model, o, b, &sample); }));
+  }
+  for (const std::string& mode : o.train)
+    phases.push_back(guarded_phase("train_" + mode, o.train_batch, [&] { return bench_train(model, o, mode); }));
   result["phases"] = phases;
   result["sample"] = sample;
   return result;
@@ -200,7 +304,7 @@ json run(const BenchOptions& o) {
 
 int main(int argc, char** argv) {
   BenchOptions o;
-  CLI::App app{"Decode and prefill throughput of the libtorch engine (JSON)"};
+  CLI::App app{"Prefill, decode and training throughput of the libtorch engine (JSON)"};
   app.add_option("--model", o.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   app.add_option("--device", o.device, "cuda:0, cpu, ...");
   app.add_option("--batches", o.batches, "decode batch sizes")->delimiter(',');
@@ -211,6 +315,14 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-repeats", o.prefill_repeats, "timed prefills");
   app.add_option("--check-steps", o.check_steps, "eager steps compared with the graph's tokens");
   app.add_flag("!--no-graph", o.cuda_graph, "decode eagerly (no CUDA graph)");
+  app.add_flag("!--no-inference", o.inference, "skip prefill and decode (training phases only)");
+  app.add_option("--train", o.train, "training phases, in this order: lora, full")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"lora", "full"}));
+  app.add_option("--train-batch", o.train_batch, "training sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--train-len", o.train_tokens, "tokens per training sequence (>= 2)")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--train-steps", o.train_steps, "timed training steps after the warm-up")->check(CLI::PositiveNumber);
+  app.add_flag("!--no-train-checkpointing", o.train_checkpointing, "train without activation checkpointing");
   app.add_option("--out", o.out, "JSON file; - for stdout");
   CLI11_PARSE(app, argc, argv);
   try {
