@@ -134,6 +134,16 @@ def typical_eval_s(data: dict) -> float:
     return statistics.median(walls) if walls else DEFAULT_EVAL_S
 
 
+def phase_estimate_s(data: dict, evaluations: int) -> float:
+    """Wall seconds one `kz eval-suite` of `evaluations` full evaluations should take: kz runs
+    several at once, so the batch's rate (its wall time per candidate) times the count, but never
+    less than one evaluation's own wall time, plus kz's start."""
+    batch = data.get("kz_batch") or {}
+    count = len(batch.get("verdicts") or [])
+    per_candidate = batch["wall_s"] / count if count and batch.get("wall_s") else typical_eval_s(data)
+    return max(typical_eval_s(data), evaluations * per_candidate) + 10.0
+
+
 # ---- phases -------------------------------------------------------------------------------------
 
 def phase_kz_batch(args, data, budget, cache_home):
@@ -207,13 +217,13 @@ def stability_reserve(args, data, samples: int, budget) -> float:
     goes first otherwise (a rough need: its pre-build ~90 s, then ~10 s per sample)."""
     if args.device == "cpu" or "stability" in args.skip:
         return 0.0
-    reserve = args.stability_runs * typical_eval_s(data) * 1.3
+    reserve = phase_estimate_s(data, args.stability_runs) * 1.3
     return reserve if budget.left() >= 90 + 10 * samples + reserve else 0.0
 
 
 def phase_stability(args, data, budget, cache_home):
     st = data["stability"] = {"task": args.stability_task, "format": args.stability_format}
-    needed = args.stability_runs * typical_eval_s(data) * 1.3
+    needed = phase_estimate_s(data, args.stability_runs) * 1.3
     if budget.left() < needed:
         st["note"] = f"skipped: {budget.left():.0f} s left, {needed:.0f} s needed"
         return
@@ -229,11 +239,12 @@ def phase_stability(args, data, budget, cache_home):
 def phase_ref(args, data, budget, cache_home):
     ref = data["ref_as_candidate"] = {}
     tasks = sorted(args.suite.rglob("*.py"), key=lambda p: p.stem)
-    each = typical_eval_s(data)
-    fits = max(0, min(len(tasks), int((budget.left() - 10) / (each * 1.15)))) if budget.deadline else len(tasks)
+    fits = len(tasks)
+    while budget.deadline and fits and phase_estimate_s(data, fits) * 1.15 > budget.left():
+        fits -= 1
     ref["skipped"] = [p.stem for p in tasks[fits:]]
     if not fits:
-        ref["note"] = f"skipped: {budget.left():.0f} s left, about {each:.0f} s per task"
+        ref["note"] = f"skipped: {budget.left():.0f} s left, {phase_estimate_s(data, 1):.0f} s needed for one task"
         return
     folder = args.out / "refs"
     folder.mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,8 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   // Spares pay off on a GPU, where workers wait for the GPU and cores are left; CPU evaluations
   // already run one per core, and a spare there only adds work (measured: 20 cuda-rtc
   // compile-only evaluations on 2 cores took 14 s with spares, 12 s without).
-  bool prestart = options_.worker.prestart && options_.device != "cpu";
+  const std::string& prestart_mode = options_.worker.prestart;
+  bool prestart = prestart_mode == "always" || (prestart_mode == "gpu" && options_.device != "cpu");
   WorkerSetup setup{python_, worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
                     prestart};
   auto outcome = run_worker_request(
@@ -188,6 +189,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
       [&](ProcessSpec& spec) {
         // Triton reads it when imported, which a prestarted worker does before its request.
         if (options_.device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
+        spec.env["KZ_WORKER_DEVICE"] = options_.device;  // a prestarted worker sets up its device
         apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
       });
   if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));

@@ -148,6 +148,8 @@ Status EvalOptions::validate() const {
   if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
       sandbox.open_files < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
+  if (worker.prestart != "gpu" && worker.prestart != "always" && worker.prestart != "never")
+    return invalid_argument(fmt::format("worker.prestart '{}' is not one of gpu, always, never", worker.prestart));
   if (sandbox.gpu_memory_fraction < 0 || sandbox.gpu_memory_fraction > 1)
     return invalid_argument("sandbox.gpu_memory_fraction must be within [0, 1] (0: no limit)");
   return Status::ok();

@@ -258,7 +258,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
-  setup.prestart = options.prestart;
+  setup.prestart = options.prestart == "always";  // an Evaluator decides "gpu" by its device
   return setup;
 }
 

@@ -155,6 +155,24 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
 }
 
+// [worker] prestart through the real worker: each evaluation after the first takes a spare that
+// imported torch and Triton (interpreter mode, set before the import) before its request existed.
+TEST_F(EvaluatorTest, PrestartedWorkersGiveTheSameVerdicts) {
+  EvalOptions o = options();
+  o.cache.enabled = false;
+  o.worker.prestart = "always";
+  Evaluator evaluator = make_evaluator(o);
+  expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // the spare imports meanwhile
+  Verdict second = evaluate(evaluator, kRelu, kTritonRelu);
+  expect_ok(second);
+  ASSERT_FALSE(second.stage_s.empty()) << dump(second);
+  EXPECT_EQ(second.stage_s.front().first, "startup");
+  EXPECT_LT(second.stage_s.front().second, 1.0) << "the spare had Python and torch loaded already\n" << dump(second);
+  Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
+  EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
+}
+
 TEST_F(EvaluatorTest, TritonWrongValuesAreIncorrect) {
   Verdict v = evaluate(kRelu, kFixtures + "triton_wrong.py");
   expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});

@@ -12,15 +12,23 @@ import sys
 
 
 def preload() -> None:
+    """What every evaluation on this worker's device does first, done before its request arrives:
+    imports, and on a GPU the CUDA context and the audit's machinery (cheats.warm_up: torch._dynamo,
+    the profiler). All of it precedes the harness's identity snapshot, as it would without a spare."""
     import torch
-    from . import harness, validate  # noqa: F401
+    from . import cheats, harness, validate  # noqa: F401
+    device = torch.device(os.environ.get("KZ_WORKER_DEVICE") or "cpu")
     # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
     # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
-    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cuda":
         try:
             import triton.runtime.jit  # noqa: F401
         except ImportError:
             pass
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)  # the CUDA context
+    cheats.warm_up(device)
 
 
 def main() -> int:

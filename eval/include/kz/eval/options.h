@@ -49,10 +49,11 @@ struct WorkerOptions {
   std::filesystem::path cache_dir;    // compile caches (torch extensions, Triton); empty: ~/.cache/kernelzero
   std::filesystem::path scratch_root; // per-evaluation scratch dirs; empty: $TMPDIR or /tmp
   bool keep_scratch = false;     // keep scratch dirs (debugging)
-  // On a GPU device, start each worker process (Python, torch and Triton imports) ahead of its
-  // evaluation: one spare per evaluation running at once. Every evaluation still gets a fresh
-  // process. (On the CPU every core evaluates already: a spare there would only add work.)
-  bool prestart = true;
+  // Start each worker process (Python, torch and Triton imports, on a GPU its CUDA context) ahead
+  // of its evaluation: one spare per evaluation running at once; every evaluation still gets a
+  // fresh process. "gpu": on GPU devices only (on the CPU every core evaluates already, and a spare
+  // only adds work); "always"; "never".
+  std::string prestart = "gpu";
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
