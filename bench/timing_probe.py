@@ -16,6 +16,7 @@ Prints a table; --out writes every figure as JSON.
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -65,7 +66,7 @@ def median_ms(timer, model, input_sets, runs: int) -> float:
     return statistics.median(samples)
 
 
-def probe(reference_path, candidate_path, index, device, runs):
+def probe(reference_path, candidate_path, index, device, runs, flush_mb):
     reference = loading.Reference(import_file(reference_path, f"probe_ref{index}"), {})
     candidate = import_file(candidate_path, f"probe_cand{index}")
     init = reference.init_inputs()
@@ -81,8 +82,8 @@ def probe(reference_path, candidate_path, index, device, runs):
                 for inputs in input_sets:
                     model(*inputs)
             torch.cuda.synchronize()
-            row[f"{name}_sync_ms"] = median_ms(timing.Timer(device, 64), model, input_sets, runs)
-            row[f"{name}_event_ms"] = median_ms(EndBeforeSyncTimer(device, 64), model, input_sets, runs)
+            row[f"{name}_sync_ms"] = median_ms(timing.Timer(device, flush_mb), model, input_sets, runs)
+            row[f"{name}_event_ms"] = median_ms(EndBeforeSyncTimer(device, flush_mb), model, input_sets, runs)
             row[f"{name}_host_us"] = host_us(model, input_sets[0])
     for kind in ("sync", "event"):
         row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
@@ -97,6 +98,7 @@ def main() -> int:
     parser.add_argument("--hooks", action="store_true", help="install the harness's launch-counting hooks")
     parser.add_argument("--audit", action="store_true", help="also install the sandbox's audit hook")
     parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer ([timing] l2_flush_mb)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -107,18 +109,19 @@ def main() -> int:
         cheats.install_launch_hooks(args.format)
     if args.audit:
         scratch = tempfile.mkdtemp(prefix="kz_probe_")
-        sandbox.install({"sandbox": {"enabled": True, "writable_dirs": [scratch, "/tmp"]},
+        writable = [scratch, "/tmp"] + ([os.path.dirname(os.path.abspath(args.out))] if args.out else [])
+        sandbox.install({"sandbox": {"enabled": True, "writable_dirs": writable},
                          "scratch_dir": scratch, "device": args.device})
     rows = []
     for index, path in enumerate(sorted(pathlib.Path(args.candidates).glob("*.py"))):
         if path.name not in references:
             continue
         try:
-            rows.append(probe(references[path.name], path, index, device, args.runs))
+            rows.append(probe(references[path.name], path, index, device, args.runs, args.flush_mb))
         except Exception as exc:  # one broken candidate must not hide the others' figures
             rows.append({"task": path.stem, "error": f"{type(exc).__name__}: {exc}"})
     mode = "hooks+audit" if args.audit else "hooks" if args.hooks else "plain"
-    print(f"mode {mode}, {args.runs} runs each; ms medians; host_us: one forward without sync")
+    print(f"mode {mode}, {args.runs} runs each, {args.flush_mb} MB L2 flush; ms medians; host_us: one forward without sync")
     print(f"{'task':24} {'ref sync':>9} {'cand sync':>9} {'ref evt':>9} {'cand evt':>9} "
           f"{'ref host':>8} {'cand host':>9} {'x sync':>7} {'x evt':>7}")
     for r in rows:
@@ -134,7 +137,8 @@ def main() -> int:
             geo = statistics.geometric_mean([r[f"speedup_{kind}"] for r in ok])
             print(f"geomean speedup ({kind}): {geo:.3f}x over {len(ok)}")
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"mode": mode, "runs": args.runs, "rows": rows}, indent=1))
+        pathlib.Path(args.out).write_text(
+            json.dumps({"mode": mode, "runs": args.runs, "flush_mb": args.flush_mb, "rows": rows}, indent=1))
     return 0
 
 

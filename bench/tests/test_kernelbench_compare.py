@@ -112,12 +112,13 @@ class FixedBudget:
 
 def test_a_small_budget_cuts_the_later_phases_and_says_so(tmp_path, fake_kz):
     args = kernelbench_compare.parse_args(["--kz", str(fake_kz), "--out", str(tmp_path), "--skip", "kb"])
-    data = {"kz_batch": {"verdicts": [{"status": "ok", "wall_s": 7.0}]}}  # 7 s per evaluation
+    # 7 s per evaluation, 4 of them in 20 s: kz ran them concurrently, 5 s of batch time each.
+    data = {"kz_batch": {"wall_s": 20.0, "verdicts": [{"status": "ok", "wall_s": 7.0}] * 4}}
     kernelbench_compare.phase_stability(args, data, FixedBudget(30), tmp_path / "cache")
-    assert data["stability"]["note"] == "skipped: 30 s left, 46 s needed"
+    assert data["stability"]["note"] == "skipped: 30 s left, 46 s needed"  # (5 runs x 5 s + 10) x 1.3
     kernelbench_compare.phase_ref(args, data, FixedBudget(40), tmp_path / "cache")
     ref = data["ref_as_candidate"]
-    assert len(ref["verdicts"]) == 3 and len(ref["skipped"]) == 17  # (40 - 10) / (7 x 1.15) = 3 tasks
+    assert len(ref["verdicts"]) == 4 and len(ref["skipped"]) == 16  # (4 x 5 + 10) x 1.15 <= 40 < (5 x 5 + 10) x 1.15
     assert "not run (time budget): " in compare_report.reference_section(data)
     kernelbench_compare.phase_ref(args, data, FixedBudget(12), tmp_path / "cache")
     assert data["ref_as_candidate"]["note"].startswith("skipped")
