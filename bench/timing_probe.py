@@ -4,7 +4,8 @@ For every candidate in a directory (matched to the suite's reference by file nam
 times the reference and the candidate with the harness's Timer (end event recorded after the
 device-wide synchronize: host launch overhead inside every sample) and with the end event
 recorded before the synchronize (device time from the first launch to the last on the current
-stream), and measures the host time of one forward without any synchronize. `--hooks` installs
+stream), and measures the host time of one forward without any synchronize. A last column times both with the harness's own protocol
+(timing.time_interleaved: ABBA over the input sets). `--hooks` installs
 the harness's launch-counting hooks first, `--audit` also the sandbox's audit hook, so that three
 runs of this script (none, hooks, hooks+audit) show what each costs.
 
@@ -87,6 +88,10 @@ def probe(reference_path, candidate_path, index, device, runs, flush_mb):
             row[f"{name}_host_us"] = host_us(model, input_sets[0])
     for kind in ("sync", "event"):
         row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
+    # The harness's own protocol: both models interleaved (ABBA) over the rotating input sets.
+    settings = {"warmup_runs": 3, "runs": runs, "l2_flush_mb": flush_mb}
+    measured = timing.time_interleaved(ref_model, cand_model, input_sets, settings, device)
+    row["speedup_abba"] = measured["speedup"]
     return row
 
 
@@ -123,16 +128,16 @@ def main() -> int:
     mode = "hooks+audit" if args.audit else "hooks" if args.hooks else "plain"
     print(f"mode {mode}, {args.runs} runs each, {args.flush_mb} MB L2 flush; ms medians; host_us: one forward without sync")
     print(f"{'task':24} {'ref sync':>9} {'cand sync':>9} {'ref evt':>9} {'cand evt':>9} "
-          f"{'ref host':>8} {'cand host':>9} {'x sync':>7} {'x evt':>7}")
+          f"{'ref host':>8} {'cand host':>9} {'x sync':>7} {'x evt':>7} {'x abba':>7}")
     for r in rows:
         if "error" in r:
             print(f"{r['task']:24} {r['error']}")
             continue
         print(f"{r['task']:24} {r['ref_sync_ms']:9.4f} {r['cand_sync_ms']:9.4f} {r['ref_event_ms']:9.4f} "
               f"{r['cand_event_ms']:9.4f} {r['ref_host_us']:8.1f} {r['cand_host_us']:9.1f} "
-              f"{r['speedup_sync']:7.3f} {r['speedup_event']:7.3f}")
+              f"{r['speedup_sync']:7.3f} {r['speedup_event']:7.3f} {r['speedup_abba']:7.3f}")
     ok = [r for r in rows if "error" not in r]
-    for kind in ("sync", "event"):
+    for kind in ("sync", "event", "abba"):
         if ok:
             geo = statistics.geometric_mean([r[f"speedup_{kind}"] for r in ok])
             print(f"geomean speedup ({kind}): {geo:.3f}x over {len(ok)}")
