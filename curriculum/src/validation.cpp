@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kz/eval/sandbox.h"
 #include "kz/eval/worker_client.h"
 
 namespace kz {
@@ -19,10 +20,10 @@ double stage_deadline_s(const ModuleValidationOptions& o, const std::string& sta
 }
 
 nlohmann::json make_request(const std::string& source, const std::vector<ApiEntry>& apis,
-                            const ModuleValidationOptions& o, const fs::path& scratch) {
+                            const ModuleValidationOptions& o, const fs::path& scratch, const fs::path& cache_dir) {
   nlohmann::json requested = nlohmann::json::array();
   for (const auto& api : apis) requested.push_back({{"name", api.name}, {"aten", api.aten}});
-  return {{"mode", "validate_module"},
+  nlohmann::json request = {{"mode", "validate_module"},
           {"module_source", source},
           {"apis", requested},
           {"device", o.device},
@@ -32,6 +33,11 @@ nlohmann::json make_request(const std::string& source, const std::vector<ApiEntr
           {"time_band_ms", {o.time_band_min_ms, o.time_band_max_ms}},
           {"cpu_max_ms", o.cpu_max_ms},
           {"timing_runs", o.timing_runs}};
+  request["sandbox"] = sandbox_request_json(o.sandbox, cache_dir);
+  // Its time-band check takes the GPU lock exclusive, like a timing: evaluations sharing the GPU
+  // neither disturb it nor are disturbed by it (worker/kz_worker/gpu_lock.py).
+  if (o.device != "cpu") request["gpu_lock_dir"] = gpu_lock_dir(cache_dir).string();
+  return request;
 }
 
 Result<ModuleVerdict> verdict_from_result(const nlohmann::json& result) {
@@ -80,9 +86,12 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   auto setup = resolve_worker_setup(options.worker);
   if (!setup.ok()) return setup.status();
   auto outcome = run_worker_request(
-      *setup, "kz-validate-", [&](const fs::path& scratch) { return make_request(source, apis, options, scratch); },
-      [&](const std::string& stage) { return stage_deadline_s(options, stage); });
+      *setup, "kz-validate-",
+      [&](const fs::path& scratch) { return make_request(source, apis, options, scratch, setup->cache_dir); },
+      [&](const std::string& stage) { return stage_deadline_s(options, stage); },
+      [&](ProcessSpec& spec) { apply_sandbox(options.sandbox, options.device, setup->cache_dir, spec); });
   if (!outcome.ok()) return outcome.status().with_context("module validation: starting the worker");
+  warn_sandbox_gaps(outcome->sandbox);
   switch (outcome->kind) {
     case WorkerOutcome::Kind::result: {
       auto verdict = verdict_from_result(outcome->result);

@@ -1,9 +1,10 @@
 // validate_module through the real Python worker (device cpu): a good module is valid with its
-// ATen ops and fingerprint; a module that skips a requested API, one that kills its worker and
-// one that hangs are rejected with a reason naming the check.
+// ATen ops and fingerprint; a module that skips a requested API, one that kills its worker, one
+// that writes outside its scratch dir and one that hangs are rejected with a reason naming the check.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "kz/curriculum/validation.h"
 #include "kz/task/catalogue.h"
@@ -82,6 +83,21 @@ TEST(ValidateModule, CrashingModuleIsRejected) {
   EXPECT_FALSE(verdict.valid);
   EXPECT_EQ(verdict.failed_check, "worker_crashed");
   EXPECT_NE(verdict.reason.find("exit code 3"), std::string::npos) << verdict.reason;
+}
+
+// The module is model-written code: it runs in the evaluations' sandbox, and what the sandbox
+// refuses rejects it, even when the module catches the refusal and returns a correct output.
+TEST(ValidateModule, ModuleReachingOutOfTheSandboxIsRejected) {
+  auto verdict = validate(module_with_forward(
+      "        try:\n"
+      "            open('/tmp/kz-proposer-was-here', 'w').write('x')\n"
+      "        except PermissionError:\n"
+      "            pass\n"
+      "        return F.gelu(torch.matmul(x, self.weight))"));
+  EXPECT_FALSE(verdict.valid);
+  EXPECT_EQ(verdict.failed_check, "sandbox") << verdict.reason;
+  EXPECT_NE(verdict.reason.find("/tmp/kz-proposer-was-here"), std::string::npos) << verdict.reason;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/kz-proposer-was-here"));
 }
 
 TEST(ValidateModule, HangingModuleIsKilledAtTheDeadline) {

@@ -46,8 +46,9 @@ def main() -> int:
     protocol.silence_stdout()
     sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
     if request.get("mode") == "validate_module":  # a Proposer's module (validate.py)
-        from .validate import validate_module
+        from .validate import reject_sandbox_violations, validate_module
         result = validate_module(request, channel)
+        reject_sandbox_violations(result)
     else:
         from .harness import Evaluation
         result = Evaluation(request, channel).run()

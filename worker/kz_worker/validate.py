@@ -24,7 +24,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import compare, formats, loading
+from . import compare, formats, gpu_lock, loading
 from . import verdict as v
 
 CHECKS = ("loads", "runs", "deterministic", "outputs", "uses_inputs", "apis", "runtime")
@@ -59,6 +59,17 @@ def op_name(func) -> str:
     name = func._overloadpacket.__name__
     name = name[len("aten."):] if name.startswith("aten.") else name
     return name.split(".")[0]
+
+
+def reject_sandbox_violations(result: dict) -> None:
+    """A module that tried what the sandbox refuses (or records) is invalid, whatever else it did."""
+    from . import sandbox
+    found = sandbox.violations()
+    if not found:
+        return
+    details = "; ".join(detail for _, detail in found[:5])
+    result.update(valid=False, failed_check="sandbox", reason=f"sandbox: {details}")
+    result.setdefault("checks", {})["sandbox"] = False
 
 
 def validate_module(request: dict, channel) -> dict:
@@ -237,7 +248,8 @@ class Validation:
         self.enter("runtime")
         runs = max(1, int(self.request.get("timing_runs", 5)))
         self.forward(model, inputs)  # warm-up (lazy init, cuDNN autotuning)
-        samples = [self.time_once(model, inputs) for _ in range(runs)]
+        with gpu_lock.for_request(self.request, self.device).exclusive():  # alone on the GPU, like a timing
+            samples = [self.time_once(model, inputs) for _ in range(runs)]
         median = statistics.median(samples)
         self.result["runtime_ms"] = median
         if self.device.type == "cuda":

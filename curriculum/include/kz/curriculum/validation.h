@@ -39,6 +39,9 @@ struct ModuleValidationOptions {
   // Jaccard similarity >= this with a kept module's is a duplicate of it.
   double dedup_threshold = 0.8;
   WorkerOptions worker;            // interpreter, worker dir, scratch: as for evaluations
+  // The Proposer's module is model-written code: it runs in the evaluations' sandbox (limits,
+  // no network, read-only mounts, the audit hook; a refused operation rejects it as `sandbox`).
+  SandboxOptions sandbox;
 
   Status validate() const;
 };
@@ -46,7 +49,7 @@ struct ModuleValidationOptions {
 struct ModuleVerdict {
   bool valid = false;
   std::string reason;                    // "valid", or "<check>: why" (the Proposer can act on it)
-  // The check that failed: loads, runs, deterministic, outputs, uses_inputs, apis, runtime, or
+  // The check that failed: loads, runs, deterministic, outputs, uses_inputs, apis, runtime, sandbox, or
   // (the supervisor's) stage_timeout, worker_crashed, worker_protocol. Empty when valid.
   std::string failed_check;
   std::vector<std::string> aten_ops;     // sorted unique ATen ops forward executed
