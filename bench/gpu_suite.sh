@@ -6,6 +6,9 @@
 #   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...) and the GPU-only
 #                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
 #                   wrong_during_timing)
+#   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
+#                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
+#                   spread across processes (~2 min)
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
@@ -19,7 +22,7 @@
 #                   ~8 s per sample, ~50 s more for one that fails to compile, which it rebuilds).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare or model}
+PART=${1:?rtc, others, checks, compare, timing or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -32,8 +35,10 @@ if [[ $PART == compare ]]; then
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
-scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build: ${SECONDS} s"
+if [[ $PART != timing ]]; then
+  scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  echo "build: ${SECONDS} s"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
@@ -72,6 +77,15 @@ elif [[ $PART == compare ]]; then
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   echo "full report: compare/report.txt in $FINAL/results-$PART.tgz"
   python3 bench/kernelbench_compare.py --report-only "$OUT/compare/compare.json" --short
+elif [[ $PART == timing ]]; then
+  mkdir -p "$OUT/probe-candidates"
+  cp suite/examples/cuda-rtc/{02_relu,07_softmax,10_rmsnorm,19_scale_residual_gelu}.py "$OUT/probe-candidates/"
+  for run in 1 2 3 4 5; do
+    PYTHONPATH=worker python3 bench/timing_probe.py --candidates "$OUT/probe-candidates" --spin-us 200 \
+      --out "$OUT/probe$run.json" > "$OUT/probe$run.txt" 2>&1 || tail -5 "$OUT/probe$run.txt"
+  done
+  python3 bench/timing_spread.py "$OUT"/probe?.json | tee "$OUT/spread.txt"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
   start=$SECONDS

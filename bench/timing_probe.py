@@ -7,7 +7,10 @@ recorded before the synchronize (device time from the first launch to the last o
 stream), and measures the host time of one forward without any synchronize. A last column times both with the harness's own protocol
 (timing.time_interleaved: ABBA over the input sets). `--hooks` installs
 the harness's launch-counting hooks first, `--audit` also the sandbox's audit hook, so that three
-runs of this script (none, hooks, hooks+audit) show what each costs.
+runs of this script (none, hooks, hooks+audit) show what each costs. `--spin-us US` adds a
+candidate protocol (SpinTimer: a GPU spin before the start event hides host launch latency), with
+the end after the synchronize and with the end on the stream; `bench/timing_spread.py` compares
+several runs of this script (separate processes) to show each protocol's spread.
 
     python3 bench/timing_probe.py --candidates suite/examples/cuda-rtc --format cuda-rtc \
         [--hooks] [--audit] --out probe.json          # GPU host, from the repository root
@@ -50,6 +53,47 @@ class EndBeforeSyncTimer(timing.Timer):
         return self.start.elapsed_time(self.end)
 
 
+class SpinTimer(timing.Timer):
+    """A candidate protocol: after the flush, a GPU spin of `spin_us` keeps the GPU busy while the
+    host issues the forward's launches, so host launch latency up to that long stays out of the
+    sample; the end is still taken after a device-wide synchronize (side streams counted)."""
+
+    def __init__(self, device, l2_flush_mb, spin_us, end_on_stream=False):
+        super().__init__(device, l2_flush_mb)
+        self.spin_cycles = int(spin_us * cycles_per_us(device))
+        self.end_on_stream = end_on_stream  # also: the end event before the synchronize
+
+    def time_once(self, model, inputs, after=None) -> float:
+        self.flush_buffer.zero_()
+        torch.cuda._sleep(self.spin_cycles)
+        self.start.record()
+        output = model(*inputs)
+        if self.end_on_stream:
+            self.end.record()
+            torch.cuda.synchronize(self.device)
+        else:
+            torch.cuda.synchronize(self.device)
+            self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+
+_cycles_per_us = {}
+
+
+def cycles_per_us(device) -> float:
+    """torch.cuda._sleep counts GPU clock cycles: measured once, at the clock the GPU runs now."""
+    if device not in _cycles_per_us:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # wake the clocks
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _cycles_per_us[device] = 10_000_000 / (start.elapsed_time(end) * 1000.0)
+    return _cycles_per_us[device]
+
+
 def host_us(model, inputs, calls: int = 50) -> float:
     """Median host microseconds of one forward call (launch overhead), the GPU drained between."""
     samples = []
@@ -67,7 +111,19 @@ def median_ms(timer, model, input_sets, runs: int) -> float:
     return statistics.median(samples)
 
 
-def probe(reference_path, candidate_path, index, device, runs, flush_mb):
+def timer_kinds(spin_us) -> list:
+    return ["sync", "event"] + (["spin", "spin_event"] if spin_us > 0 else [])
+
+
+def timers(device, flush_mb, spin_us) -> dict:
+    made = {"sync": timing.Timer(device, flush_mb), "event": EndBeforeSyncTimer(device, flush_mb)}
+    if spin_us > 0:
+        made["spin"] = SpinTimer(device, flush_mb, spin_us)
+        made["spin_event"] = SpinTimer(device, flush_mb, spin_us, end_on_stream=True)
+    return made
+
+
+def probe(reference_path, candidate_path, index, device, runs, flush_mb, spin_us):
     reference = loading.Reference(import_file(reference_path, f"probe_ref{index}"), {})
     candidate = import_file(candidate_path, f"probe_cand{index}")
     init = reference.init_inputs()
@@ -83,10 +139,10 @@ def probe(reference_path, candidate_path, index, device, runs, flush_mb):
                 for inputs in input_sets:
                     model(*inputs)
             torch.cuda.synchronize()
-            row[f"{name}_sync_ms"] = median_ms(timing.Timer(device, flush_mb), model, input_sets, runs)
-            row[f"{name}_event_ms"] = median_ms(EndBeforeSyncTimer(device, flush_mb), model, input_sets, runs)
+            for kind, timer in timers(device, flush_mb, spin_us).items():
+                row[f"{name}_{kind}_ms"] = median_ms(timer, model, input_sets, runs)
             row[f"{name}_host_us"] = host_us(model, input_sets[0])
-    for kind in ("sync", "event"):
+    for kind in timer_kinds(spin_us):
         row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
     # The harness's own protocol: both models interleaved (ABBA) over the rotating input sets.
     settings = {"warmup_runs": 3, "runs": runs, "l2_flush_mb": flush_mb}
@@ -104,6 +160,8 @@ def main() -> int:
     parser.add_argument("--audit", action="store_true", help="also install the sandbox's audit hook")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer ([timing] l2_flush_mb)")
+    parser.add_argument("--spin-us", type=float, default=0,
+                        help="also time with a GPU spin of this long before each start event (SpinTimer)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -122,28 +180,30 @@ def main() -> int:
         if path.name not in references:
             continue
         try:
-            rows.append(probe(references[path.name], path, index, device, args.runs, args.flush_mb))
+            rows.append(probe(references[path.name], path, index, device, args.runs, args.flush_mb, args.spin_us))
         except Exception as exc:  # one broken candidate must not hide the others' figures
             rows.append({"task": path.stem, "error": f"{type(exc).__name__}: {exc}"})
     mode = "hooks+audit" if args.audit else "hooks" if args.hooks else "plain"
     print(f"mode {mode}, {args.runs} runs each, {args.flush_mb} MB L2 flush; ms medians; host_us: one forward without sync")
-    print(f"{'task':24} {'ref sync':>9} {'cand sync':>9} {'ref evt':>9} {'cand evt':>9} "
-          f"{'ref host':>8} {'cand host':>9} {'x sync':>7} {'x evt':>7} {'x abba':>7}")
+    kinds = timer_kinds(args.spin_us)
+    print(f"{'task':24} " + " ".join(f"{'ref ' + k:>14} {'cand ' + k:>15}" for k in kinds)
+          + f" {'ref host':>8} {'cand host':>9} " + " ".join(f"{'x ' + k:>12}" for k in kinds + ["abba"]))
     for r in rows:
         if "error" in r:
             print(f"{r['task']:24} {r['error']}")
             continue
-        print(f"{r['task']:24} {r['ref_sync_ms']:9.4f} {r['cand_sync_ms']:9.4f} {r['ref_event_ms']:9.4f} "
-              f"{r['cand_event_ms']:9.4f} {r['ref_host_us']:8.1f} {r['cand_host_us']:9.1f} "
-              f"{r['speedup_sync']:7.3f} {r['speedup_event']:7.3f} {r['speedup_abba']:7.3f}")
+        print(f"{r['task']:24} " + " ".join(f"{r[f'ref_{k}_ms']:14.4f} {r[f'cand_{k}_ms']:15.4f}" for k in kinds)
+              + f" {r['ref_host_us']:8.1f} {r['cand_host_us']:9.1f} "
+              + " ".join(f"{r[f'speedup_{k}']:12.3f}" for k in kinds + ["abba"]))
     ok = [r for r in rows if "error" not in r]
-    for kind in ("sync", "event", "abba"):
+    for kind in kinds + ["abba"]:
         if ok:
             geo = statistics.geometric_mean([r[f"speedup_{kind}"] for r in ok])
             print(f"geomean speedup ({kind}): {geo:.3f}x over {len(ok)}")
     if args.out:
         pathlib.Path(args.out).write_text(
-            json.dumps({"mode": mode, "runs": args.runs, "flush_mb": args.flush_mb, "rows": rows}, indent=1))
+            json.dumps({"mode": mode, "runs": args.runs, "flush_mb": args.flush_mb, "spin_us": args.spin_us,
+                        "rows": rows}, indent=1))
     return 0
 
 
