@@ -18,7 +18,6 @@ several runs of this script (separate processes) to show each protocol's spread.
 Prints a table; --out writes every figure as JSON.
 """
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -31,14 +30,6 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "worker"))
 from kz_worker import cheats, loading, sandbox, timing  # noqa: E402
-
-
-def import_file(path: pathlib.Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class EndBeforeSyncTimer(timing.Timer):
@@ -124,8 +115,8 @@ def timers(device, flush_mb, spin_us) -> dict:
 
 
 def probe(reference_path, candidate_path, index, device, runs, flush_mb, spin_us):
-    reference = loading.Reference(import_file(reference_path, f"probe_ref{index}"), {})
-    candidate = import_file(candidate_path, f"probe_cand{index}")
+    reference = loading.Reference(loading.import_path(reference_path, f"probe_ref{index}"), {})
+    candidate = loading.import_path(candidate_path, f"probe_cand{index}")
     init = reference.init_inputs()
     ref_model = reference.build(init, 0, device)
     torch.manual_seed(0)

@@ -15,6 +15,11 @@ from . import verdict as v
 
 def import_source(source: str, path: pathlib.Path, module_name: str) -> types.ModuleType:
     path.write_text(source)
+    return import_path(path, module_name)
+
+
+def import_path(path: pathlib.Path, module_name: str) -> types.ModuleType:
+    """Imports the file at `path` as `module_name` (registered in sys.modules)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module

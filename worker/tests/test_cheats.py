@@ -4,10 +4,8 @@ stubbed and only the PyTorch glue around them is traced), the kernel-name heuris
 snapshot, the replay detector and the timing hooks. End-to-end cases: eval/tests/cheats_test.cpp."""
 import collections
 import gc
-import importlib.util
 import pathlib
 import re
-import sys
 import threading
 import types
 
@@ -22,16 +20,8 @@ EXAMPLES = ROOT / "suite" / "examples"
 TASKS = sorted((ROOT / "suite" / "kzbench").glob("level*/*.py"))
 
 
-def load_module(path: pathlib.Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def reference(task: pathlib.Path):
-    module = load_module(task, "kz_test_ref_" + task.stem)
+    module = loading.import_path(task, "kz_test_ref_" + task.stem)
     return loading.Reference(module, dict(getattr(module, "cpu_sizes", {})))
 
 
@@ -88,7 +78,7 @@ def test_cuda_rtc_example_forward_follows_the_policy(task, monkeypatch):
     kz_rtc.set_compile_only(True)
     monkeypatch.setattr(kz_rtc.Kernel, "__call__", FakeKernel.__call__)
     ref = reference(task)
-    candidate = load_module(EXAMPLES / "cuda-rtc" / task.name, "kz_test_rtc_" + task.stem)
+    candidate = loading.import_path(EXAMPLES / "cuda-rtc" / task.name, "kz_test_rtc_" + task.stem)
     torch.manual_seed(0)
     model = candidate.ModelNew(*ref.init_inputs()).eval()
     inputs = ref.inputs(1, torch.device("cpu"))
@@ -126,7 +116,7 @@ def test_cuda_example_forward_follows_the_policy(task, monkeypatch):
     import torch.utils.cpp_extension as cpp_extension
     monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
     path = EXAMPLES / "cuda" / task.name
-    candidate = load_module(path, "kz_test_cuda_" + task.stem)
+    candidate = loading.import_path(path, "kz_test_cuda_" + task.stem)
     torch.manual_seed(0)
     model = candidate.ModelNew(*ref.init_inputs()).eval()
     trace = cheats.OpTrace()
