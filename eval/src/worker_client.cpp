@@ -223,13 +223,17 @@ class SpareWorkers {
     return spares;
   }
 
+  // The oldest live spare of this kind (none waits longer than it must). A spare that died while
+  // waiting (killed from outside) is dropped: its death is no evaluation's fault.
   std::optional<StartedWorker> take(const std::string& key) {
     std::lock_guard lock(mutex_);
     auto it = waiting_.find(key);
-    if (it == waiting_.end() || it->second.empty()) return std::nullopt;
-    StartedWorker worker = std::move(it->second.front());  // the oldest: none waits longer than it must
-    it->second.pop_front();
-    return worker;
+    while (it != waiting_.end() && !it->second.empty()) {
+      StartedWorker worker = std::move(it->second.front());
+      it->second.pop_front();
+      if (!worker.process.wait_for(std::chrono::milliseconds(0))) return worker;
+    }
+    return std::nullopt;
   }
 
   void add(const std::string& key, StartedWorker worker) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -17,6 +19,7 @@ using namespace std::chrono_literals;
 
 constexpr const char* kStandInWorker = R"(import json, os, sys, time
 started = time.monotonic()
+open("pid", "w").write(str(os.getpid()))  # in its scratch dir: the test may kill a waiting spare
 text = sys.stdin.read()
 if not text:
     sys.exit(0)
@@ -76,6 +79,21 @@ TEST_F(WorkerClientTest, PrestartedSpareTakesTheNextRequestInAFreshProcess) {
   std::this_thread::sleep_for(600ms);
   auto other_kind = run(setup(true), "kz-other-");
   EXPECT_LT(other_kind["waited_s"].get<double>(), 0.5) << "a spare of another kind (scratch prefix) is not taken";
+}
+
+TEST_F(WorkerClientTest, SpareThatDiedWhileWaitingIsNotUsed) {
+  run(setup(true));
+  std::this_thread::sleep_for(600ms);
+  int killed = 0;
+  for (const auto& dir : fs::directory_iterator(root_ / "scratch")) {  // only the spare's is left
+    auto pid = read_file(dir.path() / "pid");
+    if (pid.ok() && ::kill(std::stoi(*pid), SIGKILL) == 0) ++killed;
+  }
+  ASSERT_EQ(killed, 1) << "one spare waited";
+  std::this_thread::sleep_for(200ms);
+  auto next = run(setup(true));
+  ASSERT_TRUE(next.contains("waited_s")) << "a fresh worker took the request, not the dead spare: " << next.dump();
+  EXPECT_LT(next["waited_s"].get<double>(), 0.5);
 }
 
 TEST_F(WorkerClientTest, WithoutPrestartEachRequestStartsItsWorker) {
