@@ -1,5 +1,6 @@
 // `kz generate --model DIR --prompt TEXT`: the raw-text continuation of a prompt by the in-process
 // engine (no chat template). Text on stdout (timing on stderr), or one JSON object with --json.
+// Settings: configs/model.toml's [engine] and [sampling], through --config and flags.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -8,28 +9,32 @@
 
 #include "commands.h"
 #include "kz/model/engine.h"
+#include "model_flags.h"
 
 namespace kz::cli {
 namespace {
 
 struct GenerateArgs {
-  model::EngineOptions engine;
+  explicit GenerateArgs(CLI::App& command) : settings(command) {}
+  ModelFlags settings;
+  fs::path model_dir;
   std::string prompt;
-  model::TextSampling sampling;
-  bool ignore_eos = false;
   bool json = false;
 };
 
-int run(GenerateArgs args) {
+int run(const GenerateArgs& args) {
+  auto options = args.settings.resolve();
+  if (!options.ok()) return report_error(options.status());
+  options->engine.model_dir = args.model_dir;
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
-  auto engine = model::Engine::load(args.engine);
+  auto engine = model::Engine::load(options->engine);
   if (!engine.ok()) return report_error(engine.status());
   auto t1 = Clock::now();
   model::EngineRequest request;
   request.prompt_ids = (*engine)->tokenizer().encode(args.prompt, /*allow_special=*/true);
-  request.sampling = args.sampling;
-  request.sampling.stop_at_eos = !args.ignore_eos;
+  request.sampling = options->sampling;
+  request.sampling.stop_at_eos = !options->ignore_eos;
   auto results = (*engine)->generate({request});
   auto t2 = Clock::now();
   if (!results[0].ok()) return report_error(results[0].status());
@@ -45,10 +50,10 @@ int run(GenerateArgs args) {
                           {"prompt_ids", request.prompt_ids},
                           {"prompt_tokens", c.prompt_tokens},
                           {"completion_tokens", c.token_ids.size()},
-                          {"model", args.engine.model_dir.string()},
+                          {"model", args.model_dir.string()},
                           {"device", (*engine)->device()},
                           {"dtype", (*engine)->dtype()},
-                          {"seed", args.sampling.seed},
+                          {"seed", options->sampling.seed},
                           {"load_s", load_s},
                           {"generate_s", gen_s},
                           {"tokens_per_s", tokens_per_s}};
@@ -65,23 +70,22 @@ int run(GenerateArgs args) {
 }  // namespace
 
 Action add_generate_command(CLI::App& app) {
-  auto args = std::make_shared<GenerateArgs>();
   auto* command = app.add_subcommand("generate", "Continue a prompt with a local checkpoint (raw text, no chat template)");
-  command->add_option("--model", args->engine.model_dir, "checkpoint directory (Hugging Face layout)")->required();
+  auto args = std::make_shared<GenerateArgs>(*command);
+  command->add_option("--model", args->model_dir, "checkpoint directory (Hugging Face layout)")->required();
   command->add_option("--prompt", args->prompt, "the text to continue")->required();
-  command->add_option("--max-new-tokens", args->sampling.max_new_tokens, "new tokens at most (default 256)")
+  ModelFlags& settings = args->settings;
+  settings.add("--max-new-tokens", "sampling.max_new_tokens", "new tokens at most (default 256)")
       ->check(CLI::PositiveNumber);
-  command->add_option("--temperature", args->sampling.temperature, "0: greedy (default 1)")
+  settings.add("--temperature", "sampling.temperature", "0: greedy (default 1)")->check(CLI::NonNegativeNumber);
+  settings.add("--top-p", "sampling.top_p", "nucleus sampling mass (default 1: off)")->check(CLI::Range(0.0, 1.0));
+  settings.add("--top-k", "sampling.top_k", "keep the k most likely tokens (default 0: off)")
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (default 1: off)")
-      ->check(CLI::Range(0.0, 1.0));
-  command->add_option("--top-k", args->sampling.top_k, "keep the k most likely tokens (default 0: off)")
-      ->check(CLI::NonNegativeNumber);
-  command->add_option("--seed", args->sampling.seed, "sampling seed (default 0)");
-  command->add_option("--stop", args->sampling.stop, "stop string (repeatable; not included in the text)");
-  command->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the generation config's eos tokens");
-  command->add_option("--device", args->engine.device, "cpu, cuda or cuda:N (default cpu)");
-  command->add_option("--dtype", args->engine.dtype, "fp32, bf16 or fp16 (default: the checkpoint's)");
+  settings.add("--seed", "sampling.seed", "sampling seed (default 0)");
+  settings.add("--stop", "sampling.stop", "stop string (repeatable; not included in the text)");
+  settings.add("--ignore-eos", "sampling.ignore_eos", "do not stop at the generation config's eos tokens");
+  settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
+  settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
   command->add_flag("--json", args->json,
                     "print {text, token_ids (new tokens), logprobs, finish_reason, prompt_ids, usage, timing}");
   return [args] { return run(*args); };

@@ -1,5 +1,6 @@
-// `kz serve-model --model DIR --port P`: the in-process engine as an OpenAI-compatible endpoint
-// (kz/llm/openai_server.h) until SIGINT or SIGTERM.
+// `kz serve-model --model DIR [--port P]`: the in-process engine as an OpenAI-compatible endpoint
+// (kz/llm/openai_server.h) until SIGINT or SIGTERM. Settings: configs/model.toml's [engine] and
+// [serve], through --config and flags.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -8,16 +9,18 @@
 #include "commands.h"
 #include "kz/llm/engine_generator.h"
 #include "kz/llm/openai_server.h"
+#include "model_flags.h"
 
 namespace kz::cli {
 namespace {
 
 struct ServeModelArgs {
-  model::EngineOptions engine;
-  OpenAIServerOptions server;
+  explicit ServeModelArgs(CLI::App& command) : settings(command) {}
+  ModelFlags settings;
+  fs::path model_dir;
 };
 
-int run(ServeModelArgs args) {
+int run(const ServeModelArgs& args) {
   // SIGINT/SIGTERM blocked here, before any thread starts, and taken by sigwait below.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -25,20 +28,23 @@ int run(ServeModelArgs args) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  if (args.server.model_name.empty()) args.server.model_name = args.engine.model_dir.filename().string();
-  if (args.server.model_name.empty()) args.server.model_name = args.engine.model_dir.parent_path().filename().string();
-  if (auto status = args.server.validate(); !status.is_ok()) return report_error(status);
-  auto engine = model::Engine::load(args.engine);
+  auto options = args.settings.resolve();
+  if (!options.ok()) return report_error(options.status());
+  options->engine.model_dir = args.model_dir;
+  OpenAIServerOptions& serve = options->serve;
+  if (serve.model_name.empty()) serve.model_name = args.model_dir.filename().string();
+  if (serve.model_name.empty()) serve.model_name = args.model_dir.parent_path().filename().string();
+  if (auto status = serve.validate(); !status.is_ok()) return report_error(status);
+  auto engine = model::Engine::load(options->engine);
   if (!engine.ok()) return report_error(engine.status());
   EngineGeneratorOptions generator_options;
-  generator_options.max_batch = args.server.max_batch;
+  generator_options.max_batch = serve.max_batch;
   auto generator = make_engine_generator(*engine, generator_options);
   if (!generator.ok()) return report_error(generator.status());
-  auto server = OpenAIServer::start(**generator, args.server);
+  auto server = OpenAIServer::start(**generator, serve);
   if (!server.ok()) return report_error(server.status());
   std::cerr << fmt::format("kz: serving {} as \"{}\" on http://{}:{}/v1 (max batch {}); Ctrl-C stops\n",
-                           (*engine)->describe(), args.server.model_name, args.server.host, (*server)->port(),
-                           args.server.max_batch);
+                           (*engine)->describe(), serve.model_name, serve.host, (*server)->port(), serve.max_batch);
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   auto counts = (*server)->counts();
@@ -50,22 +56,20 @@ int run(ServeModelArgs args) {
 }  // namespace
 
 Action add_serve_model_command(CLI::App& app) {
-  auto args = std::make_shared<ServeModelArgs>();
-  args->server.model_name.clear();  // default: the checkpoint directory's name
   auto* command = app.add_subcommand("serve-model", "Serve a local checkpoint as an OpenAI-compatible endpoint");
-  command->add_option("--model", args->engine.model_dir, "checkpoint directory (Hugging Face layout)")->required();
-  command->add_option("--port", args->server.port, "TCP port (0: any free port, printed)")
-      ->required()
-      ->check(CLI::Range(0, 65535));
-  command->add_option("--host", args->server.host, "address to listen on (default 127.0.0.1: this machine only)");
-  command->add_option("--device", args->engine.device, "cpu, cuda or cuda:N (default cpu)");
-  command->add_option("--dtype", args->engine.dtype, "fp32, bf16 or fp16 (default: the checkpoint's)");
-  command->add_option("--served-model-name", args->server.model_name,
-                      "the model id /v1/models lists (default: the directory's name)");
-  command->add_option("--max-batch", args->server.max_batch, "completions generated together at most (default 32)")
+  auto args = std::make_shared<ServeModelArgs>(*command);
+  command->add_option("--model", args->model_dir, "checkpoint directory (Hugging Face layout)")->required();
+  ModelFlags& settings = args->settings;
+  settings.add("--port", "serve.port", "TCP port (default 0: any free port, printed)")->check(CLI::Range(0, 65535));
+  settings.add("--host", "serve.host", "address to listen on (default 127.0.0.1: this machine only)");
+  settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
+  settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
+  settings.add("--served-model-name", "serve.served_model_name",
+               "the model id /v1/models lists (default: the directory's name)");
+  settings.add("--max-batch", "serve.max_batch", "completions generated together at most (default 32)")
       ->check(CLI::PositiveNumber);
-  command->add_option("--batch-wait-ms", args->server.batch_wait_ms,
-                      "how long a request waits for others to batch with (default 5)")
+  settings.add("--batch-wait-ms", "serve.batch_wait_ms",
+               "how long a request waits for others to batch with (default 5)")
       ->check(CLI::NonNegativeNumber);
   return [args] { return run(*args); };
 }

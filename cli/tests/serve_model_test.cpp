@@ -3,6 +3,7 @@
 //   - transformers (cli/tests/hf_model_reference.py) loads the checkpoint and its tokenizer, and
 //     its greedy continuations (raw and chat) equal ours token for token;
 //   - `kz generate --json` is valid JSON with the documented fields;
+//   - both commands take configs/model.toml's keys through --config, flags given overriding them;
 //   - the in-process Generator (llm/engine_generator.h) gives the same tokens;
 //   - `kz serve-model` on a free loopback port, driven by the project's HttpGenerator: the same
 //     text as in-process for greedy, n completions, stop strings, logprobs, usage, concurrent
@@ -228,10 +229,13 @@ TEST_F(ServeModelTest, InProcessStopStringsSeedsAndN) {
 // `kz serve-model` on a free port, stopped with SIGTERM at the end.
 class ServedModel {
  public:
-  explicit ServedModel(const fs::path& model, int max_batch = 8) {
+  static inline const std::vector<std::string> kFlags = {"--port", "0", "--max-batch", "8", "--batch-wait-ms", "20",
+                                                         "--served-model-name", "tiny"};
+
+  explicit ServedModel(const fs::path& model, const std::vector<std::string>& flags = kFlags) {
     ProcessSpec spec;
-    spec.argv = {KZ_BIN, "serve-model", "--model", model.string(), "--port", "0", "--max-batch",
-                 std::to_string(max_batch), "--batch-wait-ms", "20", "--served-model-name", "tiny"};
+    spec.argv = {KZ_BIN, "serve-model", "--model", model.string()};
+    spec.argv.insert(spec.argv.end(), flags.begin(), flags.end());
     spec.env = current_environment();
     auto p = Process::spawn(spec);
     EXPECT_TRUE(p.ok()) << p.status().to_string();
@@ -262,6 +266,7 @@ class ServedModel {
   }
 
   int port() const { return port_; }
+  const std::string& stderr_text() const { return process_->stderr_tail(); }
   std::string url(const std::string& path) const { return fmt::format("http://127.0.0.1:{}{}", port_, path); }
 
   std::unique_ptr<Generator> client(int max_in_flight = 16) const {
@@ -436,6 +441,48 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   auto results = client->generate({too_long, raw(kPrompts[1])});
   EXPECT_FALSE(results[0].ok());
   EXPECT_TRUE(results[1].ok());
+  server.stop();
+}
+
+// configs/model.toml's keys through --config: the file's values apply, a flag given overrides its
+// key, and a flag left out keeps the file's value (not the flag's default).
+TEST_F(ServeModelTest, GenerateTakesAConfigFileAndFlagsOverrideIt) {
+  fs::path config = dir_ / "generate.toml";
+  std::string settings = "[sampling]\ntemperature = 0\nmax_new_tokens = 3\nignore_eos = true\n";
+  ASSERT_TRUE(write_file_atomic(config, settings).is_ok());
+  auto generate = [&](const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {KZ_BIN, "generate", "--model", model_.string(), "--prompt", kPrompts[0],
+                                     "--config", config.string(), "--json"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return json::parse(run_ok(argv), nullptr, false);
+  };
+  // Greedy (temperature 0 from the file): transformers' first tokens.
+  auto expect_greedy_tokens = [&](const json& got, size_t count) {
+    ASSERT_FALSE(got.is_discarded());
+    EXPECT_EQ(got["completion_tokens"], count);
+    const json& greedy = reference_["raw"][0]["token_ids"];
+    for (size_t i = 0; i < std::min(count, greedy.size()); ++i) EXPECT_EQ(got["token_ids"][i], greedy[i]) << i;
+  };
+  expect_greedy_tokens(generate({}), 3);
+  expect_greedy_tokens(generate({"--max-new-tokens", "2"}), 2);
+
+  fs::path bad = dir_ / "bad.toml";
+  ASSERT_TRUE(write_file_atomic(bad, "[sampling]\ntemprature = 0\n").is_ok());
+  auto r = run({KZ_BIN, "generate", "--model", model_.string(), "--prompt", "x", "--config", bad.string()});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->exit.exit_code, 2) << r->exit.describe();
+  EXPECT_NE(r->stderr_text.find(bad.string()), std::string::npos) << r->stderr_text;
+  EXPECT_NE(r->stderr_text.find("'sampling.temprature'"), std::string::npos) << r->stderr_text;
+}
+
+// No --port: the default, 0 (any free port). max_batch from the file; the name from the flag, over the file's.
+TEST_F(ServeModelTest, ServeModelTakesAConfigFileAndFlagsOverrideIt) {
+  fs::path config = dir_ / "serve.toml";
+  ASSERT_TRUE(write_file_atomic(config, "[serve]\nserved_model_name = \"from-config\"\nmax_batch = 3\n").is_ok());
+  ServedModel server(model_, {"--config", config.string(), "--served-model-name", "tiny"});
+  ASSERT_GT(server.port(), 0);
+  EXPECT_NE(server.stderr_text().find("(max batch 3)"), std::string::npos) << server.stderr_text();
+  EXPECT_EQ(json::parse(http("GET", server.url("/v1/models")).second)["data"][0]["id"], "tiny");
   server.stop();
 }
 
