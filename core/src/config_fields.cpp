@@ -7,7 +7,7 @@
 #include <limits>
 #include <regex>
 #include <sstream>
-#include <toml++/toml.h>
+#include "kz/core/toml.h"
 #include <utility>
 
 #include "kz/core/files.h"
@@ -191,14 +191,9 @@ std::string show(const T& value) {
 }  // namespace
 
 Status apply_config_text(std::string_view text, std::string_view origin, const ConfigTable& table) {
-  toml::table parsed;
-  try {
-    parsed = toml::parse(text, origin);
-  } catch (const toml::parse_error& error) {
-    return parse_error(fmt::format("{}:{}:{}: {}", origin, error.source().begin.line, error.source().begin.column,
-                                   error.description()));
-  }
-  return apply_table(parsed, "", table).with_context(std::string(origin));
+  auto parsed = parse_toml(text, origin);
+  if (!parsed.ok()) return parsed.status();
+  return apply_table(*parsed, "", table).with_context(std::string(origin));
 }
 
 Status apply_config_file(const std::filesystem::path& path, const ConfigTable& table) {

@@ -4,22 +4,12 @@
 #include <fmt/format.h>
 
 #include <cctype>
-#include <toml++/toml.h>
 
 #include "kz/core/files.h"
+#include "kz/core/toml.h"
 
 namespace kz {
 namespace {
-
-// toml++ throws on bad input; the error becomes a Status pointing at the offending spot.
-Result<toml::table> parse_toml(const std::string& text, const std::string& origin) {
-  try {
-    return toml::parse(text, origin);
-  } catch (const toml::parse_error& error) {
-    return parse_error(fmt::format("{}:{}:{}: {}", origin, error.source().begin.line, error.source().begin.column,
-                                   error.description()));
-  }
-}
 
 Result<PromptTemplate> template_from_table(const toml::table& table, const std::filesystem::path& path) {
   PromptTemplate prompt;

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <set>
-#include <toml++/toml.h>
+#include "kz/core/toml.h"
 
 #include "kz/core/files.h"
 
@@ -90,14 +90,9 @@ std::filesystem::path default_api_catalogue_path() { return KZ_DEFAULT_API_CATAL
 Result<std::vector<ApiEntry>> load_api_catalogue(const std::filesystem::path& path) {
   auto text = read_file(path);
   if (!text.ok()) return text.status().with_context("API catalogue");
-  toml::table parsed;
-  try {
-    parsed = toml::parse(*text, path.string());
-  } catch (const toml::parse_error& error) {
-    return parse_error(fmt::format("{}:{}:{}: {}", path.string(), error.source().begin.line,
-                                   error.source().begin.column, error.description()));
-  }
-  const auto* apis = parsed["api"].as_array();
+  auto parsed = parse_toml(*text, path.string());
+  if (!parsed.ok()) return parsed.status();
+  const auto* apis = (*parsed)["api"].as_array();
   if (!apis || apis->empty()) return invalid_argument(path.string() + ": no [[api]] entries");
   std::vector<ApiEntry> catalogue;
   std::set<std::string> seen;
