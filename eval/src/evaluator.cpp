@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr const char* kScratchPrefix = "kz-eval-";
 
 uint64_t fresh_seed() {
   std::random_device device;
@@ -167,17 +168,32 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   return done;
 }
 
-Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
-                                      EvalMode mode) const {
+WorkerSetup Evaluator::worker_setup() const {
   // Spares pay off on a GPU, where workers wait for the GPU and cores are left; CPU evaluations
   // already run one per core, and a spare there only adds work (measured: 20 cuda-rtc
   // compile-only evaluations on 2 cores took 14 s with spares, 12 s without).
   const std::string& prestart_mode = options_.worker.prestart;
   bool prestart = prestart_mode == "always" || (prestart_mode == "gpu" && options_.device != "cpu");
-  WorkerSetup setup{python_, worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
-                    prestart};
+  return WorkerSetup{python_,  worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
+                     prestart};
+}
+
+void Evaluator::customize_worker(ProcessSpec& spec) const {
+  // Triton reads it when imported, which a prestarted worker does before its request.
+  if (options_.device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
+  spec.env["KZ_WORKER_DEVICE"] = options_.device;  // a prestarted worker sets up its device
+  apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
+}
+
+Status Evaluator::prestart_workers(int count) const {
+  return kz::prestart_workers(worker_setup(), kScratchPrefix, [this](ProcessSpec& spec) { customize_worker(spec); },
+                              count);
+}
+
+Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
+                                      EvalMode mode) const {
   auto outcome = run_worker_request(
-      setup, "kz-eval-",
+      worker_setup(), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);
@@ -186,12 +202,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
-      [&](ProcessSpec& spec) {
-        // Triton reads it when imported, which a prestarted worker does before its request.
-        if (options_.device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
-        spec.env["KZ_WORKER_DEVICE"] = options_.device;  // a prestarted worker sets up its device
-        apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
-      });
+      [this](ProcessSpec& spec) { customize_worker(spec); });
   if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));
   warn_sandbox_gaps(outcome->sandbox);
   Verdict verdict = verdict_from_outcome(*outcome);

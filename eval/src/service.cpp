@@ -434,6 +434,8 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
   }
   ignore_sigpipe();
   auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators));
+  // The workers' first evaluations find prepared spares (every format's evaluator makes the same kind).
+  KZ_RETURN_IF_ERROR(impl->evaluators.at("auto").prestart_workers(impl->workers));
   KZ_RETURN_IF_ERROR(impl->listen());
   impl->start_threads();
   return std::unique_ptr<EvalService>(new EvalService(std::move(impl)));

@@ -290,4 +290,16 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   return outcome;  // started's destructor removes the scratch dir
 }
 
+Status prestart_workers(const WorkerSetup& setup, const std::string& scratch_prefix,
+                        const std::function<void(ProcessSpec&)>& customize, int count) {
+  if (!setup.prestart) return Status::ok();
+  std::string key = spare_key(setup, scratch_prefix, customize);
+  for (int i = 0; i < count; ++i) {
+    auto spare = start_worker(setup, scratch_prefix, customize);
+    if (!spare.ok()) return spare.status().with_context("starting a spare worker");
+    SpareWorkers::instance().add(key, std::move(*spare));
+  }
+  return Status::ok();
+}
+
 }  // namespace kz

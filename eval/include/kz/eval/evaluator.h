@@ -19,6 +19,7 @@
 #include "kz/eval/format.h"
 #include "kz/eval/options.h"
 #include "kz/eval/verdict.h"
+#include "kz/eval/worker_client.h"
 #include "kz/task/task.h"
 
 namespace kz {
@@ -48,6 +49,9 @@ class Evaluator {
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;
+  // Starts `count` workers ahead of the first evaluations ([worker] prestart; nothing where it is
+  // off), so that a batch's first wave finds them prepared.
+  Status prestart_workers(int count) const;
   // A copy that evaluates on `device` (another GPU of the same model), sharing the cache.
   Result<Evaluator> with_device(const std::string& device) const;
 
@@ -64,6 +68,8 @@ class Evaluator {
   std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                              EvalMode mode) const;
+  WorkerSetup worker_setup() const;
+  void customize_worker(ProcessSpec& spec) const;  // environment and sandbox of this evaluator's workers
   EvalOptions options_;
   std::string python_;
   std::filesystem::path worker_dir_;

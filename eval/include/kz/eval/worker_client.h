@@ -72,4 +72,10 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize = {});
 
+// With setup.prestart: starts `count` spares of the kind run_worker_request(setup, scratch_prefix,
+// ..., customize) takes, so that the first requests of a batch find their workers prepared
+// (otherwise only requests leave spares behind). Nothing without setup.prestart.
+Status prestart_workers(const WorkerSetup& setup, const std::string& scratch_prefix,
+                        const std::function<void(ProcessSpec&)>& customize, int count);
+
 }  // namespace kz
