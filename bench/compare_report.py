@@ -142,6 +142,9 @@ def goal_lines(data: dict, kb_rate) -> list:
     return lines
 
 
+READY_STARTUP_S = 0.5  # a worker that had Python, torch and its device ready answers at once
+
+
 def stage_section(data: dict) -> str:
     """Seconds per stage, summed per format, from each verdict's stage_s (measured by kz's
     supervisor), with each format's share; then KernelBench's split."""
@@ -163,6 +166,14 @@ def stage_section(data: dict) -> str:
              "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
              "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]
+    started = [(v.get("stage_s") or {}).get("startup") for v in verdicts]
+    started = [s for s in started if s is not None]
+    if started:
+        ready = sum(1 for s in started if s < READY_STARTUP_S)
+        waits = sorted(s for s in started if s >= READY_STARTUP_S)
+        lines.append(f"  workers: {ready} of {len(started)} evaluations found theirs ready (startup < {READY_STARTUP_S:g} s: "
+                     "a prestarted spare done preparing)"
+                     + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
     locked = [v for v in verdicts if v.get("gpu_wait_s") is not None]
     if locked:
         wait = sum(v["gpu_wait_s"] for v in locked)

@@ -272,3 +272,13 @@ def test_rebuilds_of_failed_builds_are_named():
 def test_report_of_an_empty_run_does_not_fail():
     text = compare_report.render({"settings": {"device": "cpu"}, "manifest": []})
     assert "not measured" in text
+
+
+def test_worker_readiness_and_gpu_lock_are_summed():
+    data = synthetic()
+    for verdict, startup in zip(data["kz_batch"]["verdicts"], (0.0, 0.1, 3.0, 7.5)):
+        verdict["stage_s"]["startup"] = startup
+        verdict.update(gpu_wait_s=1.5, gpu_exclusive_s=0.25)
+    text = compare_report.stage_section(data)
+    assert "workers: 2 of 4 evaluations found theirs ready" in text and "the other 2 waited 3.0-7.5 s" in text
+    assert "6.0 s waiting for it" in text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
