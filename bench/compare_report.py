@@ -162,7 +162,8 @@ def stage_section(data: dict) -> str:
         rows.append([fmt, len(mine), *cells, f"{outside:.1f}", f"{extra:.1f}", f"{total:.1f}"])
     lines = ["kz: seconds per stage summed over the batch (share of the format's total)",
              table(["format", "n", *STAGES, "supervisor", "pre-build+start", "total"], rows) if rows else "(no verdicts)",
-             "  startup: Python + torch import; load_reference: the reference, and every input set and reference",
+             "  startup: up to the worker's first message (Python, torch, CUDA context: ~0 when a prestarted",
+             "  spare was ready); load_reference: the reference, and every input set and reference",
              "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
              "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]

@@ -19,13 +19,16 @@ def spread(values) -> float:
 
 def summarize(runs: list) -> list:
     """Rows (task, kind, candidate max/min, reference max/min, speedup max/min, speedup median)."""
-    kinds = [k[len("speedup_"):] for k in runs[0]["rows"][0] if k.startswith("speedup_")]
-    tasks = [r["task"] for r in runs[0]["rows"] if "error" not in r]
+    measured = [r for run in runs for r in run["rows"] if "error" not in r]
+    kinds = list(dict.fromkeys(k[len("speedup_"):] for r in measured for k in r if k.startswith("speedup_")))
+    tasks = list(dict.fromkeys(r["task"] for r in measured))
     rows = []
     for task in tasks:
-        found = [r for run in runs for r in run["rows"] if r["task"] == task and "error" not in r]
+        found = [r for r in measured if r["task"] == task]
         for kind in kinds:
-            speedups = [r[f"speedup_{kind}"] for r in found]
+            speedups = [r[f"speedup_{kind}"] for r in found if f"speedup_{kind}" in r]
+            if not speedups:
+                continue
             cand = [r[f"cand_{kind}_ms"] for r in found if f"cand_{kind}_ms" in r]
             ref = [r[f"ref_{kind}_ms"] for r in found if f"ref_{kind}_ms" in r]
             rows.append((task, kind, spread(cand), spread(ref), spread(speedups), statistics.median(speedups)))
@@ -37,8 +40,8 @@ def main() -> int:
     parser.add_argument("probes", nargs="+", help="timing_probe.py --out files, one per process")
     args = parser.parse_args()
     runs = [json.load(open(path)) for path in args.probes]
-    if not runs or not runs[0]["rows"]:
-        print("no probe rows", file=sys.stderr)
+    if not any("error" not in r for run in runs for r in run["rows"]):
+        print("no probe rows without an error", file=sys.stderr)
         return 1
     print(f"{len(runs)} processes; max/min across them (1.000 = the same every time)")
     print(f"{'task':24} {'protocol':11} {'cand':>7} {'ref':>7} {'speedup':>8} {'median x':>9}")

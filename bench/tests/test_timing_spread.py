@@ -8,9 +8,9 @@ import timing_spread  # noqa: E402
 
 
 def probe_run(cand_ms, ref_ms, abba):
-    return {"rows": [{"task": "07_softmax", "cand_sync_ms": cand_ms, "ref_sync_ms": ref_ms,
-                      "speedup_sync": ref_ms / cand_ms, "speedup_abba": abba},
-                     {"task": "broken", "error": "RuntimeError: no GPU"}]}
+    return {"rows": [{"task": "broken", "error": "RuntimeError: no GPU"},  # first: kinds come from every row
+                     {"task": "07_softmax", "cand_sync_ms": cand_ms, "ref_sync_ms": ref_ms,
+                      "speedup_sync": ref_ms / cand_ms, "speedup_abba": abba}]}
 
 
 def test_spread_is_max_over_min_across_processes():
@@ -23,3 +23,10 @@ def test_spread_is_max_over_min_across_processes():
     cand, ref, speedup, median = rows[("07_softmax", "abba")]
     assert math.isnan(cand) and math.isclose(speedup, 1.2)  # the interleaved protocol reports only a speedup
     assert not any(task == "broken" for task, _ in rows)
+
+
+def test_runs_with_and_without_a_protocol_mix():
+    spin = probe_run(0.10, 0.12, 1.0)
+    spin["rows"][1].update(cand_spin_ms=0.09, ref_spin_ms=0.12, speedup_spin=0.12 / 0.09)
+    rows = {(task, kind): rest for task, kind, *rest in timing_spread.summarize([probe_run(0.1, 0.12, 1.0), spin])}
+    assert ("07_softmax", "spin") in rows and math.isclose(rows[("07_softmax", "spin")][2], 1.0)  # one run of it

@@ -602,6 +602,7 @@ struct Process::Impl {
   Fd pidfd, in, out, err, msg;
   std::string stdin_data;
   size_t stdin_off = 0;
+  bool stdin_deferred = false;  // spec.defer_stdin, until send_stdin
   size_t tail_cap = 0;
   std::string out_tail, err_tail, msg_buf;
   bool has_msg_pipe = false;
@@ -934,13 +935,15 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   for (Fd* fd : {&impl->in, &impl->out, &impl->err, &impl->msg}) {
     if (fd->valid()) set_nonblocking(fd->get());
   }
+  impl->stdin_deferred = spec.defer_stdin;
   if (impl->stdin_data.empty() && !spec.defer_stdin) impl->in.reset();  // immediate EOF, never the parent's stdin
   return Process(std::move(impl));
 }
 
 void Process::send_stdin(std::string data) {
   Impl& p = *impl_;
-  if (!p.in.valid()) return;  // sent before, or the child was spawned without a deferred stdin
+  if (!p.stdin_deferred || !p.in.valid()) return;  // not deferred, sent before, or the child closed it
+  p.stdin_deferred = false;
   p.stdin_data = std::move(data);
   p.stdin_off = 0;
   p.write_stdin();

@@ -34,8 +34,8 @@ nlohmann::json make_request(const std::string& source, const std::vector<ApiEntr
           {"cpu_max_ms", o.cpu_max_ms},
           {"timing_runs", o.timing_runs}};
   request["sandbox"] = sandbox_request_json(o.sandbox, cache_dir);
-  // Its time-band check takes the GPU lock exclusive, like a timing: evaluations sharing the GPU
-  // neither disturb it nor are disturbed by it (worker/kz_worker/gpu_lock.py).
+  // Its GPU work takes the GPU lock shared and its time-band runs exclusive, like an evaluation:
+  // evaluations sharing the GPU neither disturb it nor are disturbed by it (worker/kz_worker/gpu_lock.py).
   if (o.device != "cpu") request["gpu_lock_dir"] = gpu_lock_dir(cache_dir).string();
   return request;
 }

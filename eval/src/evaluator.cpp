@@ -192,8 +192,12 @@ Status Evaluator::prestart_workers(int count) const {
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
+  WorkerSetup setup = worker_setup();
+  // A compile-only run (the parallel cuda pre-build, over every core) needs no prepared GPU
+  // worker: it neither takes the batch's spares nor leaves more of them behind.
+  setup.prestart = setup.prestart && mode == EvalMode::full;
   auto outcome = run_worker_request(
-      worker_setup(), kScratchPrefix,
+      setup, kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);

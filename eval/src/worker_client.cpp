@@ -53,6 +53,8 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["PYTHONUNBUFFERED"] = "1";
   env["PYTHONDONTWRITEBYTECODE"] = "1";
   env["PYTHONNOUSERSITE"] = "1";
+  // The scratch dir (the cwd, writable, and a spare's exists before its request) stays off sys.path.
+  env["PYTHONSAFEPATH"] = "1";
   env["TORCH_EXTENSIONS_DIR"] = (setup.cache_dir / "torch_extensions").string();
   env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
   env["MAX_JOBS"] = std::to_string(cpu_cores());
@@ -277,13 +279,14 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
     if (!fresh.ok()) return fresh.status();
     started.emplace(std::move(*fresh));
   }
-  if (setup.prestart) {  // the next request's worker imports torch while this one evaluates
-    auto spare = start_worker(setup, scratch_prefix, customize);
-    if (spare.ok()) SpareWorkers::instance().add(key, std::move(*spare));  // else the next one starts its own
-  }
+  started->keep_scratch = setup.keep_scratch;  // this request's choice, not the spare's creator's
   Process& worker = started->process;
   // Sources may hold any bytes.
   worker.send_stdin(make_request(started->scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  if (setup.prestart) {  // the next request's worker prepares while this one evaluates
+    auto spare = start_worker(setup, scratch_prefix, customize);
+    if (spare.ok()) SpareWorkers::instance().add(key, std::move(*spare));  // else the next one starts its own
+  }
   WorkerOutcome outcome = supervise(worker, deadline_s);
   outcome.limit_hit = worker.limit_hit();
   outcome.sandbox = worker.sandbox();
@@ -296,7 +299,7 @@ Status prestart_workers(const WorkerSetup& setup, const std::string& scratch_pre
   std::string key = spare_key(setup, scratch_prefix, customize);
   for (int i = 0; i < count; ++i) {
     auto spare = start_worker(setup, scratch_prefix, customize);
-    if (!spare.ok()) return spare.status().with_context("starting a spare worker");
+    if (!spare.ok()) return spare.status().with_context(fmt::format("starting spare worker {} of {}", i + 1, count));
     SpareWorkers::instance().add(key, std::move(*spare));
   }
   return Status::ok();

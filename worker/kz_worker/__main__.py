@@ -2,22 +2,23 @@
 "mode": "validate_module", validates a proposed module) and writes the verdict on fd 3
 (protocol.py). Run by the C++ supervisor, one process per evaluation.
 
-With KZ_WORKER_PRELOAD=1 the worker imports torch, its own modules and Triton before it reads the
-request: the supervisor starts it ahead of time ([worker] prestart) and sends the request when an
-evaluation needs a worker. On the CPU the supervisor then sets TRITON_INTERPRET=1 itself, since
-Triton reads it when imported."""
+Every worker prepares the same way before any reference or candidate code (prepare()): imports,
+and on a GPU the CUDA context and the audit's machinery, so the harness's identity snapshot is the
+same whether or not the worker was started ahead. With KZ_WORKER_PRELOAD=1 it prepares before it
+reads the request: the supervisor starts it ahead of time ([worker] prestart, KZ_WORKER_DEVICE)
+and sends the request when an evaluation needs a worker. On the CPU the supervisor then sets
+TRITON_INTERPRET=1 itself, since Triton reads it when imported."""
 import json
 import os
 import sys
 
 
-def preload() -> None:
-    """What every evaluation on this worker's device does first, done before its request arrives:
-    imports, and on a GPU the CUDA context and the audit's machinery (cheats.warm_up: torch._dynamo,
-    the profiler). All of it precedes the harness's identity snapshot, as it would without a spare."""
+def prepare(device_name: str) -> None:
+    """What every evaluation on this worker's device does first: imports, and on a GPU the CUDA
+    context and the audit's machinery (cheats.warm_up: torch._dynamo, the profiler)."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
-    device = torch.device(os.environ.get("KZ_WORKER_DEVICE") or "cpu")
+    device = torch.device(device_name)
     # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
     # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
     if os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cuda":
@@ -31,12 +32,17 @@ def preload() -> None:
     cheats.warm_up(device)
 
 
+def prepare_quietly(device_name: str) -> None:
+    try:
+        prepare(device_name)
+    except Exception:  # the evaluation redoes each step and fails in its own stage, rightly classified
+        pass
+
+
 def main() -> int:
-    if os.environ.get("KZ_WORKER_PRELOAD") == "1":
-        try:
-            preload()
-        except Exception:  # best effort: the evaluation redoes each step and fails in its own stage, rightly classified
-            pass
+    prepared = os.environ.get("KZ_WORKER_PRELOAD") == "1"
+    if prepared:
+        prepare_quietly(os.environ.get("KZ_WORKER_DEVICE") or "cpu")
     text = sys.stdin.read()
     if not text:  # a spare whose supervisor ended without needing it
         return 0
@@ -44,6 +50,8 @@ def main() -> int:
     if request["device"] == "cpu":
         # Must be set before triton is imported (by us or by the candidate).
         os.environ["TRITON_INTERPRET"] = "1"
+    if not prepared:
+        prepare_quietly(request["device"])
     from . import protocol, sandbox
     channel = protocol.Channel()
     protocol.silence_stdout()

@@ -22,12 +22,13 @@ import torch
 
 
 class GpuLock:
-    def __init__(self, lock_dir: str, gpu_name: str):
+    def __init__(self, lock_dir: str, gpu_name: str, device=None):
         os.makedirs(lock_dir, exist_ok=True)
         name = gpu_name
         base = os.path.join(lock_dir, "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name))
         self.gpu_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         self.turnstile_fd = os.open(base + ".turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        self.device = device  # synchronised before each release (None: no CUDA device, nothing to wait for)
         self.mode = None  # None, "shared" or "exclusive": what this process holds now
         # Seconds spent waiting for the lock (both modes) and holding it exclusive: where an
         # evaluation's time went when workers share a GPU (the verdict's gpu_wait_s, gpu_exclusive_s).
@@ -68,7 +69,11 @@ class GpuLock:
             yield
         finally:
             self.mode = None
-            fcntl.flock(self.gpu_fd, fcntl.LOCK_UN)
+            try:
+                if self.device is not None:  # work still queued would run into the next holder's timing
+                    torch.cuda.synchronize(self.device)
+            finally:
+                fcntl.flock(self.gpu_fd, fcntl.LOCK_UN)
             if mode == "exclusive":
                 self.exclusive_s += time.monotonic() - start
 
@@ -96,4 +101,4 @@ def for_request(request: dict, device: torch.device):
     if device.type != "cuda" or not lock_dir:
         return NoLock()
     props = torch.cuda.get_device_properties(device)
-    return GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}")
+    return GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}", device)

@@ -106,6 +106,14 @@ def violations() -> list:
     return list(_violations)
 
 
+def summary() -> str:
+    """The first violations recorded, for a message ("" when none)."""
+    details = "; ".join(detail for _, detail in _violations[:5])
+    if len(_violations) > 5:
+        details += f"; and {len(_violations) - 5} more"
+    return details
+
+
 def apply(result: dict) -> None:
     """Turns a verdict into sandbox_violation when anything was recorded (the sandbox's checks
     replace the consequential ones, such as forward_failed for a refused connect)."""
@@ -115,10 +123,7 @@ def apply(result: dict) -> None:
     for check, _ in _violations:
         if check not in checks:
             checks.append(check)
-    details = "; ".join(detail for _, detail in _violations[:5])
-    if len(_violations) > 5:
-        details += f"; and {len(_violations) - 5} more"
-    message = f"sandbox violation: {details}"
+    message = f"sandbox violation: {summary()}"
     if result.get("status") not in (None, v.OK) and result.get("message"):
         message += f"\nthe evaluation then ended with {result['status']}: {result['message']}"
     result.update(status=v.SANDBOX_VIOLATION, correct=False, checks=checks, message=message)

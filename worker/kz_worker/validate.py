@@ -64,11 +64,9 @@ def op_name(func) -> str:
 def reject_sandbox_violations(result: dict) -> None:
     """A module that tried what the sandbox refuses (or records) is invalid, whatever else it did."""
     from . import sandbox
-    found = sandbox.violations()
-    if not found:
+    if not sandbox.violations():
         return
-    details = "; ".join(detail for _, detail in found[:5])
-    result.update(valid=False, failed_check="sandbox", reason=f"sandbox: {details}")
+    result.update(valid=False, failed_check="sandbox", reason=f"sandbox: {sandbox.summary()}")
     result.setdefault("checks", {})["sandbox"] = False
 
 
@@ -98,6 +96,9 @@ class Validation:
         self.checks = {}
         self.result = {"valid": False, "reason": "", "failed_check": "", "details": {}, "aten_ops": [],
                        "output_shapes": [], "runtime_ms": None, "fingerprint": ""}
+        # Evaluations may share the GPU: the module's GPU work holds the lock shared, its timed
+        # runs exclusive, so neither disturbs the other's timings.
+        self.gpu = gpu_lock.for_request(request, self.device)
 
     def enter(self, stage: str) -> None:
         self.stage = stage
@@ -112,11 +113,12 @@ class Validation:
 
     def check_all(self) -> None:
         reference = self.check_loads()
-        model, inputs, output = self.check_runs(reference)
-        self.check_deterministic(reference, model, inputs, output)
-        self.check_outputs(output)
-        self.check_uses_inputs(reference, model, inputs, output)
-        ops = self.check_apis(model, inputs)
+        with self.gpu.shared():
+            model, inputs, output = self.check_runs(reference)
+            self.check_deterministic(reference, model, inputs, output)
+            self.check_outputs(output)
+            self.check_uses_inputs(reference, model, inputs, output)
+            ops = self.check_apis(model, inputs)
         self.check_runtime(model, inputs)
         self.result["fingerprint"] = fingerprint(ops, self.result["output_shapes"])
 
@@ -247,8 +249,9 @@ class Validation:
     def check_runtime(self, model, inputs) -> None:
         self.enter("runtime")
         runs = max(1, int(self.request.get("timing_runs", 5)))
-        self.forward(model, inputs)  # warm-up (lazy init, cuDNN autotuning)
-        with gpu_lock.for_request(self.request, self.device).exclusive():  # alone on the GPU, like a timing
+        with self.gpu.shared():
+            self.forward(model, inputs)  # warm-up (lazy init, cuDNN autotuning)
+        with self.gpu.exclusive():  # alone on the GPU, like an evaluation's timing
             samples = [self.time_once(model, inputs) for _ in range(runs)]
         median = statistics.median(samples)
         self.result["runtime_ms"] = median

@@ -4,7 +4,7 @@
 // reference to the field, in the order the TOML is printed. The same table reads a file and
 // prints the resolved values, so the two cannot disagree. Unknown keys, wrong types and values
 // outside a field's bounds are errors naming the key. The evaluator (configs/eval.toml) and the
-// model commands (configs/model.toml) use it; toml++ stays inside core/src/config_fields.cpp.
+// model commands (configs/model.toml) use it; its users need not include toml++ (kz/core/toml.h).
 #pragma once
 
 #include <cstdint>

@@ -56,6 +56,7 @@ struct ProcessSpec {
   std::filesystem::path cwd;                  // empty: the parent's working directory
   std::string stdin_data;                     // written to the child's stdin, which is then closed
   bool defer_stdin = false;                   // stdin stays open, empty, until Process::send_stdin
+                                              // (for Process::spawn; run_process would wait for it)
   bool message_pipe = false;                  // open fd 3 in the child as a write-only message pipe
   bool new_process_group = true;              // setpgid(0,0) in the child, so kill_group reaches all
   size_t output_tail_bytes = 64 * 1024;       // how much of stdout/stderr to keep (the last bytes)
