@@ -129,7 +129,9 @@ std::string unique_id(const std::string& content, std::set<std::string>& ids) {
 
 int default_jobs(const ProposeArgs& args, size_t modules) {
   if (args.jobs > 0) return args.jobs;
-  if (args.validation.device != "cpu") return 1;  // timings on one GPU must not overlap
+  // On a GPU, validations share it through the GPU lock (their time bands run alone), as
+  // evaluations do: as many at once as [timing] gpu_jobs, capped by the cores.
+  if (args.validation.device != "cpu") return std::min(TimingOptions{}.gpu_jobs, cpu_cores());
   return std::clamp(cpu_cores(), 1, std::max(1, static_cast<int>(modules)));
 }
 
@@ -277,7 +279,7 @@ Action add_propose_command(CLI::App& app) {
   command->add_option("--prompts", args->prompts, "folder of prompt templates (default: the source tree's prompts/)");
   command->add_option("--catalogue", args->catalogue, "API catalogue TOML (default: task/data/api_catalogue.toml)");
   command->add_option("--api-key-env", args->api_key_env, "environment variable holding the API key");
-  command->add_option("--jobs", args->jobs, "validations at once (default: cores on cpu, 1 on a GPU)");
+  command->add_option("--jobs", args->jobs, "validations at once (default: cores on cpu, 8 on a GPU, capped by the cores)");
   command->add_option("--cpu-max-ms", args->validation.cpu_max_ms, "CPU: maximum median forward time (default 2000)");
   command->add_option("--min-ms", args->validation.time_band_min_ms, "CUDA: minimum median forward time (default 0.05)");
   command->add_option("--max-ms", args->validation.time_band_max_ms, "CUDA: maximum median forward time (default 50)");

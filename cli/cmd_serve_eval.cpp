@@ -101,7 +101,7 @@ Action add_serve_eval_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   command->add_option("--host", args->service.host, "address to listen on (default 127.0.0.1: this machine only)");
   command->add_option("--workers", args->service.workers,
-                      "evaluations at once (default: cores on cpu, 1 on a GPU, where they never overlap)")
+                      "evaluations at once (default: cores on cpu, [timing] gpu_jobs on a GPU)")
       ->check(CLI::NonNegativeNumber);
   add_eval_flags(*command, args->flags);
   return [args] { return run(*args); };
