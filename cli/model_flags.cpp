@@ -13,8 +13,7 @@ namespace {
 
 // A key missing here is a typo in a command's declarations, found the first time it runs.
 ConfigField::Target target_of(const ConfigTable& table, const std::string& key) {
-  for (const ConfigEntry& entry : table)
-    if (entry.key == key) return entry.field.target;
+  if (const ConfigField* field = find_config_field(table, key)) return field->target;
   throw std::logic_error(fmt::format("a model flag names config key '{}', which ModelOptions' table lacks", key));
 }
 

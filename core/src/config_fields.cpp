@@ -127,12 +127,6 @@ Status read_into(const toml::node& node, const std::string& key, const ConfigFie
   return Status::ok();
 }
 
-const ConfigField* find_field(const ConfigTable& table, std::string_view key) {
-  for (const ConfigEntry& entry : table)
-    if (entry.key == key) return &entry.field;
-  return nullptr;
-}
-
 bool is_section(const ConfigTable& table, const std::string& name) {
   for (const ConfigEntry& entry : table)
     if (entry.key.starts_with(name + ".")) return true;
@@ -142,7 +136,7 @@ bool is_section(const ConfigTable& table, const std::string& name) {
 Status apply_table(const toml::table& toml_table, const std::string& prefix, const ConfigTable& table) {
   for (const auto& [name, node] : toml_table) {
     std::string key = prefix + std::string(name.str());
-    if (const ConfigField* field = find_field(table, key)) {
+    if (const ConfigField* field = find_config_field(table, key)) {
       auto read = [&](auto* target) { return read_into(node, key, *field, *target); };
       KZ_RETURN_IF_ERROR(std::visit(read, field->target));
     } else if (node.is_table() && is_section(table, key)) {
@@ -189,6 +183,12 @@ std::string show(const T& value) {
 }
 
 }  // namespace
+
+const ConfigField* find_config_field(const ConfigTable& table, std::string_view key) {
+  for (const ConfigEntry& entry : table)
+    if (entry.key == key) return &entry.field;
+  return nullptr;
+}
 
 Status apply_config_text(std::string_view text, std::string_view origin, const ConfigTable& table) {
   auto parsed = parse_toml(text, origin);

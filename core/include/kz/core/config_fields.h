@@ -58,6 +58,9 @@ using ConfigTable = std::vector<ConfigEntry>;
 Status apply_config_text(std::string_view text, std::string_view origin, const ConfigTable& table);
 Status apply_config_file(const std::filesystem::path& path, const ConfigTable& table);
 
+// The field of `key` in `table`; nullptr when the table has no such key.
+const ConfigField* find_config_field(const ConfigTable& table, std::string_view key);
+
 // Every field as TOML: the top-level keys, then one [section] per prefix, in the table's order.
 std::string config_to_toml(const ConfigTable& table);
 
