@@ -9,6 +9,8 @@
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
+#   PART = startup: no build; bench/worker_startup_probe.py: a worker's start-up phases, fresh
+#                   processes against children forked from a preloaded parent, 1 and 8 at once
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
@@ -22,7 +24,7 @@
 #                   ~8 s per sample, ~50 s more for one that fails to compile, which it rebuilds).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, timing or model}
+PART=${1:?rtc, others, checks, compare, timing, startup or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -35,7 +37,7 @@ if [[ $PART == compare ]]; then
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
-if [[ $PART != timing ]]; then
+if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   echo "build: ${SECONDS} s"
 fi
@@ -85,6 +87,10 @@ elif [[ $PART == timing ]]; then
       --out "$OUT/probe$run.json" > "$OUT/probe$run.txt" 2>&1 || tail -5 "$OUT/probe$run.txt"
   done
   python3 bench/timing_spread.py "$OUT"/probe?.json | tee "$OUT/spread.txt"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == startup ]]; then
+  PYTHONPATH=worker python3 bench/worker_startup_probe.py --device cuda:0 --concurrency 1,8 \
+    --out "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
