@@ -142,7 +142,7 @@ def goal_lines(data: dict, kb_rate) -> list:
     return lines
 
 
-READY_STARTUP_S = 0.5  # a worker that had Python, torch and its device ready answers at once
+READY_STARTUP_S = 3.0  # a child of a ready fork server answers in ~1-2 s on the H200; a fresh worker in ~12 s
 
 
 def stage_section(data: dict) -> str:
@@ -162,8 +162,8 @@ def stage_section(data: dict) -> str:
         rows.append([fmt, len(mine), *cells, f"{outside:.1f}", f"{extra:.1f}", f"{total:.1f}"])
     lines = ["kz: seconds per stage summed over the batch (share of the format's total)",
              table(["format", "n", *STAGES, "supervisor", "pre-build+start", "total"], rows) if rows else "(no verdicts)",
-             "  startup: up to the worker's first message (Python, torch, CUDA context: ~0 when a prestarted",
-             "  spare was ready); load_reference: the reference, and every input set and reference",
+             "  startup: up to the worker's first message (a child forked from a ready fork server: its CUDA",
+             "  context; otherwise Python and torch imports too); load_reference: the reference, and every input set and reference",
              "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
              "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]
@@ -173,7 +173,7 @@ def stage_section(data: dict) -> str:
         ready = sum(1 for s in started if s < READY_STARTUP_S)
         waits = sorted(s for s in started if s >= READY_STARTUP_S)
         lines.append(f"  workers: {ready} of {len(started)} evaluations found theirs ready (startup < {READY_STARTUP_S:g} s: "
-                     "a prestarted spare done preparing)"
+                     "forked from a fork server done importing)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
     locked = [v for v in verdicts if v.get("gpu_wait_s") is not None]
     if locked:

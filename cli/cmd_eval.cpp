@@ -39,7 +39,6 @@ int run(const EvalArgs& args) {
                                                      args.reference, tasks->size())));
   auto source = read_file(args.candidate);
   if (!source.ok()) return report_error(source.status());
-  options->worker.prestart = "never";  // one evaluation: a spare worker would start only to be killed
   auto evaluator = Evaluator::create(*options);
   if (!evaluator.ok()) return report_error(evaluator.status());
   auto verdict = evaluator->evaluate(tasks->front(), Candidate{args.candidate, *source});

@@ -603,6 +603,7 @@ struct Process::Impl {
   std::string stdin_data;
   size_t stdin_off = 0;
   bool stdin_deferred = false;  // spec.defer_stdin, until send_stdin
+  bool stdin_kept_open = false; // write_stdin: stdin stays open once its data is written
   size_t tail_cap = 0;
   std::string out_tail, err_tail, msg_buf;
   bool has_msg_pipe = false;
@@ -708,6 +709,11 @@ struct Process::Impl {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0) break;  // EPIPE: the child closed stdin; drop the rest
       stdin_off += static_cast<size_t>(n);
+    }
+    if (stdin_kept_open && stdin_off == stdin_data.size()) {  // all written: the child waits for more
+      stdin_data.clear();
+      stdin_off = 0;
+      return;
     }
     in.reset();  // all written (or unwritable): the child sees EOF
     stdin_data.clear();
@@ -944,9 +950,26 @@ void Process::send_stdin(std::string data) {
   Impl& p = *impl_;
   if (!p.stdin_deferred || !p.in.valid()) return;  // not deferred, sent before, or the child closed it
   p.stdin_deferred = false;
-  p.stdin_data = std::move(data);
+  p.stdin_kept_open = false;
+  p.stdin_data.erase(0, p.stdin_off);  // what write_stdin has not written yet goes first
   p.stdin_off = 0;
+  p.stdin_data += data;
   p.write_stdin();
+}
+
+void Process::write_stdin(const std::string& data) {
+  Impl& p = *impl_;
+  if (!p.stdin_deferred || !p.in.valid()) return;  // not deferred, closed by send_stdin, or by the child
+  p.stdin_kept_open = true;
+  p.stdin_data.erase(0, p.stdin_off);
+  p.stdin_off = 0;
+  p.stdin_data += data;
+  p.write_stdin();
+}
+
+void Process::clear_output_tails() {
+  impl_->out_tail.clear();
+  impl_->err_tail.clear();
 }
 
 Process::ReadEvent Process::read_message(std::string& line, std::chrono::milliseconds timeout) {

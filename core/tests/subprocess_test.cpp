@@ -192,6 +192,32 @@ TEST(Subprocess, DeferredStdinIsSentWhenAskedAndThenClosed) {
   EXPECT_EQ(line, "eof") << "stdin is closed once everything was written";
 }
 
+TEST(Subprocess, StdinWrittenRequestByRequestStaysOpen) {
+  ProcessSpec spec = sh("while read line; do echo \"got $line\" >&3; echo \"err $line\" >&2; done; echo eof >&3");
+  spec.message_pipe = true;
+  spec.defer_stdin = true;
+  auto child = Process::spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status().to_string();
+  std::string line;
+  for (std::string request : {"one", "two"}) {
+    child->clear_output_tails();
+    child->write_stdin(request + "\n");
+    ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+    EXPECT_EQ(line, "got " + request);
+    EXPECT_EQ(child->read_message(line, 200ms), Process::ReadEvent::timeout) << "stdin stays open after a request";
+    EXPECT_EQ(child->stderr_tail(), "err " + request + "\n") << "the tails hold only this request's output";
+  }
+  std::string big(1 << 18, 'x');  // larger than a pipe: still pending when send_stdin adds the last one
+  child->write_stdin("three" + big + "\n");
+  child->send_stdin("four\n");
+  ASSERT_EQ(child->read_message(line, 20s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "got three" + big);
+  ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "got four") << "send_stdin after write_stdin keeps the order";
+  ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
+  EXPECT_EQ(line, "eof") << "send_stdin closes stdin";
+}
+
 TEST(Subprocess, LargeStdinNoDeadlock) {
   ProcessSpec spec;
   spec.argv = {"cat"};

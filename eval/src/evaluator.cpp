@@ -169,35 +169,28 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 }
 
 WorkerSetup Evaluator::worker_setup() const {
-  // Spares pay off on a GPU, where workers wait for the GPU and cores are left; CPU evaluations
-  // already run one per core, and a spare there only adds work (measured: 20 cuda-rtc
-  // compile-only evaluations on 2 cores took 14 s with spares, 12 s without).
-  const std::string& prestart_mode = options_.worker.prestart;
-  bool prestart = prestart_mode == "always" || (prestart_mode == "gpu" && options_.device != "cpu");
+  const std::string& mode = options_.worker.fork_server;
+  bool fork_server = mode == "always" || (mode == "gpu" && options_.device != "cpu");
   return WorkerSetup{python_,  worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
-                     prestart};
+                     fork_server};
 }
 
 void Evaluator::customize_worker(ProcessSpec& spec) const {
-  // Triton reads it when imported, which a prestarted worker does before its request.
+  // Triton reads it when imported, which a fork server does before its first request.
   if (options_.device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
-  spec.env["KZ_WORKER_DEVICE"] = options_.device;  // a prestarted worker sets up its device
+  spec.env["KZ_WORKER_DEVICE"] = options_.device;  // what a fork server prepares for
   apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
 }
 
-Status Evaluator::prestart_workers(int count) const {
-  return kz::prestart_workers(worker_setup(), kScratchPrefix, [this](ProcessSpec& spec) { customize_worker(spec); },
-                              count);
+Status Evaluator::start_fork_servers(int count) const {
+  return kz::start_fork_servers(worker_setup(), kScratchPrefix,
+                                [this](ProcessSpec& spec) { customize_worker(spec); }, count);
 }
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
-  WorkerSetup setup = worker_setup();
-  // A compile-only run (the parallel cuda pre-build, over every core) needs no prepared GPU
-  // worker: it neither takes the batch's spares nor leaves more of them behind.
-  setup.prestart = setup.prestart && mode == EvalMode::full;
   auto outcome = run_worker_request(
-      setup, kScratchPrefix,
+      worker_setup(), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);

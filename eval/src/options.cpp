@@ -43,7 +43,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.cache_dir", o.worker.cache_dir},
       {"worker.scratch_root", o.worker.scratch_root},
       {"worker.keep_scratch", o.worker.keep_scratch},
-      {"worker.prestart", o.worker.prestart},
+      {"worker.fork_server", o.worker.fork_server},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},
@@ -79,8 +79,9 @@ Status EvalOptions::validate() const {
   if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
       sandbox.open_files < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
-  if (worker.prestart != "gpu" && worker.prestart != "always" && worker.prestart != "never")
-    return invalid_argument(fmt::format("worker.prestart '{}' is not one of gpu, always, never", worker.prestart));
+  if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
+    return invalid_argument(
+        fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));
   if (sandbox.gpu_memory_fraction < 0 || sandbox.gpu_memory_fraction > 1)
     return invalid_argument("sandbox.gpu_memory_fraction must be within [0, 1] (0: no limit)");
   return Status::ok();

@@ -435,8 +435,8 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
   }
   ignore_sigpipe();
   auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators));
-  // The workers' first evaluations find prepared spares (every format's evaluator makes the same kind).
-  if (auto started = impl->evaluators.at("auto").prestart_workers(impl->workers); !started.is_ok())
+  // The workers' first evaluations find prepared fork servers (every format's evaluator makes the same kind).
+  if (auto started = impl->evaluators.at("auto").start_fork_servers(impl->workers); !started.is_ok())
     std::fprintf(stderr, "kz: %s (evaluations start their own workers)\n", started.to_string().c_str());
   KZ_RETURN_IF_ERROR(impl->listen());
   impl->start_threads();

@@ -157,7 +157,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   auto pools = DevicePools::create(evaluator, options.devices);
   if (!pools.ok()) return pools.status();
   for (size_t pool = 0; pool < pools->size(); ++pool)  // they prepare during the pre-build
-    if (auto started = pools->at(pool).prestart_workers(options.jobs); !started.is_ok())
+    if (auto started = pools->at(pool).start_fork_servers(options.jobs); !started.is_ok())
       progress_out << "kz: " << started.to_string() << " (evaluations start their own workers)\n";
   std::vector<std::optional<Verdict>> settled(entries.size());
   if (evaluator.options().device != "cpu")

@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// How long a fork server may take, after its child's result, to report the child gone.
+constexpr std::chrono::seconds kServerCleanUp{30};
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
@@ -103,65 +105,114 @@ WorkerOutcome with_stages(WorkerOutcome outcome, StageClock& clock, const std::s
   return outcome;
 }
 
-// Follows the worker's stage messages until its result, a deadline or its death.
-WorkerOutcome supervise(Process& worker, const StageDeadline& deadline_s) {
+// The child's exit as a fork server reports it ("fork_server_done").
+ExitInfo child_exit(const nlohmann::json& done) {
+  ExitInfo exit;
+  if (done.contains("exit_code") && done["exit_code"].is_number_integer()) {
+    exit.exited = true;
+    exit.exit_code = done["exit_code"].get<int>();
+  }
+  if (done.contains("signal") && done["signal"].is_number_integer()) exit.term_signal = done["signal"].get<int>();
+  return exit;
+}
+
+LimitHit child_limit(const nlohmann::json& done) {
+  std::string limit = done.value("limit", nlohmann::json()).is_string() ? done["limit"].get<std::string>() : "";
+  if (limit == "cpu_time") return LimitHit::cpu_time;
+  if (limit == "file_size") return LimitHit::file_size;
+  return LimitHit::none;
+}
+
+// How one request ended, and whether the fork server that ran it can take the next.
+struct Supervised {
+  WorkerOutcome outcome;
+  bool server_reusable = false;
+};
+
+// Follows the worker's stage messages until its result, a deadline or its death. A fork server
+// (fork_server) relays its child's messages, then reports the child gone ("fork_server_done"); a
+// worker started for one request is killed once its result is in.
+Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server) {
   std::string stage = "startup";
   StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
+  std::optional<nlohmann::json> result;
+  auto finish = [&](WorkerOutcome outcome, bool reusable) {
+    return Supervised{with_stages(std::move(outcome), clock, stage), reusable};
+  };
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     std::string line;
     auto event = worker.read_message(line, std::max(left, std::chrono::milliseconds(0)));
+    if (event == Process::ReadEvent::timeout && result) {  // the result is in; the server did not finish
+      worker.kill_and_reap();
+      return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, false);
+    }
     if (event == Process::ReadEvent::timeout) {
       worker.kill_and_reap();
       auto outcome = failed(WorkerOutcome::Kind::timeout, stage,
                             fmt::format("stage '{}' ran past its {:g} s limit; the worker was killed", stage,
                                         deadline_s(stage)));
       outcome.limit_s = deadline_s(stage);
-      return with_stages(std::move(outcome), clock, stage);
+      return finish(std::move(outcome), false);
     }
     if (event == Process::ReadEvent::eof) {
       auto exit = worker.wait_for(std::chrono::seconds(10));
       std::string how = exit ? exit->describe() : "no exit after closing its pipe";
       worker.kill_and_reap();  // the group may still hold the worker's orphans
-      return with_stages(failed(WorkerOutcome::Kind::crashed, stage,
-                                fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}",
-                                            stage, how, tail(worker.stderr_tail()))),
-                         clock, stage);
+      if (result) return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, false);
+      return finish(failed(WorkerOutcome::Kind::crashed, stage,
+                           fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
+                                       how, tail(worker.stderr_tail()))),
+                    false);
     }
     auto message = nlohmann::json::parse(line, nullptr, false);
     std::string type = message.is_object() ? message.value("type", "") : "";
+    if (result && type != "fork_server_done") continue;  // the verdict is in: only the server's word counts
     if (type == "stage") {
       clock.close(stage);
       stage = message.value("name", "?");
       deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
     } else if (type == "result") {
-      worker.wait_for(std::chrono::seconds(10));
-      worker.kill_and_reap();  // nothing the candidate started may outlive its evaluation
-      WorkerOutcome outcome;
-      outcome.kind = WorkerOutcome::Kind::result;
-      outcome.result = std::move(message);
-      outcome.stage = stage;
-      return with_stages(std::move(outcome), clock, stage);
+      result = std::move(message);
+      if (!fork_server) {
+        worker.wait_for(std::chrono::seconds(10));
+        worker.kill_and_reap();  // nothing the candidate started may outlive its evaluation
+        return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, false);
+      }
+      deadline = Clock::now() + kServerCleanUp;
+    } else if (type == "fork_server_done" && fork_server) {
+      bool reusable = message.value("leftovers", 1) == 0;  // else processes of this request may live on
+      if (!reusable) worker.kill_and_reap();
+      if (result) return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, reusable);
+      ExitInfo exit = child_exit(message);
+      auto outcome = failed(WorkerOutcome::Kind::crashed, stage,
+                            fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
+                                        exit.describe(), tail(worker.stderr_tail())));
+      outcome.limit_hit = child_limit(message);
+      return finish(std::move(outcome), reusable);
     } else {
       worker.kill_and_reap();
-      return with_stages(
-          failed(WorkerOutcome::Kind::protocol_error, stage, "worker sent an unknown message: " + tail(line, 300)),
-          clock, stage);
+      return finish(failed(WorkerOutcome::Kind::protocol_error, stage,
+                           "worker sent an unexpected message: " + tail(line, 300)),
+                    false);
     }
   }
 }
 
-
-// A spawned worker and its scratch dir (removed with it, unless keep_scratch).
+// A spawned worker or fork server and its scratch dir (removed with it, unless keep_scratch).
 struct StartedWorker {
   Process process;
   fs::path scratch;
   bool keep_scratch = false;
+  int requests = 0;  // served so far (a fork server)
 
   StartedWorker(Process p, fs::path dir, bool keep) : process(std::move(p)), scratch(std::move(dir)), keep_scratch(keep) {}
   StartedWorker(StartedWorker&& other) noexcept
-      : process(std::move(other.process)), scratch(std::move(other.scratch)), keep_scratch(other.keep_scratch) {
+      : process(std::move(other.process)),
+        scratch(std::move(other.scratch)),
+        keep_scratch(other.keep_scratch),
+        requests(other.requests) {
     other.scratch.clear();
   }
   StartedWorker& operator=(StartedWorker&&) = delete;
@@ -178,11 +229,13 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
   ProcessSpec spec;
   spec.argv = {setup.python, "-m", "kz_worker"};
   spec.env = worker_environment(setup, scratch);
-  if (setup.prestart) spec.env["KZ_WORKER_PRELOAD"] = "1";  // imports before reading the request
+  if (setup.fork_server) spec.env["KZ_WORKER_FORK_SERVER"] = "1";
   spec.cwd = scratch;
-  spec.defer_stdin = true;  // the request follows (at once, or when a spare is taken)
+  spec.defer_stdin = true;  // the request follows (a fork server: one after another)
   spec.message_pipe = true;
   if (customize) customize(spec);
+  // The server itself is one more task beside each request's child and what that child starts.
+  if (setup.fork_server && spec.limits.max_processes > 0) spec.limits.max_processes += 1;
   return spec;
 }
 
@@ -200,9 +253,9 @@ Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& 
   return StartedWorker(std::move(*worker), *scratch, setup.keep_scratch);
 }
 
-// What makes two workers interchangeable: their whole spec, the scratch dir left out.
-std::string spare_key(const WorkerSetup& setup, const std::string& scratch_prefix,
-                      const std::function<void(ProcessSpec&)>& customize) {
+// What makes two fork servers interchangeable: their whole spec, the scratch dir left out.
+std::string server_key(const WorkerSetup& setup, const std::string& scratch_prefix,
+                       const std::function<void(ProcessSpec&)>& customize) {
   const fs::path placeholder = "/<scratch>";
   ProcessSpec spec = worker_spec(setup, placeholder, customize);
   const ResourceLimits& l = spec.limits;
@@ -217,36 +270,66 @@ std::string spare_key(const WorkerSetup& setup, const std::string& scratch_prefi
   return key.dump();
 }
 
-// Started workers waiting for a request, by spare_key. Process-wide: every Evaluator shares them.
-class SpareWorkers {
+// Fork servers waiting for their next request, by server_key. Process-wide: every Evaluator
+// shares them. As many of a kind as requests of that kind ran at once.
+class IdleServers {
  public:
-  static SpareWorkers& instance() {
-    static SpareWorkers spares;  // destroyed at exit: the spares are killed, their scratch dirs removed
-    return spares;
+  static IdleServers& instance() {
+    static IdleServers servers;  // destroyed at exit: the servers are killed, their scratch dirs removed
+    return servers;
   }
 
-  // The oldest live spare of this kind (none waits longer than it must). A spare that died while
-  // waiting (killed from outside) is dropped: its death is no evaluation's fault.
+  // The server idle longest. One that died while idle (killed from outside) is dropped: its death
+  // is no evaluation's fault.
   std::optional<StartedWorker> take(const std::string& key) {
     std::lock_guard lock(mutex_);
-    auto it = waiting_.find(key);
-    while (it != waiting_.end() && !it->second.empty()) {
-      StartedWorker worker = std::move(it->second.front());
+    auto it = idle_.find(key);
+    while (it != idle_.end() && !it->second.empty()) {
+      StartedWorker server = std::move(it->second.front());
       it->second.pop_front();
-      if (!worker.process.wait_for(std::chrono::milliseconds(0))) return worker;
+      if (!server.process.wait_for(std::chrono::milliseconds(0))) return server;
     }
     return std::nullopt;
   }
 
-  void add(const std::string& key, StartedWorker worker) {
+  void add(const std::string& key, StartedWorker server) {
     std::lock_guard lock(mutex_);
-    waiting_[key].push_back(std::move(worker));
+    idle_[key].push_back(std::move(server));
   }
 
  private:
   std::mutex mutex_;
-  std::map<std::string, std::deque<StartedWorker>> waiting_;
+  std::map<std::string, std::deque<StartedWorker>> idle_;
 };
+
+// Empties a fork server's scratch dir before its next request: no file of one evaluation is seen
+// by the next (keep_scratch keeps them, for debugging).
+void clear_scratch(const StartedWorker& server) {
+  if (server.keep_scratch) return;
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(server.scratch, ignored)) fs::remove_all(entry.path(), ignored);
+}
+
+Result<WorkerOutcome> run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
+                                      const std::function<nlohmann::json(const fs::path&)>& make_request,
+                                      const StageDeadline& deadline_s, bool& server_reusable) {
+  // Sources may hold any bytes.
+  std::string request =
+      make_request(request_scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  Process& process = worker.process;
+  if (fork_server) {
+    process.clear_output_tails();
+    process.write_stdin(request + "\n");
+  } else {
+    process.send_stdin(request);
+  }
+  Supervised supervised = supervise(process, deadline_s, fork_server);
+  WorkerOutcome& outcome = supervised.outcome;
+  if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
+  outcome.sandbox = process.sandbox();
+  server_reusable = supervised.server_reusable;
+  return std::move(outcome);
+}
 }  // namespace
 
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
@@ -264,7 +347,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
-  setup.prestart = options.prestart == "always";  // an Evaluator decides "gpu" by its device
+  setup.fork_server = options.fork_server == "always";  // an Evaluator decides "gpu" by its device
   return setup;
 }
 
@@ -272,35 +355,41 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize) {
-  std::string key = setup.prestart ? spare_key(setup, scratch_prefix, customize) : "";
-  std::optional<StartedWorker> started = setup.prestart ? SpareWorkers::instance().take(key) : std::nullopt;
-  if (!started) {
+  bool reusable = false;
+  if (!setup.fork_server) {
+    auto worker = start_worker(setup, scratch_prefix, customize);
+    if (!worker.ok()) return worker.status();
+    return run_one_request(*worker, worker->scratch, false, make_request, deadline_s, reusable);
+  }
+  std::string key = server_key(setup, scratch_prefix, customize);
+  std::optional<StartedWorker> server = IdleServers::instance().take(key);
+  if (!server) {
     auto fresh = start_worker(setup, scratch_prefix, customize);
     if (!fresh.ok()) return fresh.status();
-    started.emplace(std::move(*fresh));
+    server.emplace(std::move(*fresh));
   }
-  started->keep_scratch = setup.keep_scratch;  // this request's choice, not the spare's creator's
-  Process& worker = started->process;
-  // Sources may hold any bytes.
-  worker.send_stdin(make_request(started->scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  if (setup.prestart) {  // the next request's worker prepares while this one evaluates
-    auto spare = start_worker(setup, scratch_prefix, customize);
-    if (spare.ok()) SpareWorkers::instance().add(key, std::move(*spare));  // else the next one starts its own
+  server->keep_scratch = setup.keep_scratch;  // this request's choice, not the server's creator's
+  fs::path request_scratch = server->scratch / fmt::format("request-{}", ++server->requests);
+  std::error_code error;
+  fs::create_directory(request_scratch, error);
+  if (error)
+    return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(), error.message()));
+  auto outcome = run_one_request(*server, request_scratch, true, make_request, deadline_s, reusable);
+  if (reusable) {
+    clear_scratch(*server);
+    IdleServers::instance().add(key, std::move(*server));
   }
-  WorkerOutcome outcome = supervise(worker, deadline_s);
-  outcome.limit_hit = worker.limit_hit();
-  outcome.sandbox = worker.sandbox();
-  return outcome;  // started's destructor removes the scratch dir
+  return outcome;  // a server not reusable is killed here, its scratch dir removed
 }
 
-Status prestart_workers(const WorkerSetup& setup, const std::string& scratch_prefix,
-                        const std::function<void(ProcessSpec&)>& customize, int count) {
-  if (!setup.prestart) return Status::ok();
-  std::string key = spare_key(setup, scratch_prefix, customize);
+Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,
+                          const std::function<void(ProcessSpec&)>& customize, int count) {
+  if (!setup.fork_server) return Status::ok();
+  std::string key = server_key(setup, scratch_prefix, customize);
   for (int i = 0; i < count; ++i) {
-    auto spare = start_worker(setup, scratch_prefix, customize);
-    if (!spare.ok()) return spare.status().with_context(fmt::format("starting spare worker {} of {}", i + 1, count));
-    SpareWorkers::instance().add(key, std::move(*spare));
+    auto server = start_worker(setup, scratch_prefix, customize);
+    if (!server.ok()) return server.status().with_context(fmt::format("starting fork server {} of {}", i + 1, count));
+    IdleServers::instance().add(key, std::move(*server));
   }
   return Status::ok();
 }

@@ -155,26 +155,32 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
 }
 
-// [worker] prestart through the real worker: every evaluation takes a spare that imported torch and
-// Triton (interpreter mode, set before the import) before its request existed: the first one a spare
-// started by prestart_workers, the next the one the first left behind.
-TEST_F(EvaluatorTest, PrestartedWorkersGiveTheSameVerdicts) {
+// [worker] fork_server through the real worker: the server imports torch and Triton (interpreter
+// mode, set before the import) once; every evaluation runs in a child forked from it, so its start
+// costs no imports, and its verdict is the one a worker started for it gives.
+TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   EvalOptions o = options();
   o.cache.enabled = false;
-  o.worker.prestart = "always";
+  o.seed = 12345;  // the same inputs on both paths
+  o.worker.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
-  ASSERT_TRUE(evaluator.prestart_workers(1).is_ok());
+  ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // the server imports meanwhile
   for (int run = 0; run < 2; ++run) {
-    std::this_thread::sleep_for(std::chrono::seconds(3));  // the spare imports meanwhile
     Verdict v = evaluate(evaluator, kRelu, kTritonRelu);
     expect_ok(v);
     ASSERT_FALSE(v.stage_s.empty()) << dump(v);
     EXPECT_EQ(v.stage_s.front().first, "startup");
-    EXPECT_LT(v.stage_s.front().second, 1.0) << "run " << run << ": the spare had Python and torch loaded already\n"
-                                             << dump(v);
+    EXPECT_LT(v.stage_s.front().second, 0.5) << "run " << run << ": forked with Python and torch loaded\n" << dump(v);
   }
   Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
   EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
+
+  o.worker.fork_server = "never";
+  Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
+  EXPECT_EQ(fresh.status, wrong.status) << dump(fresh);
+  EXPECT_EQ(fresh.checks, wrong.checks) << dump(fresh);
+  EXPECT_EQ(fresh.max_abs_error, wrong.max_abs_error) << "same seed, same inputs, same outputs\n" << dump(fresh);
 }
 
 TEST_F(EvaluatorTest, TritonWrongValuesAreIncorrect) {

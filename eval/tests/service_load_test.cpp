@@ -78,7 +78,7 @@ bool is_descendant_of_us(pid_t pid) {
 }
 
 // The pid of a kz_worker process started by this test that has lived longer than `age_s` and is
-// evaluating (its scratch dir holds candidate.py: a prestarted spare waiting for work holds none).
+// evaluating (its scratch dir holds candidate.py: a fork server waiting for work holds none).
 std::optional<pid_t> old_worker(double age_s) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     pid_t pid = std::atoi(entry.path().filename().c_str());
@@ -167,7 +167,7 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
       EXPECT_LT(v.wall_s, 0.5) << id << ": a hit starts no worker";
     } else {
       ++real;
-      // Not a wall-time floor: a prestarted worker ([worker] prestart) has Python running already.
+      // Not a wall-time floor: a child of a fork server ([worker] fork_server) starts with Python loaded.
       EXPECT_FALSE(v.stage_s.empty()) << id << ": a real run goes through a worker's stages";
     }
   }

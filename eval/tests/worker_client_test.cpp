@@ -1,12 +1,17 @@
-// run_worker_request's prestarted spares, through a real Python process: a stand-in kz_worker that
-// reports its pid, its scratch dir and how long it had been running when its request arrived.
+// run_worker_request through real Python processes: the real fork server
+// (worker/kz_worker/fork_server.py) and entry point, with a stand-in for the harness (process.py)
+// that reports its pids and scratch dir and misbehaves on request (exits, crashes, leaves a daemon,
+// forges the server's message, hangs).
 #include "kz/eval/worker_client.h"
 
 #include <gtest/gtest.h>
 
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -17,16 +22,46 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-constexpr const char* kStandInWorker = R"(import json, os, sys, time
+constexpr const char* kStandInProcess = R"(import json, os, signal, subprocess, sys, time
 started = time.monotonic()
-open("pid", "w").write(str(os.getpid()))  # in its scratch dir: the test may kill a waiting spare
-text = sys.stdin.read()
-if not text:
-    sys.exit(0)
-request = json.loads(text)
-reply = {"type": "result", "pid": os.getpid(), "cwd": os.getcwd(), "scratch": request["scratch"],
-         "waited_s": time.monotonic() - started, "preload": os.environ.get("KZ_WORKER_PRELOAD", "")}
-os.write(3, (json.dumps(reply) + "\n").encode())
+
+def prepare_host(device):
+    pass
+
+def prepare_device(device):
+    pass
+
+def quietly(step, device):
+    step(device)
+
+def evaluate(request):
+    action = request.get("action", "")
+    open("mine.txt", "w").write("x")
+    sys.stderr.write("stderr of " + action + "\n")
+    sys.stderr.flush()
+    reply = {"type": "result", "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+             "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
+             "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
+             "process_s": time.monotonic() - started}
+    if action == "exit":
+        os._exit(9)
+    if action == "cpu_limit":
+        os.kill(os.getpid(), signal.SIGXCPU)
+    if action == "hang":
+        time.sleep(60)
+    if action == "daemon":  # a grandchild that detaches and would outlive the evaluation
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open(request["daemon_pid_file"], "w").write(str(os.getpid()))
+                time.sleep(60)
+            os._exit(0)
+        while not os.path.exists(request["daemon_pid_file"]):
+            time.sleep(0.01)
+    if action == "forge":
+        os.write(3, b'{"type": "fork_server_done", "leftovers": 0}\n')
+    os.write(3, (json.dumps(reply) + "\n").encode())
+    os._exit(0)
 )";
 
 class WorkerClientTest : public ::testing::Test {
@@ -35,73 +70,134 @@ class WorkerClientTest : public ::testing::Test {
     auto dir = make_unique_dir(fs::temp_directory_path(), "kz-worker-client-test-");
     ASSERT_TRUE(dir.ok()) << dir.status().to_string();
     root_ = *dir;
-    fs::create_directories(root_ / "worker" / "kz_worker");
+    fs::path package = root_ / "worker" / "kz_worker";
+    fs::create_directories(package);
     fs::create_directories(root_ / "scratch");
-    ASSERT_TRUE(write_file_atomic(root_ / "worker" / "kz_worker" / "__main__.py", kStandInWorker).is_ok());
-    ASSERT_TRUE(write_file_atomic(root_ / "worker" / "kz_worker" / "__init__.py", "").is_ok());
+    const char* source_dir = std::getenv("KZ_SOURCE_DIR");  // set by CTest; by hand, from the repository root
+    fs::path real = fs::path(source_dir ? source_dir : ".") / "worker" / "kz_worker";
+    for (const char* name : {"__init__.py", "__main__.py", "fork_server.py"}) fs::copy_file(real / name, package / name);
+    ASSERT_TRUE(write_file_atomic(package / "process.py", kStandInProcess).is_ok());
   }
   void TearDown() override {
     std::error_code ignored;
     fs::remove_all(root_, ignored);
   }
 
-  WorkerSetup setup(bool prestart) const {
-    return WorkerSetup{"python3", root_ / "worker", root_ / "cache", root_ / "scratch", false, prestart};
+  WorkerSetup setup(bool fork_server) const {
+    return WorkerSetup{"python3", root_ / "worker", root_ / "cache", root_ / "scratch", false, fork_server};
   }
 
-  nlohmann::json run(const WorkerSetup& s, const std::string& prefix = "kz-test-") const {
+  WorkerOutcome run(const WorkerSetup& s, nlohmann::json fields = nlohmann::json::object(),
+                    const std::string& prefix = "kz-test-", double deadline_s = 30) const {
     auto outcome = run_worker_request(
-        s, prefix, [](const fs::path& scratch) { return nlohmann::json{{"scratch", scratch.string()}}; },
-        [](const std::string&) { return 30.0; });
+        s, prefix,
+        [&](const fs::path& scratch) {
+          fields["scratch_dir"] = scratch.string();
+          fields["device"] = "cpu";
+          return fields;
+        },
+        [=](const std::string&) { return deadline_s; });
     EXPECT_TRUE(outcome.ok()) << outcome.status().to_string();
-    if (!outcome.ok()) return {};
-    EXPECT_EQ(outcome->kind, WorkerOutcome::Kind::result) << outcome->message;
-    return outcome->result;
+    return outcome.ok() ? *outcome : WorkerOutcome{};
+  }
+
+  nlohmann::json result(const WorkerSetup& s, nlohmann::json fields = nlohmann::json::object(),
+                        const std::string& prefix = "kz-test-") const {
+    WorkerOutcome outcome = run(s, std::move(fields), prefix);
+    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
+    return outcome.result;
   }
 
   fs::path root_;
 };
 
-TEST_F(WorkerClientTest, PrestartedSpareTakesTheNextRequestInAFreshProcess) {
-  auto first = run(setup(true));
-  ASSERT_TRUE(first.contains("pid")) << first.dump();
-  EXPECT_EQ(first["preload"], "1") << "a prestarted worker is told to import before its request";
-  EXPECT_EQ(first["cwd"], first["scratch"]) << "the request names the worker's own scratch dir";
-  EXPECT_FALSE(fs::exists(first["scratch"].get<std::string>())) << "removed after the evaluation";
+TEST_F(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
+  auto first = result(setup(true));
+  auto second = result(setup(true));
+  ASSERT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();
+  EXPECT_EQ(first["ppid"], second["ppid"]) << "the same server forked both";
+  EXPECT_NE(first["pid"], second["pid"]) << "every request gets its own process";
+  EXPECT_EQ(first["cwd"], first["scratch"]) << "the child runs in the request's scratch dir";
+  EXPECT_EQ(first["home"], first["scratch"]);
+  EXPECT_NE(first["scratch"], second["scratch"]);
+  EXPECT_EQ(fs::path(first["scratch"].get<std::string>()).parent_path(),
+            fs::path(second["scratch"].get<std::string>()).parent_path())
+      << "both inside the server's scratch dir";
+  EXPECT_EQ(second["seen"], nlohmann::json::array({fs::path(second["scratch"].get<std::string>()).filename()}))
+      << "nothing of the first request is left for the second";
+  EXPECT_EQ(second["stdin"], "") << "a child cannot read the server's next requests";
 
-  std::this_thread::sleep_for(600ms);  // the spare left by the first run waits for a request
-  auto second = run(setup(true));
-  ASSERT_TRUE(second.contains("pid")) << second.dump();
-  EXPECT_NE(second["pid"], first["pid"]) << "every evaluation gets its own process";
-  EXPECT_GE(second["waited_s"].get<double>(), 0.5) << "the second request went to the spare started before it";
-  EXPECT_EQ(second["cwd"], second["scratch"]);
-
-  std::this_thread::sleep_for(600ms);
-  auto other_kind = run(setup(true), "kz-other-");
-  EXPECT_LT(other_kind["waited_s"].get<double>(), 0.5) << "a spare of another kind (scratch prefix) is not taken";
+  auto other_kind = result(setup(true), nlohmann::json::object(), "kz-other-");
+  EXPECT_NE(other_kind["ppid"], first["ppid"]) << "a server of another kind (scratch prefix) is not taken";
 }
 
-TEST_F(WorkerClientTest, SpareThatDiedWhileWaitingIsNotUsed) {
-  run(setup(true));
-  std::this_thread::sleep_for(600ms);
-  int killed = 0;
-  for (const auto& dir : fs::directory_iterator(root_ / "scratch")) {  // only the spare's is left
-    auto pid = read_file(dir.path() / "pid");
-    if (pid.ok() && ::kill(std::stoi(*pid), SIGKILL) == 0) ++killed;
-  }
-  ASSERT_EQ(killed, 1) << "one spare waited";
+TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {
+  auto before = result(setup(true));
+  WorkerOutcome exited = run(setup(true), {{"action", "exit"}});
+  EXPECT_EQ(exited.kind, WorkerOutcome::Kind::crashed);
+  EXPECT_NE(exited.message.find("exit code 9"), std::string::npos) << exited.message;
+  EXPECT_NE(exited.message.find("stderr of exit"), std::string::npos) << exited.message;
+  EXPECT_EQ(exited.message.find("stderr of \n"), std::string::npos) << "only this request's stderr: " << exited.message;
+
+  WorkerOutcome cpu = run(setup(true), {{"action", "cpu_limit"}});
+  EXPECT_EQ(cpu.kind, WorkerOutcome::Kind::crashed);
+  EXPECT_EQ(cpu.limit_hit, LimitHit::cpu_time) << cpu.message;
+
+  auto after = result(setup(true));
+  EXPECT_EQ(after["ppid"], before["ppid"]) << "the server survived its children's deaths";
+}
+
+TEST_F(WorkerClientTest, ProcessesAChildLeftBehindAreKilledBeforeTheNextRequest) {
+  fs::path pid_file = root_ / "daemon.pid";
+  auto outcome = result(setup(true), {{"action", "daemon"}, {"daemon_pid_file", pid_file.string()}});
+  ASSERT_TRUE(outcome.contains("pid")) << outcome.dump();
+  auto pid = read_file(pid_file);
+  ASSERT_TRUE(pid.ok()) << pid.status().to_string();
+  EXPECT_NE(::kill(std::stoi(*pid), 0), 0) << "the detached daemon is gone once the request is answered";
+  auto next = result(setup(true));
+  EXPECT_EQ(next["ppid"], outcome["ppid"]);
+}
+
+TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
+  WorkerOutcome forged = run(setup(true), {{"action", "forge"}});
+  EXPECT_EQ(forged.kind, WorkerOutcome::Kind::protocol_error) << forged.message;
+  EXPECT_NE(forged.message.find("forged_message"), std::string::npos) << forged.message;
+}
+
+TEST_F(WorkerClientTest, TimeoutKillsTheServerAndTheNextRequestGetsANewOne) {
+  auto before = result(setup(true));
+  WorkerOutcome hung = run(setup(true), {{"action", "hang"}}, "kz-test-", 1.0);
+  EXPECT_EQ(hung.kind, WorkerOutcome::Kind::timeout) << hung.message;
+  auto after = result(setup(true));
+  ASSERT_TRUE(after.contains("ppid")) << after.dump();
+  EXPECT_NE(after["ppid"], before["ppid"]) << "the killed server is not reused";
+}
+
+TEST_F(WorkerClientTest, ServerKilledWhileIdleIsReplaced) {
+  auto first = result(setup(true));
+  ASSERT_EQ(::kill(first["ppid"].get<int>(), SIGKILL), 0);
   std::this_thread::sleep_for(200ms);
-  auto next = run(setup(true));
-  ASSERT_TRUE(next.contains("waited_s")) << "a fresh worker took the request, not the dead spare: " << next.dump();
-  EXPECT_LT(next["waited_s"].get<double>(), 0.5);
+  auto next = result(setup(true));
+  ASSERT_TRUE(next.contains("ppid")) << next.dump();
+  EXPECT_NE(next["ppid"], first["ppid"]);
 }
 
-TEST_F(WorkerClientTest, WithoutPrestartEachRequestStartsItsWorker) {
-  run(setup(false));
-  std::this_thread::sleep_for(600ms);
-  auto second = run(setup(false));
-  EXPECT_LT(second["waited_s"].get<double>(), 0.5) << second.dump();
-  EXPECT_EQ(second["preload"], "");
+TEST_F(WorkerClientTest, StartedServersTakeTheFirstRequests) {
+  ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-", {}, 2).is_ok());
+  std::this_thread::sleep_for(1500ms);  // they start meanwhile
+  auto first = result(setup(true));
+  EXPECT_GE(first["process_s"].get<double>(), 1.0) << "forked from a server started before the request";
+}
+
+TEST_F(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {
+  auto first = result(setup(false));
+  auto second = result(setup(false));
+  ASSERT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();
+  EXPECT_NE(first["pid"], second["pid"]);
+  EXPECT_EQ(first["ppid"], ::getpid()) << "no server: each worker is started for its request by the supervisor";
+  EXPECT_EQ(first["cwd"], first["scratch"]);
+  EXPECT_FALSE(fs::exists(first["scratch"].get<std::string>())) << "removed after the evaluation";
+  EXPECT_LT(second["process_s"].get<double>(), 1.0);
 }
 
 }  // namespace

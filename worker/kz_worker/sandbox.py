@@ -11,7 +11,8 @@ Here, inside the worker process:
              chown / utime / setxattr, shutil.rmtree / copyfile / copytree / move ...  filesystem_write
     refuses  socket connect / sendto / sendmsg, whatever the address family          network_access
     refuses  os.exec* (the worker replaced by another program)                        process_spawn
-    refuses  os.kill / os.killpg of processes outside the worker's process group     process_signal
+    refuses  os.kill / os.killpg of processes outside the worker's process group, and
+             of its parent (the supervisor, or the fork server that forked it)       process_signal
     records  processes the candidate's own code starts (os.fork, os.system,
              subprocess.Popen, os.posix_spawn, os.spawn*), without refusing them: they still run
              inside the OS-level limits and die with the process group               process_spawn
@@ -177,7 +178,8 @@ def _check(event, args):
     elif event in _SIGNAL_EVENTS:
         target, sig = args[0], args[1]
         if not _own_group(target, event == "os.killpg") and _from_candidate():
-            _record(v.PROCESS_SIGNAL, f"{event}({target}, {sig}) outside the worker's process group", refuse=True)
+            _record(v.PROCESS_SIGNAL, f"{event}({target}, {sig}) outside the worker's process group or to its parent",
+                    refuse=True)
 
 
 def _as_dir(path: str) -> str:
@@ -208,7 +210,11 @@ def _writable(path, dir_fd) -> bool:
 
 
 def _own_group(target: int, is_group: bool) -> bool:
+    """Whether a signal to `target` stays among the worker's own processes: its process group, but
+    never its parent (the supervisor, or the fork server, which shares the group)."""
     own = os.getpgid(0)
+    if target == os.getppid():
+        return False
     if is_group:
         return target in (0, own)
     if target in (0, os.getpid()):

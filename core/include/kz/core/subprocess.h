@@ -114,6 +114,13 @@ class Process {
   // With spec.defer_stdin: writes `data` to the child's stdin (the rest while this Process waits
   // on the child: read_message, wait_for), then closes it. Once only.
   void send_stdin(std::string data);
+  // With spec.defer_stdin: writes `data` to the child's stdin (the rest while this Process waits
+  // on the child) and keeps stdin open, for a child that reads one request after another (a fork
+  // server). May be called again; send_stdin after it sends the last data and closes.
+  void write_stdin(const std::string& data);
+  // Forgets the stdout/stderr tails kept so far: the next error message shows only what the child
+  // wrote after this call (one request of a child that serves several).
+  void clear_output_tails();
 
   // Waits up to `timeout` for the next complete line on the message pipe (without the '\n').
   // eof: the child closed the pipe (usually: it exited). Requires spec.message_pipe.

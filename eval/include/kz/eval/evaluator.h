@@ -49,9 +49,9 @@ class Evaluator {
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;
-  // Starts `count` workers ahead of the first evaluations ([worker] prestart; nothing where it is
-  // off), so that a batch's first wave finds them prepared.
-  Status prestart_workers(int count) const;
+  // Starts `count` fork servers ahead of the first evaluations ([worker] fork_server; nothing where
+  // it is off), so that a batch's first wave finds them prepared.
+  Status start_fork_servers(int count) const;
   // A copy that evaluates on `device` (another GPU of the same model), sharing the cache.
   Result<Evaluator> with_device(const std::string& device) const;
 

@@ -49,11 +49,11 @@ struct WorkerOptions {
   std::filesystem::path cache_dir;    // compile caches (torch extensions, Triton); empty: ~/.cache/kernelzero
   std::filesystem::path scratch_root; // per-evaluation scratch dirs; empty: $TMPDIR or /tmp
   bool keep_scratch = false;     // keep scratch dirs (debugging)
-  // Start each worker process (Python, torch and Triton imports, on a GPU its CUDA context) ahead
-  // of its evaluation: one spare per evaluation running at once; every evaluation still gets a
-  // fresh process. "gpu": on GPU devices only (on the CPU every core evaluates already, and a spare
-  // only adds work); "always"; "never".
-  std::string prestart = "gpu";
+  // Run evaluations in children forked from fork servers that imported torch, Triton and the
+  // harness once (worker/kz_worker/fork_server.py): ~1 s to a ready process on the GPU host instead
+  // of ~12 s. Every evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or
+  // "never" (a new interpreter per evaluation).
+  std::string fork_server = "always";
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the

@@ -28,7 +28,7 @@ struct WorkerSetup {
   std::filesystem::path cache_dir;     // compile caches (torch extensions, Triton)
   std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
   bool keep_scratch = false;           // keep scratch dirs (debugging)
-  bool prestart = false;               // keep a spare worker started for the next request of the same kind
+  bool fork_server = false;            // requests run in children of prepared fork servers (worker/kz_worker/fork_server.py)
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
@@ -63,19 +63,22 @@ struct WorkerOutcome {
 // keep_scratch. `customize` may adjust the process spec before the spawn (limits, sandboxing).
 // A non-ok Result: the scratch dir or the process could not be created (KernelZero's failure).
 //
-// With setup.prestart, a worker is spawned (with its own scratch dir) before its request exists:
-// it imports torch while waiting on stdin (KZ_WORKER_PRELOAD=1). A request takes such a spare when
-// one of the same kind (the same process spec but for the scratch dir) is waiting, and leaves a new
-// one started for the next. Spares live until the program ends (killed then, scratch dirs removed).
+// With setup.fork_server, the process is a fork server (worker/kz_worker/fork_server.py): it
+// imports torch, Triton and the harness once, then forks a fresh child per request, which runs in
+// a new directory inside the server's scratch dir, within the server's sandbox. A request takes an
+// idle server of the same kind (the same process spec but for the scratch dir) or starts one, and
+// gives it back when its child is gone and nothing it started lives on; the server's scratch dir
+// is emptied first. A server that timed out, crashed or left processes behind is killed. Idle
+// servers live until the program ends (killed then, scratch dirs removed).
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const std::filesystem::path&)>& make_request,
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize = {});
 
-// With setup.prestart: starts `count` spares of the kind run_worker_request(setup, scratch_prefix,
-// ..., customize) takes, so that the first requests of a batch find their workers prepared
-// (otherwise only requests leave spares behind). Nothing without setup.prestart.
-Status prestart_workers(const WorkerSetup& setup, const std::string& scratch_prefix,
-                        const std::function<void(ProcessSpec&)>& customize, int count);
+// With setup.fork_server: starts `count` fork servers of the kind run_worker_request(setup,
+// scratch_prefix, ..., customize) takes, so that the first requests of a batch find theirs
+// prepared. Nothing without setup.fork_server.
+Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,
+                          const std::function<void(ProcessSpec&)>& customize, int count);
 
 }  // namespace kz

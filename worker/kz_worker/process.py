@@ -1,0 +1,66 @@
+"""What every worker process does, whether started for one evaluation (__main__.py) or forked
+from a fork server (fork_server.py): prepare the same way, then evaluate one request.
+
+Every evaluation prepares the same way before any reference or candidate code: the host part
+(imports, the audit's CPU machinery) and then the device part (the CUDA context, the profiler), so
+the harness's identity snapshot is the same whichever way its process was made. On the CPU the
+supervisor sets TRITON_INTERPRET=1 itself, since Triton reads it when imported."""
+import os
+import sys
+
+
+def prepare_host(device_name: str) -> None:
+    """Imports and the audit's CPU machinery (torch._dynamo): no CUDA, so a fork server can run it
+    once and fork children that inherit it."""
+    import torch
+    from . import cheats, harness, validate  # noqa: F401
+    device = torch.device(device_name)
+    # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
+    # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cuda":
+        try:
+            import triton.runtime.jit  # noqa: F401
+        except ImportError:
+            pass
+    cheats.warm_up(torch.device("cpu"))
+
+
+def prepare_device(device_name: str) -> None:
+    """On a GPU: the CUDA context and the profiler (cheats.warm_up). Never in a fork server: a CUDA
+    context does not survive a fork."""
+    import torch
+    from . import cheats
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)  # the CUDA context
+        cheats.warm_up(device)
+
+
+def quietly(step, device_name: str) -> None:
+    try:
+        step(device_name)
+    except Exception:  # the evaluation redoes each step and fails in its own stage, rightly classified
+        pass
+
+
+def evaluate(request: dict) -> None:
+    """Runs one request after its process is prepared; sends the result and exits."""
+    from . import protocol, sandbox
+    channel = protocol.Channel()
+    protocol.silence_stdout()
+    sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
+    if request.get("mode") == "validate_module":  # a Proposer's module (validate.py)
+        from .validate import reject_sandbox_violations, validate_module
+        result = validate_module(request, channel)
+        reject_sandbox_violations(result)
+    else:
+        from .harness import Evaluation
+        result = Evaluation(request, channel).run()
+        sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
+    result["type"] = "result"
+    channel.send(result)
+    # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
+    # into a crash after it was sent.
+    sys.stderr.flush()
+    os._exit(0)
