@@ -3,9 +3,10 @@
 # (after scripts/fetch-gpu-deps.sh here, carrying .deps):  bench/gpu_suite.sh PART OUTDIR
 #   PART = rtc:     build, kz_rtc GPU tests, cuda-rtc examples, the reference as its own candidate
 #   PART = others:  build, triton examples, cuda (load_inline) examples
-#   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...) and the GPU-only
-#                   cheat fixtures (expected: torch_compute_in_forward, no_custom_kernel,
-#                   wrong_during_timing)
+#   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...), the timing
+#                   protocol's tests (worker/tests/test_timing.py) and the GPU-only cheat fixtures
+#                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
+#                   side_stream_hidden ok, with timing end device_sync)
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
@@ -60,8 +61,9 @@ if [[ $PART == rtc ]]; then
   suite reference-as-candidate /tmp/kz_refs --format torch
 elif [[ $PART == checks ]]; then
   (cd build && ctest -L gpu --output-on-failure 2>&1 | tail -40) | tee "$OUT/ctest-gpu.txt"
+  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py 2>&1 | tail -15) | tee "$OUT/timing-gpu.txt"
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
-           eval/tests/cheats/cache_by_pointer_late.py; do
+           eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
   done
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .

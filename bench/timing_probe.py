@@ -1,16 +1,18 @@
 """Where does a candidate's timed median come from? (issue #3: the cuda-rtc speedup drop)
 
 For every candidate in a directory (matched to the suite's reference by file name), in one process:
-times the reference and the candidate with the harness's Timer (end event recorded after the
-device-wide synchronize: host launch overhead inside every sample) and with the end event
-recorded before the synchronize (device time from the first launch to the last on the current
-stream), and measures the host time of one forward without any synchronize. A last column times both with the harness's own protocol
-(timing.time_interleaved: ABBA over the input sets). `--hooks` installs
-the harness's launch-counting hooks first, `--audit` also the sandbox's audit hook, so that three
-runs of this script (none, hooks, hooks+audit) show what each costs. `--spin-us US` adds a
-candidate protocol (SpinTimer: a GPU spin before the start event hides host launch latency), with
-the end after the synchronize and with the end on the stream; `bench/timing_spread.py` compares
-several runs of this script (separate processes) to show each protocol's spread.
+times the reference and the candidate with the harness's Timer, whose every sample gives two ends:
+"sync", the end event recorded after the device-wide synchronize (the protocol before the end
+moved to the stream: the host's wake-up inside every sample), and "event", the end event on the
+current stream as the forward returns (device time from the start to the last work on the stream);
+and measures the host time of one forward without any synchronize. A last column times both with
+the harness's own protocol (timing.time_interleaved: ABBA over the input sets; `abba_end` says
+which end it chose). `--hooks` installs the harness's launch-counting hooks first, `--audit` also
+the sandbox's audit hook, so that three runs of this script (none, hooks, hooks+audit) show what
+each costs. `--spin-us US` adds a candidate protocol (SpinTimer: a GPU spin before the start event
+hides host launch latency), with the same two ends ("spin", "spin_event");
+`bench/timing_spread.py` compares several runs of this script (separate processes) to show each
+protocol's spread.
 
     python3 bench/timing_probe.py --candidates suite/examples/cuda-rtc --format cuda-rtc \
         [--hooks] [--audit] --out probe.json          # GPU host, from the repository root
@@ -32,41 +34,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "worker"
 from kz_worker import cheats, loading, sandbox, timing  # noqa: E402
 
 
-class EndBeforeSyncTimer(timing.Timer):
-    """The end event on the current stream right after the forward returns: no host sync inside."""
-
-    def time_once(self, model, inputs, after=None) -> float:
-        self.flush_buffer.zero_()
-        self.start.record()
-        output = model(*inputs)
-        self.end.record()
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end)
-
-
 class SpinTimer(timing.Timer):
     """A candidate protocol: after the flush, a GPU spin of `spin_us` keeps the GPU busy while the
     host issues the forward's launches, so host launch latency up to that long stays out of the
-    sample; the end is still taken after a device-wide synchronize (side streams counted)."""
+    sample."""
 
-    def __init__(self, device, l2_flush_mb, spin_us, end_on_stream=False):
+    def __init__(self, device, l2_flush_mb, spin_us):
         super().__init__(device, l2_flush_mb)
         self.spin_cycles = int(spin_us * cycles_per_us(device))
-        self.end_on_stream = end_on_stream  # also: the end event before the synchronize
 
-    def time_once(self, model, inputs, after=None) -> float:
-        self.flush_buffer.zero_()
+    def prepare(self) -> None:
+        super().prepare()
         torch.cuda._sleep(self.spin_cycles)
-        self.start.record()
-        output = model(*inputs)
-        if self.end_on_stream:
-            self.end.record()
-            torch.cuda.synchronize(self.device)
-        else:
-            torch.cuda.synchronize(self.device)
-            self.end.record()
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end)
 
 
 _cycles_per_us = {}
@@ -97,9 +76,10 @@ def host_us(model, inputs, calls: int = 50) -> float:
     return statistics.median(samples)
 
 
-def median_ms(timer, model, input_sets, runs: int) -> float:
+def medians_ms(timer, model, input_sets, runs: int) -> tuple:
+    """The median of each end over `runs` samples: (synced, stream)."""
     samples = [timer.time_once(model, input_sets[i % len(input_sets)]) for i in range(runs)]
-    return statistics.median(samples)
+    return (statistics.median(s.synced_ms for s in samples), statistics.median(s.stream_ms for s in samples))
 
 
 def timer_kinds(spin_us) -> list:
@@ -107,10 +87,10 @@ def timer_kinds(spin_us) -> list:
 
 
 def timers(device, flush_mb, spin_us) -> dict:
-    made = {"sync": timing.Timer(device, flush_mb), "event": EndBeforeSyncTimer(device, flush_mb)}
+    """Timers by the kinds of their (synced, stream) ends."""
+    made = {("sync", "event"): timing.Timer(device, flush_mb)}
     if spin_us > 0:
-        made["spin"] = SpinTimer(device, flush_mb, spin_us)
-        made["spin_event"] = SpinTimer(device, flush_mb, spin_us, end_on_stream=True)
+        made[("spin", "spin_event")] = SpinTimer(device, flush_mb, spin_us)
     return made
 
 
@@ -130,8 +110,9 @@ def probe(reference_path, candidate_path, index, device, runs, flush_mb, spin_us
                 for inputs in input_sets:
                     model(*inputs)
             torch.cuda.synchronize()
-            for kind, timer in timers(device, flush_mb, spin_us).items():
-                row[f"{name}_{kind}_ms"] = median_ms(timer, model, input_sets, runs)
+            for kinds, timer in timers(device, flush_mb, spin_us).items():
+                for kind, median in zip(kinds, medians_ms(timer, model, input_sets, runs)):
+                    row[f"{name}_{kind}_ms"] = median
             row[f"{name}_host_us"] = host_us(model, input_sets[0])
     for kind in timer_kinds(spin_us):
         row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
@@ -139,6 +120,7 @@ def probe(reference_path, candidate_path, index, device, runs, flush_mb, spin_us
     settings = {"warmup_runs": 3, "runs": runs, "l2_flush_mb": flush_mb}
     measured = timing.time_interleaved(ref_model, cand_model, input_sets, settings, device)
     row["speedup_abba"] = measured["speedup"]
+    row["abba_end"] = measured["end"]
     return row
 
 
@@ -178,14 +160,15 @@ def main() -> int:
     print(f"mode {mode}, {args.runs} runs each, {args.flush_mb} MB L2 flush; ms medians; host_us: one forward without sync")
     kinds = timer_kinds(args.spin_us)
     print(f"{'task':24} " + " ".join(f"{'ref ' + k:>14} {'cand ' + k:>15}" for k in kinds)
-          + f" {'ref host':>8} {'cand host':>9} " + " ".join(f"{'x ' + k:>12}" for k in kinds + ["abba"]))
+          + f" {'ref host':>8} {'cand host':>9} " + " ".join(f"{'x ' + k:>12}" for k in kinds + ["abba"])
+          + f" {'abba end':>11}")
     for r in rows:
         if "error" in r:
             print(f"{r['task']:24} {r['error']}")
             continue
         print(f"{r['task']:24} " + " ".join(f"{r[f'ref_{k}_ms']:14.4f} {r[f'cand_{k}_ms']:15.4f}" for k in kinds)
               + f" {r['ref_host_us']:8.1f} {r['cand_host_us']:9.1f} "
-              + " ".join(f"{r[f'speedup_{k}']:12.3f}" for k in kinds + ["abba"]))
+              + " ".join(f"{r[f'speedup_{k}']:12.3f}" for k in kinds + ["abba"]) + f" {r['abba_end']:>11}")
     ok = [r for r in rows if "error" not in r]
     for kind in kinds + ["abba"]:
         if ok:

@@ -17,12 +17,21 @@ struct EvalArgs {
   EvalFlags flags;
 };
 
+// Which end the timed samples took, and for "device_sync" why: the candidate's GPU work ran on
+// past its stream's end (docs/evaluation.md, Timing).
+std::string timing_end_note(const Verdict& v) {
+  if (v.timing_end.empty()) return "";
+  if (v.timing_end != "device_sync") return ", end: " + v.timing_end;
+  return fmt::format(", end: device_sync, the candidate's gap {:.4f} ms against the reference's {:.4f} ms",
+                     v.candidate_gap_ms, v.reference_gap_ms);
+}
+
 void print_human(const Verdict& v) {
   std::cout << fmt::format("{}  {}  [{} on {}]\n", v.task_id, status_name(v.status), v.format, v.device);
   if (v.speedup)
-    std::cout << fmt::format("speedup {:.3f}x  candidate {:.4f} ms  reference {:.4f} ms  (median of {} runs)\n",
+    std::cout << fmt::format("speedup {:.3f}x  candidate {:.4f} ms  reference {:.4f} ms  (median of {} runs{})\n",
                              *v.speedup, v.candidate_timing->median_ms, v.reference_timing->median_ms,
-                             v.candidate_timing->runs);
+                             v.candidate_timing->runs, timing_end_note(v));
   std::string checks;
   for (Check c : v.checks) checks += std::string(checks.empty() ? "" : ", ") + check_name(c);
   if (!checks.empty()) std::cout << "checks: " << checks << "\n";

@@ -94,10 +94,15 @@ nlohmann::json to_json(const Verdict& v) {
   if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
-  if (v.candidate_timing && v.reference_timing)
+  if (v.candidate_timing && v.reference_timing) {
     j["timing"] = {{"candidate", timing_json(*v.candidate_timing)}, {"reference", timing_json(*v.reference_timing)}};
-  else
+    if (!v.timing_end.empty())  // verdicts from before the end was chosen have none
+      j["timing"].update({{"end", v.timing_end},
+                          {"reference_gap_ms", v.reference_gap_ms},
+                          {"candidate_gap_ms", v.candidate_gap_ms}});
+  } else {
     j["timing"] = nullptr;
+  }
   return j;
 }
 
@@ -144,6 +149,9 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     const auto& t = j["timing"];
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);
     if (t.contains("reference")) v.reference_timing = timing_from_json(t["reference"]);
+    v.timing_end = t.value("end", "");
+    v.reference_gap_ms = number_or_zero(t, "reference_gap_ms");
+    v.candidate_gap_ms = number_or_zero(t, "candidate_gap_ms");
   }
   return v;
 }

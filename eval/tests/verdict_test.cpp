@@ -33,6 +33,23 @@ TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {
   EXPECT_EQ(back->speedup, 2.0);
   EXPECT_EQ(back->candidate_timing->p90_ms, 2.3);
   EXPECT_TRUE(back->has_check(Check::output_mismatch));
+  EXPECT_FALSE(json["timing"].contains("end")) << "no end chosen, none written";
+}
+
+TEST(Verdict, JsonRoundTripKeepsTheTimingEndAndItsGaps) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  v.candidate_timing = TimingStats{0.5, 0.5, 0.01, 0.48, 0.6, 0.49, 0.52, 100};
+  v.reference_timing = TimingStats{0.2, 0.2, 0.01, 0.19, 0.3, 0.19, 0.21, 100};
+  v.timing_end = "device_sync";
+  v.reference_gap_ms = 0.012;
+  v.candidate_gap_ms = 0.4;
+  auto json = to_json(v);
+  EXPECT_EQ(json["timing"]["end"], "device_sync");
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->timing_end, "device_sync");
+  EXPECT_EQ(back->reference_gap_ms, 0.012);
+  EXPECT_EQ(back->candidate_gap_ms, 0.4);
 }
 
 TEST(Verdict, JsonRoundTripKeepsStageSeconds) {

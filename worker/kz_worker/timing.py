@@ -2,7 +2,12 @@
 
 Each timed run: flush the L2 (write a buffer larger than it), record the start event, run the
 model on the next of several rotating input sets (so caching results by pointer gains nothing),
-synchronise the whole device (work on side streams is counted too), record the end event.
+record the end event on the same stream as soon as the forward returns, synchronise the whole
+device, record a second end event (`synced`). The stream end measures the GPU work queued on the
+stream, free of the host's wake-up after the synchronize, which varied a speedup by up to 1.16x
+across processes (docs/evaluation.md). The synced end also counts work left running on other
+streams: when the candidate's gap between the two ends exceeds the reference's by more than a
+margin (choose_end), it left such work, and both models are reported from the synced end instead.
 Reported: median and spread of each; speedup = reference median / candidate median.
 
 The harness gets every candidate output after its run, outside the timed region
@@ -11,29 +16,46 @@ input sets begins (`new_round`, to move the input data between buffers, so that 
 pointer turns stale).
 """
 import statistics
+from typing import NamedTuple
 
 import torch
+
+# How much the candidate's median gap may exceed the reference's before its side work counts: above
+# the gap's own noise (the host's wake-up after the synchronize), small beside the candidate's time.
+GAP_MARGIN_MS = 0.010
+GAP_MARGIN_SHARE = 0.05  # of the candidate's stream median
+
+
+class Sample(NamedTuple):
+    stream_ms: float  # start -> end event on the stream, recorded when the forward returned
+    synced_ms: float  # start -> event recorded after the device-wide synchronize
 
 
 class Timer:
     def __init__(self, device: torch.device, l2_flush_mb: int):
         self.device = device
         self.flush_buffer = torch.empty(max(l2_flush_mb, 1) * (1 << 20) // 4, dtype=torch.float32, device=device)
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+        self.start, self.end, self.synced = (torch.cuda.Event(enable_timing=True) for _ in range(3))
 
-    def time_once(self, model, inputs, after=None) -> float:
+    def prepare(self) -> None:
+        """The GPU work before the start event."""
         self.flush_buffer.zero_()
-        self.start.record()
+
+    def time_once(self, model, inputs, after=None) -> Sample:
+        # The stream the start is on, even if the forward changes the current stream.
+        stream = torch.cuda.current_stream(self.device)
+        self.prepare()
+        self.start.record(stream)
         output = model(*inputs)
+        self.end.record(stream)
         torch.cuda.synchronize(self.device)
-        self.end.record()
-        self.end.synchronize()
-        elapsed = self.start.elapsed_time(self.end)
+        self.synced.record(stream)
+        self.synced.synchronize()
+        sample = Sample(self.start.elapsed_time(self.end), self.start.elapsed_time(self.synced))
         if after is not None:
             after(output)
         del output
-        return elapsed
+        return sample
 
 
 def summarize(samples_ms):
@@ -49,6 +71,21 @@ def summarize(samples_ms):
         "p90_ms": ordered[int(0.9 * (n - 1))],
         "runs": n,
     }
+
+
+def median_gap(stream_ms, synced_ms) -> float:
+    return statistics.median(b - a for a, b in zip(stream_ms, synced_ms))
+
+
+def choose_end(ref_stream, ref_synced, cand_stream, cand_synced) -> dict:
+    """Which end both models are reported from: "stream", unless the candidate's median gap
+    (synced - stream) exceeds the reference's by more than the margin, which means it left GPU work
+    running on another stream after its own stream was done: then "device_sync", for both models,
+    so that work is counted and the comparison stays like for like."""
+    ref_gap, cand_gap = median_gap(ref_stream, ref_synced), median_gap(cand_stream, cand_synced)
+    margin = max(GAP_MARGIN_MS, GAP_MARGIN_SHARE * statistics.median(cand_stream))
+    end = "device_sync" if cand_gap - ref_gap > margin else "stream"
+    return {"end": end, "reference_gap_ms": ref_gap, "candidate_gap_ms": cand_gap}
 
 
 def time_interleaved(reference, candidate, input_sets, settings: dict, device: torch.device,
@@ -69,17 +106,27 @@ def time_interleaved(reference, candidate, input_sets, settings: dict, device: t
             for k, inputs in enumerate(input_sets):
                 timer.time_once(reference, inputs)
                 candidate_once(k, None)
-        ref_ms, cand_ms = [], []
+        ref_samples, cand_samples = [], []
         for i in range(settings["runs"]):
             k = i % n
             if new_round is not None and k == 0 and i > 0:
                 new_round(i // n)
             inputs = input_sets[k]
             if i % 2 == 0:
-                ref_ms.append(timer.time_once(reference, inputs))
-                cand_ms.append(candidate_once(k, i))
+                ref_samples.append(timer.time_once(reference, inputs))
+                cand_samples.append(candidate_once(k, i))
             else:
-                cand_ms.append(candidate_once(k, i))
-                ref_ms.append(timer.time_once(reference, inputs))
-    ref, cand = summarize(ref_ms), summarize(cand_ms)
-    return {"reference": ref, "candidate": cand, "speedup": ref["median_ms"] / cand["median_ms"]}
+                cand_samples.append(candidate_once(k, i))
+                ref_samples.append(timer.time_once(reference, inputs))
+    return report(ref_samples, cand_samples)
+
+
+def report(ref_samples, cand_samples) -> dict:
+    """Summaries and speedup from the end choose_end picks, with the choice and its reason."""
+    ref_stream, ref_synced = zip(*ref_samples)
+    cand_stream, cand_synced = zip(*cand_samples)
+    decision = choose_end(ref_stream, ref_synced, cand_stream, cand_synced)
+    synced = decision["end"] == "device_sync"
+    ref = summarize(ref_synced if synced else ref_stream)
+    cand = summarize(cand_synced if synced else cand_stream)
+    return {"reference": ref, "candidate": cand, "speedup": ref["median_ms"] / cand["median_ms"], **decision}

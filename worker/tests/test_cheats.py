@@ -304,7 +304,7 @@ class FakeTimer:
         out = model(*inputs)
         if after is not None:
             after(out)
-        return 1.0
+        return timing.Sample(1.0, 1.0)
 
 
 def test_time_interleaved_hands_every_candidate_output_and_announces_rounds():

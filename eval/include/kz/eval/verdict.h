@@ -81,6 +81,12 @@ struct Verdict {
   double max_abs_error = 0, max_rel_norm_error = 0;
   std::optional<TimingStats> reference_timing, candidate_timing;
   std::optional<double> speedup;    // reference median / candidate median, when timed
+  // Where both models' timed samples ended (worker/kz_worker/timing.py): "stream" (the end event
+  // on the current stream as the forward returned) or "device_sync" (after a device-wide
+  // synchronize: the candidate left work running on another stream); empty when untimed. Why: each
+  // model's median gap between the two ends.
+  std::string timing_end;
+  double reference_gap_ms = 0, candidate_gap_ms = 0;
   std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict

@@ -1,0 +1,120 @@
+"""The timing protocol's choice of end (kz_worker/timing.py): on made-up samples on the CPU, and on
+a GPU with a candidate that leaves work running on a stream it never joins back."""
+import pytest
+import torch
+
+from kz_worker import timing
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def samples(stream_ms, gap_ms, n=9):
+    """n samples around stream_ms (spread so medians matter), each synced gap_ms later."""
+    stream = [stream_ms * (1 + 0.01 * (i - n // 2)) for i in range(n)]
+    return stream, [s + gap_ms for s in stream]
+
+
+def decide(ref_stream_ms, ref_gap_ms, cand_stream_ms, cand_gap_ms):
+    return timing.choose_end(*samples(ref_stream_ms, ref_gap_ms), *samples(cand_stream_ms, cand_gap_ms))
+
+
+def test_honest_gaps_keep_the_stream_end():
+    decision = decide(0.20, 0.012, 0.10, 0.015)
+    assert decision["end"] == "stream"
+    assert decision["reference_gap_ms"] == pytest.approx(0.012)
+    assert decision["candidate_gap_ms"] == pytest.approx(0.015)
+
+
+def test_a_candidate_leaving_work_on_another_stream_is_timed_to_the_device_sync():
+    assert decide(0.20, 0.012, 0.10, 0.212)["end"] == "device_sync"
+
+
+def test_a_smaller_candidate_gap_keeps_the_stream_end():
+    assert decide(0.20, 0.300, 0.10, 0.012)["end"] == "stream"
+
+
+def test_margin_is_10_us_for_short_candidates():
+    # candidate stream median 0.1 ms: 5 % is 5 us, below the 10 us floor
+    assert decide(0.20, 0.012, 0.10, 0.012 + 0.0099)["end"] == "stream"
+    assert decide(0.20, 0.012, 0.10, 0.012 + 0.0101)["end"] == "device_sync"
+
+
+def test_margin_is_5_percent_of_long_candidates():
+    # candidate stream median 4 ms: the margin is 0.2 ms
+    assert decide(4.0, 0.012, 4.0, 0.012 + 0.199)["end"] == "stream"
+    assert decide(4.0, 0.012, 4.0, 0.012 + 0.201)["end"] == "device_sync"
+
+
+def test_median_gap_ignores_a_few_slow_wake_ups():
+    stream, synced = samples(0.10, 0.012)
+    synced[:3] = [s + 1.0 for s in stream[:3]]  # three of nine samples woke up late
+    assert timing.median_gap(stream, synced) == pytest.approx(0.012)
+
+
+def test_report_takes_both_models_from_the_chosen_end():
+    ref = [timing.Sample(0.20, 0.21)] * 5
+    honest = timing.report(ref, [timing.Sample(0.10, 0.11)] * 5)
+    assert honest["end"] == "stream" and honest["speedup"] == pytest.approx(2.0)
+    assert honest["candidate"]["median_ms"] == pytest.approx(0.10) and honest["candidate"]["runs"] == 5
+    hiding = timing.report(ref, [timing.Sample(0.10, 0.50)] * 5)
+    assert hiding["end"] == "device_sync"
+    assert hiding["reference"]["median_ms"] == pytest.approx(0.21)
+    assert hiding["candidate"]["median_ms"] == pytest.approx(0.50)
+    assert hiding["speedup"] == pytest.approx(0.21 / 0.50)
+    assert hiding["reference_gap_ms"] == pytest.approx(0.01) and hiding["candidate_gap_ms"] == pytest.approx(0.40)
+
+
+# ---- on a GPU --------------------------------------------------------------------------------------
+
+SLEEP_CYCLES = 1_000_000  # torch.cuda._sleep: >= 0.33 ms at any clock up to 3 GHz
+
+
+class Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class SideWork(torch.nn.Module):
+    """Doubles x on the current stream, and keeps the GPU busy on a stream of its own, joined back
+    into the current stream or left running."""
+
+    def __init__(self, join: bool):
+        super().__init__()
+        self.join = join
+        self.side = torch.cuda.Stream()
+
+    def forward(self, x):
+        out = x * 2
+        with torch.cuda.stream(self.side):
+            torch.cuda._sleep(SLEEP_CYCLES)
+        if self.join:
+            torch.cuda.current_stream().wait_stream(self.side)
+        return out
+
+
+def time_against_double(candidate) -> dict:
+    device = torch.device("cuda")
+    inputs = [[torch.randn(1 << 16, device=device)] for _ in range(2)]
+    settings = {"warmup_runs": 2, "runs": 30, "l2_flush_mb": 8}
+    return timing.time_interleaved(Double(), candidate, inputs, settings, device)
+
+
+@needs_gpu
+def test_gpu_an_honest_candidate_is_timed_to_the_stream_end():
+    measured = time_against_double(Double())
+    assert measured["end"] == "stream", measured
+
+
+@needs_gpu
+def test_gpu_side_work_joined_back_is_inside_the_stream_end():
+    measured = time_against_double(SideWork(join=True))
+    assert measured["end"] == "stream", measured
+    assert measured["candidate"]["median_ms"] > measured["reference"]["median_ms"] + 0.3, measured
+
+
+@needs_gpu
+def test_gpu_side_work_left_running_is_timed_to_the_device_sync():
+    measured = time_against_double(SideWork(join=False))
+    assert measured["end"] == "device_sync", measured
+    assert measured["candidate_gap_ms"] > measured["reference_gap_ms"] + 0.3, measured
+    assert measured["candidate"]["median_ms"] > measured["reference"]["median_ms"] + 0.3, measured
