@@ -88,14 +88,15 @@ def run_child(request: dict, message_fd: int) -> None:
 def relay_until_exit(pid: int, read_fd: int):
     """Relays the child's message lines until it exits; then what it left in the pipe (a grandchild
     holding the pipe open must not keep us here)."""
-    pidfd = os.pidfd_open(pid)
+    pidfd = _pidfd(pid)
     buffer = b""
     poller = select.poll()
     poller.register(read_fd, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
     pipe_open = True
     while True:
-        events = dict(poller.poll())
+        events = dict(poller.poll(None if pidfd is not None else 20))  # no pidfd: look every 20 ms
         if pipe_open and read_fd in events:
             chunk = os.read(read_fd, 1 << 16)
             if chunk:
@@ -103,7 +104,7 @@ def relay_until_exit(pid: int, read_fd: int):
             else:
                 pipe_open = False
                 poller.unregister(read_fd)
-        if pidfd in events:
+        if pidfd in events if pidfd is not None else _exited(pid):
             break
     os.set_blocking(read_fd, False)
     while pipe_open:
@@ -116,9 +117,23 @@ def relay_until_exit(pid: int, read_fd: int):
         buffer = _relay_lines(buffer + chunk)
     if buffer:
         _relay_lines(buffer + b"\n")
-    os.close(pidfd)
+    if pidfd is not None:
+        os.close(pidfd)
     _, status, usage = os.wait4(pid, 0)
     return status, usage
+
+
+def _pidfd(pid: int):
+    """A descriptor that polls readable when the child exits (Linux 5.3+), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _relay_lines(data: bytes) -> bytes:
