@@ -12,6 +12,11 @@
 #                   spread across processes (~2 min)
 #   PART = startup: no build; bench/worker_startup_probe.py: a worker's start-up phases, fresh
 #                   processes against children forked from a preloaded parent, 1 and 8 at once
+#   PART = multigpu: build kz only; the fixed 34-candidate batch (bench/make_eval_batch.py), cold, on
+#                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
+#                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
+#                   the speedups of the two runs side by side (bench/multi_gpu_summary.py). Needs
+#                   the nvidia-h200-x2 kind.
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
@@ -25,7 +30,7 @@
 #                   ~8 s per sample, ~50 s more for one that fails to compile, which it rebuilds).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, timing, startup or model}
+PART=${1:?rtc, others, checks, compare, timing, startup, multigpu or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -37,6 +42,7 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
+[[ $PART == multigpu ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -93,6 +99,18 @@ elif [[ $PART == timing ]]; then
 elif [[ $PART == startup ]]; then
   PYTHONPATH=worker python3 bench/worker_startup_probe.py --device cuda:0 --concurrency 1,8 \
     --out "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == multigpu ]]; then
+  python3 bench/make_eval_batch.py "$OUT/batch" > /dev/null
+  for devices in cuda:0 cuda:0,cuda:1; do
+    name=batch-${devices//[:,]/_}
+    start=$SECONDS
+    XDG_CACHE_HOME=$(mktemp -d) build/kz eval-suite --suite suite/kzbench --candidates "$OUT/batch/candidates" \
+      --device "$devices" --no-cache --out "$OUT/$name.jsonl" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+    echo "$devices: exit $?, $((SECONDS - start)) s wall" | tee -a "$OUT/walls.txt"
+  done
+  python3 bench/multi_gpu_summary.py --manifest "$OUT/batch/manifest.jsonl" --walls "$OUT/walls.txt" \
+    "$OUT"/batch-cuda_0.jsonl "$OUT"/batch-cuda_0_cuda_1.jsonl | tee "$OUT/summary.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
