@@ -9,8 +9,9 @@ and measures the host time of one forward without any synchronize. A last column
 the harness's own protocol (timing.time_interleaved: ABBA over the input sets; `abba_end` says
 which end it chose). `--hooks` installs the harness's launch-counting hooks first, `--audit` also
 the sandbox's audit hook, so that three runs of this script (none, hooks, hooks+audit) show what
-each costs. `--spin-us US` adds a candidate protocol (SpinTimer: a GPU spin before the start event
-hides host launch latency), with the same two ends ("spin", "spin_event");
+each costs. `--spin-us US` adds the harness's launch spin ([timing] launch_spin_us: a GPU spin
+before the start event hides host launch latency) to the "spin" and "spin_event" columns (the same
+two ends) and to the interleaved one;
 `bench/timing_spread.py` compares several runs of this script (separate processes) to show each
 protocol's spread.
 
@@ -32,36 +33,6 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "worker"))
 from kz_worker import cheats, loading, sandbox, timing  # noqa: E402
-
-
-class SpinTimer(timing.Timer):
-    """A candidate protocol: after the flush, a GPU spin of `spin_us` keeps the GPU busy while the
-    host issues the forward's launches, so host launch latency up to that long stays out of the
-    sample."""
-
-    def __init__(self, device, l2_flush_mb, spin_us):
-        super().__init__(device, l2_flush_mb)
-        self.spin_cycles = int(spin_us * cycles_per_us(device))
-
-    def prepare(self) -> None:
-        super().prepare()
-        torch.cuda._sleep(self.spin_cycles)
-
-
-_cycles_per_us = {}
-
-
-def cycles_per_us(device) -> float:
-    """torch.cuda._sleep counts GPU clock cycles: measured once, at the clock the GPU runs now."""
-    if device not in _cycles_per_us:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # wake the clocks
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _cycles_per_us[device] = 10_000_000 / (start.elapsed_time(end) * 1000.0)
-    return _cycles_per_us[device]
 
 
 def host_us(model, inputs, calls: int = 50) -> float:
@@ -90,7 +61,7 @@ def timers(device, flush_mb, spin_us) -> dict:
     """Timers by the kinds of their (synced, stream) ends."""
     made = {("sync", "event"): timing.Timer(device, flush_mb)}
     if spin_us > 0:
-        made[("spin", "spin_event")] = SpinTimer(device, flush_mb, spin_us)
+        made[("spin", "spin_event")] = timing.Timer(device, flush_mb, spin_us)  # [timing] launch_spin_us
     return made
 
 
@@ -117,7 +88,7 @@ def probe(reference_path, candidate_path, index, device, runs, flush_mb, spin_us
     for kind in timer_kinds(spin_us):
         row[f"speedup_{kind}"] = row[f"ref_{kind}_ms"] / row[f"cand_{kind}_ms"]
     # The harness's own protocol: both models interleaved (ABBA) over the rotating input sets.
-    settings = {"warmup_runs": 3, "runs": runs, "l2_flush_mb": flush_mb}
+    settings = {"warmup_runs": 3, "runs": runs, "l2_flush_mb": flush_mb, "launch_spin_us": spin_us}
     measured = timing.time_interleaved(ref_model, cand_model, input_sets, settings, device)
     row["speedup_abba"] = measured["speedup"]
     row["abba_end"] = measured["end"]
@@ -134,7 +105,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer ([timing] l2_flush_mb)")
     parser.add_argument("--spin-us", type=float, default=0,
-                        help="also time with a GPU spin of this long before each start event (SpinTimer)")
+                        help="also time with a GPU spin of this long before each start event ([timing] launch_spin_us)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out")
     args = parser.parse_args()

@@ -189,7 +189,8 @@ nlohmann::json protocol_options_json(const EvalOptions& o) {
         {"atol_half", t.atol_half}, {"rtol_half", t.rtol_half}, {"norm_tol_half", t.norm_tol_half}}},
       {"timing",
        {{"enabled", o.timing.enabled}, {"warmup_runs", o.timing.warmup_runs}, {"runs", o.timing.runs},
-        {"input_sets", o.timing.input_sets}, {"l2_flush_mb", o.timing.l2_flush_mb}}},
+        {"input_sets", o.timing.input_sets}, {"l2_flush_mb", o.timing.l2_flush_mb},
+        {"launch_spin_us", o.timing.launch_spin_us}}},
   };
 }
 

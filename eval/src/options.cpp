@@ -30,6 +30,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"timing.runs", o.timing.runs},
       {"timing.input_sets", o.timing.input_sets},
       {"timing.l2_flush_mb", o.timing.l2_flush_mb},
+      {"timing.launch_spin_us", o.timing.launch_spin_us},
       {"timing.exclusive", o.timing.exclusive},
       {"timing.gpu_jobs", o.timing.gpu_jobs},
       {"timeouts.startup_s", o.timeouts.startup_s},
@@ -67,9 +68,10 @@ Status EvalOptions::validate() const {
     return invalid_argument(fmt::format("format '{}' is not one of auto, cuda, triton, cuda-rtc, torch", format));
   if (trials < 1) return invalid_argument("trials must be at least 1");
   if (jobs < 0) return invalid_argument("jobs must be 0 (automatic) or positive");
-  if (timing.runs < 1 || timing.input_sets < 1 || timing.warmup_runs < 0 || timing.l2_flush_mb < 0 ||
-      timing.gpu_jobs < 1)
-    return invalid_argument("timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs and l2_flush_mb >= 0");
+  if (timing.runs < 1 || timing.input_sets < 1 || timing.gpu_jobs < 1 || timing.warmup_runs < 0 ||
+      timing.l2_flush_mb < 0 || timing.launch_spin_us < 0)
+    return invalid_argument(
+        "timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs, l2_flush_mb and launch_spin_us >= 0");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
                    timeouts.timing_s, timeouts.recheck_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");

@@ -240,6 +240,7 @@ TEST(CacheKey, EveryVerdictInputChangesTheKey) {
       [](EvalOptions& o) { o.timing.warmup_runs = 1; },
       [](EvalOptions& o) { o.timing.input_sets = 2; },
       [](EvalOptions& o) { o.timing.l2_flush_mb = 128; },
+      [](EvalOptions& o) { o.timing.launch_spin_us = 50; },
       [](EvalOptions& o) { o.sandbox.enabled = false; },
       [](EvalOptions& o) { o.sandbox.memory_mb = 1024; },
       [](EvalOptions& o) { o.sandbox.network = true; },

@@ -61,6 +61,7 @@ TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   EvalOptions o;
   o.trials = 9;
   o.timing.l2_flush_mb = 128;
+  o.timing.launch_spin_us = 75;
   o.tolerance.norm_tol_half = 0.5;
   o.size_overrides["dim"] = 64;
   std::string text = to_toml(o);
@@ -69,6 +70,7 @@ TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   ASSERT_TRUE(status.is_ok()) << status.to_string() << "\n" << text;
   EXPECT_EQ(back.trials, 9);
   EXPECT_EQ(back.timing.l2_flush_mb, 128);
+  EXPECT_EQ(back.timing.launch_spin_us, 75);
   EXPECT_DOUBLE_EQ(back.tolerance.norm_tol_half, 0.5);
   EXPECT_EQ(back.size_overrides.at("dim"), 64);
 }

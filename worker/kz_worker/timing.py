@@ -32,14 +32,19 @@ class Sample(NamedTuple):
 
 
 class Timer:
-    def __init__(self, device: torch.device, l2_flush_mb: int):
+    def __init__(self, device: torch.device, l2_flush_mb: int, launch_spin_us: float = 0):
         self.device = device
         self.flush_buffer = torch.empty(max(l2_flush_mb, 1) * (1 << 20) // 4, dtype=torch.float32, device=device)
         self.start, self.end, self.synced = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        self.spin_cycles = int(launch_spin_us * cycles_per_us(device)) if launch_spin_us > 0 else 0
 
     def prepare(self) -> None:
-        """The GPU work before the start event."""
+        """The GPU work before the start event: the L2 flush, then the launch spin (the GPU stays busy
+        while the host issues the forward's launches, so their latency up to the spin's length is
+        not in the sample)."""
         self.flush_buffer.zero_()
+        if self.spin_cycles:
+            torch.cuda._sleep(self.spin_cycles)
 
     def time_once(self, model, inputs, after=None) -> Sample:
         # The stream the start is on, even if the forward changes the current stream.
@@ -56,6 +61,22 @@ class Timer:
             after(output)
         del output
         return sample
+
+
+_cycles_per_us = {}
+
+
+def cycles_per_us(device) -> float:
+    """torch.cuda._sleep counts GPU clock cycles: measured once per device, at the clock it runs now."""
+    if device not in _cycles_per_us:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # wake the clocks
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _cycles_per_us[device] = 10_000_000 / (start.elapsed_time(end) * 1000.0)
+    return _cycles_per_us[device]
 
 
 def summarize(samples_ms):
@@ -94,7 +115,7 @@ def time_interleaved(reference, candidate, input_sets, settings: dict, device: t
 
     after_candidate(set_index, output, run): called after each candidate run (run None: warm-up).
     new_round(r): called before run r * len(input_sets), r >= 1."""
-    timer = timer or Timer(device, settings["l2_flush_mb"])
+    timer = timer or Timer(device, settings["l2_flush_mb"], settings.get("launch_spin_us", 0))
     n = len(input_sets)
 
     def candidate_once(k, run):

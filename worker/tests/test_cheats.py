@@ -324,7 +324,7 @@ def test_time_interleaved_hands_every_candidate_output_and_announces_rounds():
 
 
 class CPUTimer(FakeTimer):
-    def __init__(self, device, l2_flush_mb):
+    def __init__(self, device, l2_flush_mb, launch_spin_us=0):
         pass
 
 

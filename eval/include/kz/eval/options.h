@@ -28,6 +28,10 @@ struct TimingOptions {
   int runs = 100;           // timed runs per model, reference and candidate interleaved
   int input_sets = 4;       // rotating fresh input sets (defeats caching by pointer)
   int l2_flush_mb = 256;    // buffer written before each run; > the H200's 60 MB L2
+  // A GPU spin after the flush and before the start event: the host issues the forward's launches
+  // meanwhile, so host launch latency up to this long (Python launchers, a host busy with other
+  // evaluations) stays out of both models' samples; beyond it, it counts. 0: none.
+  int launch_spin_us = 200;
   // A lock file per GPU: a timing runs alone on its GPU while other workers' GPU work waits, so
   // several evaluations share one GPU (jobs = 0 picks gpu_jobs). false: one evaluation per GPU.
   bool exclusive = true;
