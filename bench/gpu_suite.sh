@@ -16,7 +16,7 @@
 #                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
 #                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
 #                   the speedups of the two runs side by side (bench/multi_gpu_summary.py). Needs
-#                   the nvidia-h200-x2 kind.
+#                   the nvidia-h200-x2 kind; KZ_MULTIGPU_DEVICES="cuda:0 cuda:0" runs it twice on one.
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
@@ -102,15 +102,17 @@ elif [[ $PART == startup ]]; then
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == multigpu ]]; then
   python3 bench/make_eval_batch.py "$OUT/batch" > /dev/null
-  for devices in cuda:0 cuda:0,cuda:1; do
-    name=batch-${devices//[:,]/_}
+  run=0
+  for devices in ${KZ_MULTIGPU_DEVICES:-cuda:0 cuda:0,cuda:1}; do
+    run=$((run + 1))
+    name=batch-$run-${devices//[:,]/_}
     start=$SECONDS
     XDG_CACHE_HOME=$(mktemp -d) build/kz eval-suite --suite suite/kzbench --candidates "$OUT/batch/candidates" \
       --device "$devices" --no-cache --out "$OUT/$name.jsonl" > "$OUT/$name.txt" 2> "$OUT/$name.err"
     echo "$devices: exit $?, $((SECONDS - start)) s wall" | tee -a "$OUT/walls.txt"
   done
   python3 bench/multi_gpu_summary.py --manifest "$OUT/batch/manifest.jsonl" --walls "$OUT/walls.txt" \
-    "$OUT"/batch-cuda_0.jsonl "$OUT"/batch-cuda_0_cuda_1.jsonl | tee "$OUT/summary.txt"
+    "$OUT"/batch-[0-9]*.jsonl | tee "$OUT/summary.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.

@@ -34,6 +34,11 @@ def read_walls(path: pathlib.Path) -> list:
     return walls
 
 
+def run_names(devices: list) -> list:
+    """The runs' device lists, numbered where one appears more than once (the same GPU twice)."""
+    return [d if devices.count(d) == 1 else f"{d} #{devices[:k + 1].count(d)}" for k, d in enumerate(devices)]
+
+
 def table(header: list, rows: list) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
@@ -45,7 +50,8 @@ def summarize(manifest: list, walls: list, runs: list) -> tuple:
     """(report text, number of verdicts that differ from the manifest)."""
     expected = {row["id"]: row["expected"] for row in manifest}
     rows, mismatches, speedups = [], 0, {}
-    for (devices, rc, wall), verdicts in zip(walls, runs):
+    names = run_names([w[0] for w in walls])
+    for (_, rc, wall), devices, verdicts in zip(walls, names, runs):
         wrong = [candidate_id(v) for v in verdicts if expected.get(candidate_id(v)) != v["status"]]
         missing = len(expected) - len(verdicts)
         mismatches += len(wrong) + max(missing, 0)
@@ -62,7 +68,6 @@ def summarize(manifest: list, walls: list, runs: list) -> tuple:
     text = [table(["devices", "exit", "wall s", "cands/min", "as expected", "per GPU"], rows)]
     if len(rows) >= 2 and float(rows[0][2]) > 0:
         text.append(f"{rows[-1][0]} against {rows[0][0]}: {float(rows[0][2]) / float(rows[-1][2]):.2f}x the rate")
-    names = [w[0] for w in walls]
     speed_rows = [[cid, *(f"{s[n]:.3f}" if n in s else "-" for n in names)] for cid, s in sorted(speedups.items())]
     if speed_rows:
         text.append("speedup of each timed candidate, per run")

@@ -38,3 +38,11 @@ def test_a_wrong_or_missing_verdict_fails_the_run(tmp_path):
                              str(tmp_path / "run.jsonl")], capture_output=True, text=True)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "2 verdict(s) differ" in result.stdout  # one wrong, one missing
+
+
+def test_the_same_devices_twice_are_told_apart():
+    first = [verdict(MANIFEST[0]["id"], "ok", "cuda:0", 1.5)]
+    second = [verdict(MANIFEST[0]["id"], "ok", "cuda:0", 1.2)]
+    text, _ = multi_gpu_summary.summarize(MANIFEST, [("cuda:0", 0, 60.0), ("cuda:0", 0, 60.0)], [first, second])
+    assert "cuda:0 #1" in text and "cuda:0 #2" in text
+    assert "1.500" in text and "1.200" in text  # both runs' speedups, not one overwriting the other
