@@ -50,6 +50,7 @@ struct ProposeArgs {
   std::string catalogue;
   std::string api_key_env;
   int jobs = 0;
+  std::string eval_config;  // its [worker] and [sandbox] apply to the validation
   ModuleValidationOptions validation;
 };
 
@@ -219,7 +220,20 @@ void print_report(const std::vector<Proposal>& proposals, const ProposeArgs& arg
                            proposals.size() - kept, by_reason.empty() ? "" : " (" + by_reason + ")", args.out);
 }
 
-int run(const ProposeArgs& args) {
+// The evaluations' config: a module is validated with the worker and sandbox settings its
+// evaluations will get.
+Status apply_eval_config(ProposeArgs& args) {
+  if (args.eval_config.empty()) return Status::ok();
+  EvalOptions eval;
+  KZ_RETURN_IF_ERROR(apply_toml_file(args.eval_config, eval));
+  KZ_RETURN_IF_ERROR(eval.validate());
+  args.validation.worker = eval.worker;
+  args.validation.sandbox = eval.sandbox;
+  return Status::ok();
+}
+
+int run(ProposeArgs args) {
+  if (auto status = apply_eval_config(args); !status.is_ok()) return report_error(status);
   if (args.apis.empty() == (args.random_apis == 0))
     return report_error(invalid_argument("give either --apis or --random-apis K"));
   if (args.n < 1) return report_error(invalid_argument("--n must be >= 1"));
@@ -272,6 +286,8 @@ Action add_propose_command(CLI::App& app) {
   command->add_option("--seed", args->seed, "seed for --random-apis (and the generation seed when non-zero)");
   command->add_option("--n", args->n, "modules to ask for (default 8)");
   command->add_option("--out", args->out, "JSONL file the rows are appended to (kept rows load as tasks)")->required();
+  command->add_option("--config", args->eval_config,
+                      "evaluation TOML (configs/eval.toml): its [worker] and [sandbox] apply to the validation");
   command->add_option("--device", args->validation.device, "validate on cpu or cuda:N (default cpu)");
   command->add_option("--level", args->level, "KernelBench level asked for: 1, 2 or 3 (default 1)");
   command->add_option("--temperature", args->temperature, "sampling temperature (default 0.8)");

@@ -85,11 +85,15 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   KZ_RETURN_IF_ERROR(options.validate());
   auto setup = resolve_worker_setup(options.worker);
   if (!setup.ok()) return setup.status();
+  setup->fork_server = uses_fork_server(options.worker, options.device);
   auto outcome = run_worker_request(
       *setup, "kz-validate-",
       [&](const fs::path& scratch) { return make_request(source, apis, options, scratch, setup->cache_dir); },
       [&](const std::string& stage) { return stage_deadline_s(options, stage); },
-      [&](ProcessSpec& spec) { apply_sandbox(options.sandbox, options.device, setup->cache_dir, spec); });
+      [&](ProcessSpec& spec) {
+        set_worker_device(options.device, spec);
+        apply_sandbox(options.sandbox, options.device, setup->cache_dir, spec);
+      });
   if (!outcome.ok()) return outcome.status().with_context("module validation: starting the worker");
   warn_sandbox_gaps(outcome->sandbox);
   switch (outcome->kind) {

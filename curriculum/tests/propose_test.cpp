@@ -168,11 +168,12 @@ class ProposeTest : public ::testing::Test {
     fs::remove_all(dir_, ignored);
   }
 
-  RunResult propose() {
+  RunResult propose(std::vector<std::string> extra = {}) {
     ProcessSpec spec;
     spec.argv = {kz_.string(), "propose", "--model", "openai:http://127.0.0.1:" + port_ + "/v1:fake-proposer",
                  "--apis", "torch.nn.functional.gelu,torch.matmul", "--n", "5", "--out",
                  (dir_ / "modules.jsonl").string(), "--jobs", "2"};
+    spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
     spec.env = current_environment();
     auto run = run_process(spec, std::chrono::seconds(400));
     EXPECT_TRUE(run.ok()) << run.status().to_string();
@@ -240,6 +241,26 @@ TEST_F(ProposeTest, KeepsValidModulesRejectsTheRestAndDedupsAcrossRuns) {
   std::set<std::string> ids;
   for (const auto& row : rows) ids.insert(row["id"]);
   EXPECT_EQ(ids.size(), 10u) << "ids are unique across runs";
+}
+
+// --config: the evaluations' TOML; its [worker] and [sandbox] apply to the validation workers.
+TEST_F(ProposeTest, EvalConfigWorkerAndSandboxApplyToValidation) {
+  fs::create_directories(dir_ / "scratch");
+  std::string config = "[worker]\nscratch_root = \"" + (dir_ / "scratch").string() +
+                       "\"\nkeep_scratch = true\n\n[sandbox]\nnetwork = false\n";
+  ASSERT_TRUE(write_file_atomic(dir_ / "eval.toml", config).is_ok());
+  auto run = propose({"--config", (dir_ / "eval.toml").string()});
+  ASSERT_TRUE(run.exit.exited && run.exit.exit_code == 0) << run.stdout_text << run.stderr_text;
+  int validation_dirs = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ / "scratch"))
+    validation_dirs += entry.path().filename().string().rfind("kz-validate-", 0) == 0;
+  EXPECT_GT(validation_dirs, 0) << "the config's scratch_root and keep_scratch were applied";
+
+  ASSERT_TRUE(write_file_atomic(dir_ / "bad.toml", "[sandbox]\nmax_processes = \"many\"\n").is_ok());
+  auto bad = propose({"--config", (dir_ / "bad.toml").string()});
+  EXPECT_NE(bad.exit.exit_code, 0);
+  EXPECT_NE(bad.stderr_text.find("bad.toml"), std::string::npos) << "the error names the file: " << bad.stderr_text;
+  EXPECT_NE(bad.stderr_text.find("max_processes"), std::string::npos) << bad.stderr_text;
 }
 
 TEST_F(ProposeTest, UnknownApiIsAUsageErrorWithASuggestion) {

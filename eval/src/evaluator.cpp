@@ -169,16 +169,12 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 }
 
 WorkerSetup Evaluator::worker_setup() const {
-  const std::string& mode = options_.worker.fork_server;
-  bool fork_server = mode == "always" || (mode == "gpu" && options_.device != "cpu");
   return WorkerSetup{python_,  worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
-                     fork_server};
+                     uses_fork_server(options_.worker, options_.device)};
 }
 
 void Evaluator::customize_worker(ProcessSpec& spec) const {
-  // Triton reads it when imported, which a fork server does before its first request.
-  if (options_.device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
-  spec.env["KZ_WORKER_DEVICE"] = options_.device;  // what a fork server prepares for
+  set_worker_device(options_.device, spec);
   apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
 }
 

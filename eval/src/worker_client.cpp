@@ -347,8 +347,17 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
-  setup.fork_server = options.fork_server == "always";  // an Evaluator decides "gpu" by its device
+  setup.fork_server = options.fork_server == "always";  // "gpu": uses_fork_server, by the device
   return setup;
+}
+
+bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
+  return options.fork_server == "always" || (options.fork_server == "gpu" && device != "cpu");
+}
+
+void set_worker_device(const std::string& device, ProcessSpec& spec) {
+  if (device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
+  spec.env["KZ_WORKER_DEVICE"] = device;
 }
 
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,

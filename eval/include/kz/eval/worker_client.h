@@ -36,6 +36,14 @@ struct WorkerSetup {
 // $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero). not_found when the worker or Python is missing.
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options);
 
+// Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
+bool uses_fork_server(const WorkerOptions& options, const std::string& device);
+
+// The environment a worker for `device` needs before its first import (a fork server imports
+// before any request): KZ_WORKER_DEVICE, and TRITON_INTERPRET=1 on the CPU (Triton reads it when
+// imported).
+void set_worker_device(const std::string& device, ProcessSpec& spec);
+
 // Seconds the named stage may run before the worker is killed. Called with "startup" first (Python
 // and torch imports, up to the first message), then with each stage name the worker announces.
 using StageDeadline = std::function<double(const std::string& stage)>;
