@@ -48,8 +48,13 @@ Result<ModelOptions> ModelFlags::resolve() const {
   if (!config_path_.empty()) KZ_RETURN_IF_ERROR(apply_toml_file(config_path_, options));
   ModelOptions given = given_;  // config_table() takes the options by non-const reference
   ConfigTable from = config_table(given), to = config_table(options);
-  for (const Override& o : overrides_)
-    if (o.option->count() > 0) copy_value(target_of(from, o.key), target_of(to, o.key));
+  for (const Override& o : overrides_) {
+    if (o.option->count() == 0) continue;
+    copy_value(target_of(from, o.key), target_of(to, o.key));
+    // The bounds a config file would be held to (`--top-p 0` is refused as `top_p = 0` is).
+    if (Status checked = check_config_value(*find_config_field(to, o.key), o.key); !checked.is_ok())
+      return invalid_argument(fmt::format("{}: {}", o.option->get_name(), checked.message()));
+  }
   return options;
 }
 

@@ -473,6 +473,13 @@ TEST_F(ServeModelTest, GenerateTakesAConfigFileAndFlagsOverrideIt) {
   EXPECT_EQ(r->exit.exit_code, 2) << r->exit.describe();
   EXPECT_NE(r->stderr_text.find(bad.string()), std::string::npos) << r->stderr_text;
   EXPECT_NE(r->stderr_text.find("'sampling.temprature'"), std::string::npos) << r->stderr_text;
+
+  // A flag is held to its key's bounds, as the file is.
+  auto zero_top_p = run({KZ_BIN, "generate", "--model", model_.string(), "--prompt", "x", "--top-p", "0"});
+  ASSERT_TRUE(zero_top_p.ok()) << zero_top_p.status().to_string();
+  EXPECT_EQ(zero_top_p->exit.exit_code, 2) << zero_top_p->exit.describe() << zero_top_p->stderr_text;
+  EXPECT_NE(zero_top_p->stderr_text.find("--top-p: config key 'sampling.top_p' must be > 0"), std::string::npos)
+      << zero_top_p->stderr_text;
 }
 
 // No --port: the default, 0 (any free port). max_batch from the file; the name from the flag, over the file's.

@@ -7,10 +7,11 @@
 #include <limits>
 #include <regex>
 #include <sstream>
-#include "kz/core/toml.h"
+#include <type_traits>
 #include <utility>
 
 #include "kz/core/files.h"
+#include "kz/core/toml.h"
 
 namespace kz {
 
@@ -183,6 +184,21 @@ std::string show(const T& value) {
 }
 
 }  // namespace
+
+Status check_config_value(const ConfigField& field, const std::string& key) {
+  return std::visit(
+      [&](auto* value) -> Status {
+        using T = std::remove_pointer_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, bool>) return Status::ok();
+        else if constexpr (std::is_arithmetic_v<T>) return check_bounds(field, key, static_cast<double>(*value));
+        else if constexpr (std::is_same_v<T, std::string>) {
+          if (!field.pattern.empty() && !std::regex_match(*value, std::regex(field.pattern)))
+            return invalid_argument(fmt::format("config key '{}' must be {}, got \"{}\"", key, field.expected, *value));
+          return Status::ok();
+        } else return Status::ok();  // paths, string lists and integer tables carry no bounds
+      },
+      field.target);
+}
 
 const ConfigField* find_config_field(const ConfigTable& table, std::string_view key) {
   for (const ConfigEntry& entry : table)

@@ -58,6 +58,10 @@ using ConfigTable = std::vector<ConfigEntry>;
 Status apply_config_text(std::string_view text, std::string_view origin, const ConfigTable& table);
 Status apply_config_file(const std::filesystem::path& path, const ConfigTable& table);
 
+// Checks the value `field` holds now against its bounds or pattern, as reading it from TOML does:
+// for values set another way (command-line flags). Errors name `key`.
+Status check_config_value(const ConfigField& field, const std::string& key);
+
 // The field of `key` in `table`; nullptr when the table has no such key.
 const ConfigField* find_config_field(const ConfigTable& table, std::string_view key);
 
