@@ -83,7 +83,8 @@ Action add_generate_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   settings.add("--seed", "sampling.seed", "sampling seed (default 0)");
   settings.add("--stop", "sampling.stop", "stop string (repeatable; not included in the text)");
-  settings.add("--ignore-eos", "sampling.ignore_eos", "do not stop at the generation config's eos tokens");
+  settings.add("--ignore-eos,!--no-ignore-eos", "sampling.ignore_eos",
+               "do not stop at the generation config's eos tokens (--no-ignore-eos undoes a config file's true)");
   settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
   settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
   command->add_flag("--json", args->json,
