@@ -789,6 +789,9 @@ const std::string& Process::stderr_tail() const { return impl_->err_tail; }
 void Process::kill_group(int sig) { impl_->kill_group(sig); }
 const SandboxReport& Process::sandbox() const { return impl_->report; }
 LimitHit Process::limit_hit() const { return impl_->limit_hit(); }
+void Process::check_task_cap() {
+  if (!impl_->exit) impl_->check_task_cap();
+}
 
 Result<Process> Process::spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return invalid_argument("spawning a process: empty argv");

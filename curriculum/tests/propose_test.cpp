@@ -243,11 +243,12 @@ TEST_F(ProposeTest, KeepsValidModulesRejectsTheRestAndDedupsAcrossRuns) {
   EXPECT_EQ(ids.size(), 10u) << "ids are unique across runs";
 }
 
-// --config: the evaluations' TOML; its [worker] and [sandbox] apply to the validation workers.
-TEST_F(ProposeTest, EvalConfigWorkerAndSandboxApplyToValidation) {
+// --config: the evaluations' TOML; its [worker] (seen here: scratch_root, keep_scratch) and
+// [sandbox] (taken by the same assignment) apply to the validation workers.
+TEST_F(ProposeTest, EvalConfigAppliesToValidation) {
   fs::create_directories(dir_ / "scratch");
   std::string config = "[worker]\nscratch_root = \"" + (dir_ / "scratch").string() +
-                       "\"\nkeep_scratch = true\n\n[sandbox]\nnetwork = false\n";
+                       "\"\nkeep_scratch = true\n";
   ASSERT_TRUE(write_file_atomic(dir_ / "eval.toml", config).is_ok());
   auto run = propose({"--config", (dir_ / "eval.toml").string()});
   ASSERT_TRUE(run.exit.exited && run.exit.exit_code == 0) << run.stdout_text << run.stderr_text;

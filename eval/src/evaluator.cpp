@@ -185,8 +185,12 @@ Status Evaluator::start_fork_servers(int count) const {
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
+  WorkerSetup setup = worker_setup();
+  // Compile-only runs (the cuda pre-build, one per core) start fresh workers: fork servers made
+  // for them would stay idle, one per core, after the pre-build.
+  setup.fork_server = setup.fork_server && mode == EvalMode::full;
   auto outcome = run_worker_request(
-      worker_setup(), kScratchPrefix,
+      setup, kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);

@@ -127,6 +127,9 @@ LimitHit child_limit(const nlohmann::json& done) {
 struct Supervised {
   WorkerOutcome outcome;
   bool server_reusable = false;
+  // The server failed (died, or could not start a child) before the child's first message, that
+  // is before any candidate code ran: KernelZero's failure, not the candidate's.
+  bool server_failed = false;
 };
 
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
@@ -137,8 +140,10 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
   StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
   std::optional<nlohmann::json> result;
+  bool child_spoke = false;  // a message of the child's arrived (its first comes before candidate code)
   auto finish = [&](WorkerOutcome outcome, bool reusable) {
-    return Supervised{with_stages(std::move(outcome), clock, stage), reusable};
+    bool server_failed = fork_server && !child_spoke && outcome.kind == WorkerOutcome::Kind::crashed;
+    return Supervised{with_stages(std::move(outcome), clock, stage), reusable, server_failed};
   };
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -169,6 +174,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
     auto message = nlohmann::json::parse(line, nullptr, false);
     std::string type = message.is_object() ? message.value("type", "") : "";
     if (result && type != "fork_server_done") continue;  // the verdict is in: only the server's word counts
+    if (type != "fork_server_done") child_spoke = true;
     if (type == "stage") {
       clock.close(stage);
       stage = message.value("name", "?");
@@ -182,14 +188,25 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
       }
       deadline = Clock::now() + kServerCleanUp;
     } else if (type == "fork_server_done" && fork_server) {
-      bool reusable = message.value("leftovers", 1) == 0;  // else processes of this request may live on
+      // A process cap crossed in this request is this request's (the cgroup's count of refused
+      // forks only grows): look now, not at the next poll, which would charge the next request.
+      worker.check_task_cap();
+      bool reusable = message.value("leftovers", 1) == 0      // else processes of this request may live on
+                      && !message.value("retire", true)        // the server's CPU time is half its limit
+                      && worker.limit_hit() == LimitHit::none;
       if (!reusable) worker.kill_and_reap();
-      if (result) return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, reusable);
-      ExitInfo exit = child_exit(message);
+      if (result) {
+        WorkerOutcome outcome{WorkerOutcome::Kind::result, std::move(*result), stage};
+        outcome.limit_hit = worker.limit_hit();
+        return finish(std::move(outcome), reusable);
+      }
+      std::string how = message.contains("error") ? message.value("error", std::string("?"))
+                                                   : child_exit(message).describe();
       auto outcome = failed(WorkerOutcome::Kind::crashed, stage,
                             fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
-                                        exit.describe(), tail(worker.stderr_tail())));
+                                        how, tail(worker.stderr_tail())));
       outcome.limit_hit = child_limit(message);
+      if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = worker.limit_hit();
       return finish(std::move(outcome), reusable);
     } else {
       worker.kill_and_reap();
@@ -234,8 +251,10 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
   spec.defer_stdin = true;  // the request follows (a fork server: one after another)
   spec.message_pipe = true;
   if (customize) customize(spec);
-  // The server itself is one more task beside each request's child and what that child starts.
-  if (setup.fork_server && spec.limits.max_processes > 0) spec.limits.max_processes += 1;
+  // The server's own tasks come on top of each request's: itself and its threads (OpenMP's pool,
+  // one per core, from the imports' warm-up).
+  if (setup.fork_server && spec.limits.max_processes > 0)
+    spec.limits.max_processes += static_cast<uint64_t>(cpu_cores()) + 8;
   return spec;
 }
 
@@ -302,17 +321,22 @@ class IdleServers {
   std::map<std::string, std::deque<StartedWorker>> idle_;
 };
 
-// Empties a fork server's scratch dir before its next request: no file of one evaluation is seen
-// by the next (keep_scratch keeps them, for debugging).
-void clear_scratch(const StartedWorker& server) {
-  if (server.keep_scratch) return;
-  std::error_code ignored;
-  for (const auto& entry : fs::directory_iterator(server.scratch, ignored)) fs::remove_all(entry.path(), ignored);
+// Empties a fork server's scratch dir before its next request, so no file of one evaluation is
+// seen by the next: directories a child made unwritable are made writable first. False when
+// something is left (the server must not serve again).
+bool clear_scratch(const StartedWorker& server) {
+  std::error_code error;
+  for (auto it = fs::recursive_directory_iterator(server.scratch, fs::directory_options::none, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error))
+    if (it->is_directory(error) && !it->is_symlink(error))
+      fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, error);
+  for (const auto& entry : fs::directory_iterator(server.scratch, error)) fs::remove_all(entry.path(), error);
+  return fs::is_empty(server.scratch, error) && !error;
 }
 
-Result<WorkerOutcome> run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
-                                      const std::function<nlohmann::json(const fs::path&)>& make_request,
-                                      const StageDeadline& deadline_s, bool& server_reusable) {
+Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
+                           const std::function<nlohmann::json(const fs::path&)>& make_request,
+                           const StageDeadline& deadline_s) {
   // Sources may hold any bytes.
   std::string request =
       make_request(request_scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -327,8 +351,32 @@ Result<WorkerOutcome> run_one_request(StartedWorker& worker, const fs::path& req
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
   outcome.sandbox = process.sandbox();
-  server_reusable = supervised.server_reusable;
-  return std::move(outcome);
+  return supervised;
+}
+
+// One request on a fork server of `key`: an idle one, else a new one.
+Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::string& key,
+                                      const std::string& scratch_prefix,
+                                      const std::function<nlohmann::json(const fs::path&)>& make_request,
+                                      const StageDeadline& deadline_s,
+                                      const std::function<void(ProcessSpec&)>& customize) {
+  std::optional<StartedWorker> server = IdleServers::instance().take(key);
+  if (!server) {
+    auto fresh = start_worker(setup, scratch_prefix, customize);
+    if (!fresh.ok()) return fresh.status();
+    server.emplace(std::move(*fresh));
+  }
+  server->keep_scratch = setup.keep_scratch;  // this request's choice, not the server's creator's
+  fs::path request_scratch = server->scratch / fmt::format("request-{}", ++server->requests);
+  std::error_code error;
+  if (!fs::create_directory(request_scratch, error))  // never one a child left behind
+    return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
+                                      error ? error.message() : "it exists already"));
+  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
+  // With keep_scratch the files stay, so the server does not serve again.
+  if (supervised.server_reusable && !setup.keep_scratch && clear_scratch(*server))
+    IdleServers::instance().add(key, std::move(*server));
+  return supervised;  // a server not given back is killed here, its scratch dir removed
 }
 }  // namespace
 
@@ -364,31 +412,19 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize) {
-  bool reusable = false;
   if (!setup.fork_server) {
     auto worker = start_worker(setup, scratch_prefix, customize);
     if (!worker.ok()) return worker.status();
-    return run_one_request(*worker, worker->scratch, false, make_request, deadline_s, reusable);
+    return run_one_request(*worker, worker->scratch, false, make_request, deadline_s).outcome;
   }
   std::string key = server_key(setup, scratch_prefix, customize);
-  std::optional<StartedWorker> server = IdleServers::instance().take(key);
-  if (!server) {
-    auto fresh = start_worker(setup, scratch_prefix, customize);
-    if (!fresh.ok()) return fresh.status();
-    server.emplace(std::move(*fresh));
-  }
-  server->keep_scratch = setup.keep_scratch;  // this request's choice, not the server's creator's
-  fs::path request_scratch = server->scratch / fmt::format("request-{}", ++server->requests);
-  std::error_code error;
-  fs::create_directory(request_scratch, error);
-  if (error)
-    return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(), error.message()));
-  auto outcome = run_one_request(*server, request_scratch, true, make_request, deadline_s, reusable);
-  if (reusable) {
-    clear_scratch(*server);
-    IdleServers::instance().add(key, std::move(*server));
-  }
-  return outcome;  // a server not reusable is killed here, its scratch dir removed
+  auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
+  // A server that failed before its child's first message (killed while idle, a fork refused at a
+  // process limit) is no verdict on the candidate: once more, on another server.
+  if (supervised.ok() && supervised->server_failed)
+    supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
+  if (!supervised.ok()) return supervised.status();
+  return std::move(supervised->outcome);
 }
 
 Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,

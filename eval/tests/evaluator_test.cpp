@@ -165,19 +165,22 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   o.worker.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
   ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
-  std::this_thread::sleep_for(std::chrono::seconds(4));  // the server imports meanwhile
-  for (int run = 0; run < 2; ++run) {
+  double forked_startup_s = 1e9;  // the quickest of the runs after the first (which may wait for the imports)
+  for (int run = 0; run < 3; ++run) {
     Verdict v = evaluate(evaluator, kRelu, kTritonRelu);
     expect_ok(v);
     ASSERT_FALSE(v.stage_s.empty()) << dump(v);
     EXPECT_EQ(v.stage_s.front().first, "startup");
-    EXPECT_LT(v.stage_s.front().second, 0.5) << "run " << run << ": forked with Python and torch loaded\n" << dump(v);
+    if (run > 0) forked_startup_s = std::min(forked_startup_s, v.stage_s.front().second);
   }
   Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
   EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
 
   o.worker.fork_server = "never";
   Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
+  ASSERT_FALSE(fresh.stage_s.empty()) << dump(fresh);
+  // Relative, not a wall-time bound: on a loaded machine both slow down, the imports more.
+  EXPECT_LT(forked_startup_s, fresh.stage_s.front().second) << "a forked child starts without the imports";
   EXPECT_EQ(fresh.status, wrong.status) << dump(fresh);
   EXPECT_EQ(fresh.checks, wrong.checks) << dump(fresh);
   EXPECT_EQ(fresh.max_abs_error, wrong.max_abs_error) << "same seed, same inputs, same outputs\n" << dump(fresh);

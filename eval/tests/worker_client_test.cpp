@@ -26,7 +26,7 @@ constexpr const char* kStandInProcess = R"(import json, os, signal, subprocess, 
 started = time.monotonic()
 
 def prepare_host(device):
-    pass
+    os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
 
 def prepare_device(device):
     pass
@@ -42,6 +42,7 @@ def evaluate(request):
     reply = {"type": "result", "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
              "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
+             "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"),
              "process_s": time.monotonic() - started}
     if action == "exit":
         os._exit(9)
@@ -49,6 +50,8 @@ def evaluate(request):
         os.kill(os.getpid(), signal.SIGXCPU)
     if action == "hang":
         time.sleep(60)
+    if action == "linger":  # long enough for the supervisor's periodic look at the process cap
+        time.sleep(0.6)
     if action == "daemon":  # a grandchild that detaches and would outlive the evaluation
         if os.fork() == 0:
             os.setsid()
@@ -58,6 +61,31 @@ def evaluate(request):
             os._exit(0)
         while not os.path.exists(request["daemon_pid_file"]):
             time.sleep(0.01)
+    if action == "zombie_leader":  # a grandchild whose leader exits while a thread runs on: /proc says Z
+        if os.fork() == 0:
+            import ctypes, threading
+            threading.Thread(target=lambda: time.sleep(60)).start()
+            open(request["daemon_pid_file"], "w").write(str(os.getpid()))
+            ctypes.CDLL(None).syscall(request["sys_exit"], 0)
+        while not os.path.exists(request["daemon_pid_file"]):
+            time.sleep(0.01)
+        time.sleep(0.2)
+    if action == "fork_burst":  # past the process cap, all gone again before the result
+        kids = []
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(5)
+                os._exit(0)
+            kids.append(pid)
+        for pid in kids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if action == "nested":  # too deep for the relay's parser, not for every parser
+        os.write(3, b'{"type": "fork_server_done", "leftovers": 0, "x": ' + b"[" * 100000 + b"]" * 100000 + b"}\n")
     if action == "forge":
         os.write(3, b'{"type": "fork_server_done", "leftovers": 0}\n')
     os.write(3, (json.dumps(reply) + "\n").encode())
@@ -88,7 +116,8 @@ class WorkerClientTest : public ::testing::Test {
   }
 
   WorkerOutcome run(const WorkerSetup& s, nlohmann::json fields = nlohmann::json::object(),
-                    const std::string& prefix = "kz-test-", double deadline_s = 30) const {
+                    const std::string& prefix = "kz-test-", double deadline_s = 30,
+                    const std::function<void(ProcessSpec&)>& customize = {}) const {
     auto outcome = run_worker_request(
         s, prefix,
         [&](const fs::path& scratch) {
@@ -96,7 +125,7 @@ class WorkerClientTest : public ::testing::Test {
           fields["device"] = "cpu";
           return fields;
         },
-        [=](const std::string&) { return deadline_s; });
+        [=](const std::string&) { return deadline_s; }, customize);
     EXPECT_TRUE(outcome.ok()) << outcome.status().to_string();
     return outcome.ok() ? *outcome : WorkerOutcome{};
   }
@@ -126,6 +155,7 @@ TEST_F(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
   EXPECT_EQ(second["seen"], nlohmann::json::array({fs::path(second["scratch"].get<std::string>()).filename()}))
       << "nothing of the first request is left for the second";
   EXPECT_EQ(second["stdin"], "") << "a child cannot read the server's next requests";
+  EXPECT_TRUE(second["imports_env"].is_null()) << "the child gets the supervisor's environment, not the imports'";
 
   auto other_kind = result(setup(true), nlohmann::json::object(), "kz-other-");
   EXPECT_NE(other_kind["ppid"], first["ppid"]) << "a server of another kind (scratch prefix) is not taken";
@@ -156,6 +186,40 @@ TEST_F(WorkerClientTest, ProcessesAChildLeftBehindAreKilledBeforeTheNextRequest)
   EXPECT_NE(::kill(std::stoi(*pid), 0), 0) << "the detached daemon is gone once the request is answered";
   auto next = result(setup(true));
   EXPECT_EQ(next["ppid"], outcome["ppid"]);
+}
+
+TEST_F(WorkerClientTest, ThreadGroupWhoseLeaderExitedIsKilledToo) {
+#if defined(__x86_64__)
+  const int sys_exit = 60;
+#elif defined(__aarch64__)
+  const int sys_exit = 93;
+#else
+  GTEST_SKIP() << "SYS_exit's number is known here for x86-64 and arm64 only";
+#endif
+  fs::path pid_file = root_ / "leader.pid";
+  auto outcome = result(setup(true), {{"action", "zombie_leader"}, {"daemon_pid_file", pid_file.string()},
+                                      {"sys_exit", sys_exit}});
+  ASSERT_TRUE(outcome.contains("pid")) << outcome.dump();
+  auto pid = read_file(pid_file);
+  ASSERT_TRUE(pid.ok()) << pid.status().to_string();
+  EXPECT_FALSE(fs::exists(fs::path("/proc") / *pid))
+      << "a process that /proc shows as a zombie while its thread runs on is gone before the next request";
+}
+
+TEST_F(WorkerClientTest, ProcessCapCrossedInOneRequestIsNotChargedToTheNext) {
+  auto capped = [](ProcessSpec& spec) { spec.limits.max_processes = 8; };
+  WorkerOutcome burst = run(setup(true), {{"action", "fork_burst"}}, "kz-test-", 30, capped);
+  if (burst.sandbox.process_cap == "cgroup")  // it counts the forks it refused; polling may miss a burst
+    EXPECT_EQ(burst.limit_hit, LimitHit::processes) << "the burst is charged to its own request: " << burst.message;
+  WorkerOutcome next = run(setup(true), {{"action", "linger"}}, "kz-test-", 30, capped);
+  EXPECT_EQ(next.kind, WorkerOutcome::Kind::result) << next.message;
+  EXPECT_EQ(next.limit_hit, LimitHit::none) << "the previous request's burst is not this one's";
+}
+
+TEST_F(WorkerClientTest, MessageTooDeepToParseIsAProtocolError) {
+  WorkerOutcome nested = run(setup(true), {{"action", "nested"}});
+  EXPECT_EQ(nested.kind, WorkerOutcome::Kind::protocol_error) << nested.message;
+  EXPECT_NE(nested.message.find("invalid_message"), std::string::npos) << nested.message;
 }
 
 TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {

@@ -10,18 +10,24 @@ sends it requests one at a time:
   stdin   one JSON request per line; EOF ends the server
   fd 3    the child's messages, relayed (protocol.py), then after the child is gone:
           {"type": "fork_server_done", "exit_code": N | null, "signal": N | null, "cpu_s": F,
-           "limit": "cpu_time" | "file_size" | null, "leftovers": N}
+           "limit": "cpu_time" | "file_size" | null, "leftovers": N, "retire": bool,
+           "error": "..." (only when no child could be started)}
 
 Every request gets a new process, forked from the prepared server, never a reused one: the child
-runs in the request's scratch dir (a fresh directory inside the server's), with stdin closed and
-the pipe to the server as fd 3. A child cannot reach the server: the server is not dumpable (no
-/proc/<pid>/mem, no ptrace without the capabilities the sandbox drops), the child does not inherit
-the server's message pipe, and a "fork_server_done" it sends is relayed as "forged_message" (the
-supervisor's protocol error). Messages are relayed re-serialised, so the supervisor reads what was
-parsed here. Before "done", every process the child left is killed (the server is their
-subreaper, so daemons that double-fork come back to it); the supervisor then clears the scratch
-dirs before the next request. A server that cannot kill them says so ("leftovers"), and the
-supervisor replaces it.
+runs in the request's scratch dir (a fresh directory inside the server's), with stdin closed, the
+supervisor's environment (not what the server's imports added to it) and the pipe to the server
+as fd 3. What keeps a child from the next request's (docs/evaluation.md, "Fork servers"):
+  - the server is not dumpable (no /proc/<pid>/mem, no ptrace without the capabilities the
+    sandbox drops), and the child does not inherit the server's message pipe;
+  - messages are relayed re-serialised, so the supervisor reads what was parsed here; a
+    "fork_server_done" from the child, or a line that does not parse (nesting too deep, say),
+    is relayed as "forged_message" / "invalid_message" (the supervisor's protocol error); too many
+    or too long lines end the child;
+  - before "done", every process below the server is killed, zombie-looking thread-group leaders
+    included (the server is their subreaper, so daemons that double-fork come back to it); a
+    server that cannot kill them says so ("leftovers") and is replaced;
+  - the server retires ("retire") once its own CPU time passes half its RLIMIT_CPU, so that limit
+    never ends a later request.
 """
 import ctypes
 import json
@@ -40,10 +46,24 @@ MESSAGE_FD = 3
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 DONE = "fork_server_done"
+MAX_LINE_BYTES = 64 << 20        # a result with its tracebacks is far smaller
+MAX_LINES = 100_000              # per request; stage messages are a handful
+DRAIN_READS = 256                # reads of what the child left in the pipe after its exit
+CHILD_SETUP_FAILED = 75          # the child's exit code when it could not set up (no candidate code ran)
+
+
+class TooMuchOutput(Exception):
+    pass
 
 
 def serve(device_name: str) -> int:
+    environment = dict(os.environ)
     process.quietly(process.prepare_host, device_name)
+    # What the imports put in the environment points into the server's scratch dir (torch sets
+    # TORCHINDUCTOR_CACHE_DIR there): a child gets the supervisor's environment, as a fresh worker does.
+    os.environ.clear()
+    os.environ.update(environment)
+    _refuse_if_cuda_initialized()
     _prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
     while line := sys.stdin.buffer.readline():
@@ -52,9 +72,22 @@ def serve(device_name: str) -> int:
     return 0
 
 
+def _refuse_if_cuda_initialized() -> None:
+    """A CUDA context does not survive fork: with one here every child would fail, and its failure
+    would look like the candidate's."""
+    torch = sys.modules.get("torch")  # not imported: nothing initialised CUDA
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("kz fork server: CUDA was initialised by the imports; children could not use it")
+
+
 def serve_one(request: dict) -> None:
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+    except OSError as error:  # EAGAIN at a process limit, EMFILE...: no child, no candidate code ran
+        _send({"type": DONE, "error": f"fork server could not start a child: {error}", "leftovers": 0,
+               "retire": True})
+        return
     if pid == 0:  # the child: never returns
         try:
             os.close(read_fd)
@@ -64,63 +97,71 @@ def serve_one(request: dict) -> None:
         finally:
             os._exit(70)
     os.close(write_fd)
-    status, usage = relay_until_exit(pid, read_fd)
+    status, cpu_s = relay_until_exit(pid, read_fd)
     os.close(read_fd)
     leftovers = kill_descendants()
-    _send_raw(done_message(status, usage, leftovers))
+    _send(done_message(status, cpu_s, leftovers))
 
 
 def run_child(request: dict, message_fd: int) -> None:
-    os.dup2(message_fd, MESSAGE_FD)  # replaces the server's own pipe to the supervisor
-    os.close(message_fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the server's stdin holds the next requests
-    os.close(null)
-    _prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
-    scratch = request["scratch_dir"]
-    os.chdir(scratch)
-    os.environ["HOME"] = os.environ["TMPDIR"] = scratch
-    tempfile.tempdir = None  # computed again from TMPDIR
+    try:
+        os.dup2(message_fd, MESSAGE_FD)  # replaces the server's own pipe to the supervisor
+        os.close(message_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the server's stdin holds the next requests
+        os.close(null)
+        _prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
+        scratch = request["scratch_dir"]
+        os.chdir(scratch)
+        os.environ["HOME"] = os.environ["TMPDIR"] = scratch
+        tempfile.tempdir = None  # computed again from TMPDIR
+    except Exception:
+        traceback.print_exc()
+        os._exit(CHILD_SETUP_FAILED)
     process.quietly(process.prepare_device, request["device"])
     process.evaluate(request)
 
 
 def relay_until_exit(pid: int, read_fd: int):
-    """Relays the child's message lines until it exits; then what it left in the pipe (a grandchild
-    holding the pipe open must not keep us here)."""
+    """Relays the child's message lines until it exits, then what it left in the pipe (bounded: a
+    grandchild holding the pipe open must not keep us here). (wait status, the child's own CPU s)."""
     pidfd = _pidfd(pid)
-    buffer = b""
+    relay = Relay()
     poller = select.poll()
     poller.register(read_fd, select.POLLIN)
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
     pipe_open = True
-    while True:
-        events = dict(poller.poll(None if pidfd is not None else 20))  # no pidfd: look every 20 ms
-        if pipe_open and read_fd in events:
-            chunk = os.read(read_fd, 1 << 16)
-            if chunk:
-                buffer = _relay_lines(buffer + chunk)
-            else:
-                pipe_open = False
-                poller.unregister(read_fd)
-        if pidfd in events if pidfd is not None else _exited(pid):
-            break
-    os.set_blocking(read_fd, False)
-    while pipe_open:
-        try:
-            chunk = os.read(read_fd, 1 << 16)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        buffer = _relay_lines(buffer + chunk)
-    if buffer:
-        _relay_lines(buffer + b"\n")
+    try:
+        while True:
+            events = dict(poller.poll(None if pidfd is not None else 20))  # no pidfd: look every 20 ms
+            if pipe_open and read_fd in events:
+                chunk = os.read(read_fd, 1 << 16)
+                if chunk:
+                    relay.feed(chunk)
+                else:
+                    pipe_open = False
+                    poller.unregister(read_fd)
+            if pidfd in events if pidfd is not None else _exited(pid):
+                break
+        os.set_blocking(read_fd, False)
+        for _ in range(DRAIN_READS if pipe_open else 0):
+            try:
+                chunk = os.read(read_fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            relay.feed(chunk)
+        relay.finish()
+    except TooMuchOutput:
+        os.kill(pid, signal.SIGKILL)
+        _send({"type": "forged_message", "why": "more messages than a worker sends"})
     if pidfd is not None:
         os.close(pidfd)
-    _, status, usage = os.wait4(pid, 0)
-    return status, usage
+    cpu_s = _own_cpu_seconds(pid)  # a zombie now: its own CPU time, without its reaped children's
+    _, status = os.waitpid(pid, 0)
+    return status, cpu_s
 
 
 def _pidfd(pid: int):
@@ -136,24 +177,54 @@ def _exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _relay_lines(data: bytes) -> bytes:
-    """Relays the complete lines of `data`; returns the incomplete rest."""
-    *lines, rest = data.split(b"\n")
-    for line in lines:
-        try:
-            message = json.loads(line)
-        except ValueError:
-            message = None
-        if isinstance(message, dict):
-            if message.get("type") == DONE:
-                message = {"type": "forged_message"}
-            line = json.dumps(message).encode()
-        _send_raw(line)
-    return rest
+class Relay:
+    """Splits the child's bytes into lines and relays each, re-serialised."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+        self.scanned = 0  # no newline before this offset
+        self.lines = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        while (end := self.buffer.find(b"\n", self.scanned)) >= 0:
+            self._relay(bytes(self.buffer[:end]))
+            del self.buffer[:end + 1]
+            self.scanned = 0
+        self.scanned = len(self.buffer)
+        if len(self.buffer) > MAX_LINE_BYTES:
+            raise TooMuchOutput()
+
+    def finish(self) -> None:
+        if self.buffer:
+            self._relay(bytes(self.buffer))
+            self.buffer.clear()
+
+    def _relay(self, line: bytes) -> None:
+        self.lines += 1
+        if self.lines > MAX_LINES:
+            raise TooMuchOutput()
+        _send_line(relayed(line))
+
+
+def relayed(line: bytes) -> bytes:
+    """What the supervisor gets for one line of the child's: the object as parsed here, serialised
+    again, or a message it refuses (a line that does not parse here must not parse there either)."""
+    try:
+        message = json.loads(line)
+        if not isinstance(message, dict):
+            return b'{"type": "invalid_message"}'
+        if message.get("type") == DONE:
+            return b'{"type": "forged_message"}'
+        return json.dumps(message).encode()
+    except Exception:  # ValueError, RecursionError on deep nesting, ...
+        return b'{"type": "invalid_message"}'
 
 
 def kill_descendants(deadline_s: float = 5.0) -> int:
-    """SIGKILLs every process below this one and reaps them; the number still alive at the deadline."""
+    """SIGKILLs every process below this one and reaps them; the number still there at the deadline.
+    A process whose /proc state is Z may still run threads (its leader exited with SYS_exit): it is
+    killed too, and waited for until /proc no longer lists it."""
     me = os.getpid()
     stop = time.monotonic() + deadline_s
     while True:
@@ -180,8 +251,6 @@ def _descendants(root: int) -> list:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) "
-        if fields[0] == b"Z":
-            continue  # a zombie: reaped by its parent, or by us once it is reparented
         children.setdefault(int(fields[1]), []).append(int(name))
     found, frontier = [], [root]
     while frontier:
@@ -201,24 +270,42 @@ def _reap_children() -> None:
             return
 
 
-def done_message(status: int, usage, leftovers: int) -> dict:
+def _own_cpu_seconds(pid: int) -> float:
+    """utime + stime of a (zombie) process, without its children's."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def done_message(status: int, cpu_s: float, leftovers: int) -> dict:
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    cpu_s = usage.ru_utime + usage.ru_stime
     cpu_limit, _ = resource.getrlimit(resource.RLIMIT_CPU)
+    limited = cpu_limit != resource.RLIM_INFINITY
     limit = None
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_limit != resource.RLIM_INFINITY
-                                 and cpu_s >= cpu_limit):  # SIGXCPU ignored: SIGKILL at the hard limit
-        limit = "cpu_time"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and limited and cpu_s >= cpu_limit):
+        limit = "cpu_time"  # SIGXCPU ignored: SIGKILL at the hard limit
     elif sig == signal.SIGXFSZ:
         limit = "file_size"
-    return {"type": DONE, "exit_code": exit_code, "signal": sig, "cpu_s": cpu_s, "limit": limit,
-            "leftovers": leftovers}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    retire = limited and own.ru_utime + own.ru_stime > cpu_limit / 2
+    message = {"type": DONE, "exit_code": exit_code, "signal": sig, "cpu_s": cpu_s, "limit": limit,
+               "leftovers": leftovers, "retire": retire}
+    if exit_code == CHILD_SETUP_FAILED:
+        message["error"] = "the fork server's child could not set up (before any candidate code)"
+    return message
 
 
-def _send_raw(message) -> None:
-    data = message if isinstance(message, bytes) else json.dumps(message).encode()
-    data += b"\n"
+def _send(message: dict) -> None:
+    _send_line(json.dumps(message).encode())
+
+
+def _send_line(line: bytes) -> None:
+    data = line + b"\n"
     while data:
         data = data[os.write(MESSAGE_FD, data):]
 

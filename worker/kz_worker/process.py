@@ -32,9 +32,11 @@ def prepare_device(device_name: str) -> None:
     from . import cheats
     device = torch.device(device_name)
     if device.type == "cuda":
+        from . import timing
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # the CUDA context
         cheats.warm_up(device)
+        timing.cycles_per_us(device)  # the launch spin's clock, before any candidate code
 
 
 def quietly(step, device_name: str) -> None:

@@ -63,20 +63,27 @@ class Timer:
         return sample
 
 
-_cycles_per_us = {}
+# ((device, cycles per µs), ...): measured while the worker prepares (process.prepare_device), before
+# the harness's identity snapshot; a tuple, so candidate code can replace it (which the snapshot
+# sees) but not edit it in place.
+_cycles_per_us = ()
 
 
 def cycles_per_us(device) -> float:
     """torch.cuda._sleep counts GPU clock cycles: measured once per device, at the clock it runs now."""
-    if device not in _cycles_per_us:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # wake the clocks
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _cycles_per_us[device] = 10_000_000 / (start.elapsed_time(end) * 1000.0)
-    return _cycles_per_us[device]
+    global _cycles_per_us
+    for known, cycles in _cycles_per_us:
+        if known == str(device):
+            return cycles
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # wake the clocks
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = 10_000_000 / (start.elapsed_time(end) * 1000.0)
+    _cycles_per_us += ((str(device), cycles),)
+    return cycles
 
 
 def summarize(samples_ms):

@@ -138,6 +138,9 @@ class Process {
 
   // What the sandbox requested in the spec really got.
   const SandboxReport& sandbox() const;
+  // Checks the task cap now (it is otherwise checked every 200 ms while this Process waits on the
+  // child): kills the group and makes limit_hit() say `processes` when the cap was reached.
+  void check_task_cap();
   // Which limit ended the process: SIGXCPU (or SIGKILL past the CPU limit, not sent by us) is
   // cpu_time, SIGXFSZ is file_size; `processes` once the task cap was reached (the group is then
   // killed). Meaningful once the child exited; `none` otherwise.
