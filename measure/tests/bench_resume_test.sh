@@ -2,7 +2,8 @@
 # kz bench end to end on the CPU against the scripted model server (replay_model_server.py):
 # a run killed part-way and run again must redo no generation and no evaluation, and the final
 # run directory must hold one verdict per sample, summary.json (pass_at_k / fast_p keyed) and an
-# HTML report with charts.   usage: bench_resume_test.sh KZ_BINARY
+# HTML report with charts. Its own cache dir: verdicts cached by an earlier run would make the first
+# run finish before it can be killed.   usage: bench_resume_test.sh KZ_BINARY
 set -uo pipefail
 KZ=${1:?kz binary}
 SRC=${KZ_SOURCE_DIR:?}
@@ -23,7 +24,7 @@ SERVER=$!
 for _ in $(seq 50); do [[ -s "$WORK/port" ]] && break; sleep 0.1; done
 URL="http://127.0.0.1:$(cat "$WORK/port")/v1"
 stats() { python3 -c "import json,urllib.request; print(json.load(urllib.request.urlopen('$URL/stats'))['$1'])"; }
-RUN=(env "$KZ" bench --model "openai:$URL:replay" --suite "$WORK/suite" --format triton --samples 3
+RUN=(env XDG_CACHE_HOME="$WORK/cache" "$KZ" bench --model "openai:$URL:replay" --suite "$WORK/suite" --format triton --samples 3
      --out "$WORK/run" --device cpu --jobs 1 --trials 2)
 
 # First run: kill it once a few verdicts are in.
