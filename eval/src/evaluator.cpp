@@ -14,6 +14,7 @@
 #include "kz/core/subprocess.h"
 #include "kz/eval/sandbox.h"
 #include "kz/eval/static_checks.h"
+#include "kz/eval/suite.h"
 #include "kz/eval/worker_client.h"
 
 namespace kz {
@@ -169,8 +170,15 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 }
 
 WorkerSetup Evaluator::worker_setup() const {
-  return WorkerSetup{python_,  worker_dir_, cache_dir_, options_.worker.scratch_root, options_.worker.keep_scratch,
-                     uses_fork_server(options_.worker, options_.device)};
+  // As many idle servers as evaluations run at once on this device: the cuda pre-build's extra
+  // ones (one per core) end with it.
+  return WorkerSetup{python_,
+                     worker_dir_,
+                     cache_dir_,
+                     options_.worker.scratch_root,
+                     options_.worker.keep_scratch,
+                     uses_fork_server(options_.worker, options_.device),
+                     default_jobs(options_)};
 }
 
 void Evaluator::customize_worker(ProcessSpec& spec) const {
@@ -185,12 +193,8 @@ Status Evaluator::start_fork_servers(int count) const {
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
-  WorkerSetup setup = worker_setup();
-  // Compile-only runs (the cuda pre-build, one per core) start fresh workers: fork servers made
-  // for them would stay idle, one per core, after the pre-build.
-  setup.fork_server = setup.fork_server && mode == EvalMode::full;
   auto outcome = run_worker_request(
-      setup, kScratchPrefix,
+      worker_setup(), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);

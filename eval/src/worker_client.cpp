@@ -311,9 +311,12 @@ class IdleServers {
     return std::nullopt;
   }
 
-  void add(const std::string& key, StartedWorker server) {
+  // Keeps `server` for a later request, unless `max_idle` of its kind wait already (0: no cap).
+  void add(const std::string& key, StartedWorker server, int max_idle) {
     std::lock_guard lock(mutex_);
-    idle_[key].push_back(std::move(server));
+    auto& idle = idle_[key];
+    if (max_idle > 0 && static_cast<int>(idle.size()) >= max_idle) return;  // killed on return
+    idle.push_back(std::move(server));
   }
 
  private:
@@ -375,7 +378,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
   Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
   // With keep_scratch the files stay, so the server does not serve again.
   if (supervised.server_reusable && !setup.keep_scratch && clear_scratch(*server))
-    IdleServers::instance().add(key, std::move(*server));
+    IdleServers::instance().add(key, std::move(*server), setup.max_idle_servers);
   return supervised;  // a server not given back is killed here, its scratch dir removed
 }
 }  // namespace
@@ -434,7 +437,7 @@ Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_p
   for (int i = 0; i < count; ++i) {
     auto server = start_worker(setup, scratch_prefix, customize);
     if (!server.ok()) return server.status().with_context(fmt::format("starting fork server {} of {}", i + 1, count));
-    IdleServers::instance().add(key, std::move(*server));
+    IdleServers::instance().add(key, std::move(*server), 0);  // as many as asked for
   }
   return Status::ok();
 }

@@ -246,6 +246,20 @@ TEST_F(WorkerClientTest, ServerKilledWhileIdleIsReplaced) {
   EXPECT_NE(next["ppid"], first["ppid"]);
 }
 
+TEST_F(WorkerClientTest, IdleServersBeyondTheCapAreKilled) {
+  WorkerSetup capped = setup(true);
+  capped.max_idle_servers = 1;
+  nlohmann::json first, second;
+  std::thread other([&] { first = result(capped, {{"action", "linger"}}); });
+  second = result(capped, {{"action", "linger"}});  // at the same time: two servers
+  other.join();
+  ASSERT_TRUE(first.contains("ppid") && second.contains("ppid")) << first.dump() << second.dump();
+  ASSERT_NE(first["ppid"], second["ppid"]);
+  int alive = 0;
+  for (const auto& run : {first, second}) alive += ::kill(run["ppid"].get<int>(), 0) == 0;
+  EXPECT_EQ(alive, 1) << "one server kept idle, the other killed when its request ended";
+}
+
 TEST_F(WorkerClientTest, StartedServersTakeTheFirstRequests) {
   ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-", {}, 2).is_ok());
   std::this_thread::sleep_for(1500ms);  // they start meanwhile

@@ -29,6 +29,9 @@ struct WorkerSetup {
   std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
   bool keep_scratch = false;           // keep scratch dirs (debugging)
   bool fork_server = false;            // requests run in children of prepared fork servers (worker/kz_worker/fork_server.py)
+  // Idle fork servers of one kind kept for later requests; more are killed when their request ends
+  // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
+  int max_idle_servers = 0;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
