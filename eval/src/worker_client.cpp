@@ -423,7 +423,8 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   std::string key = server_key(setup, scratch_prefix, customize);
   auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
   // A server that failed before its child's first message (killed while idle, a fork refused at a
-  // process limit) is no verdict on the candidate: once more, on another server.
+  // process limit, a child that could not set up) is no verdict on the candidate: once more, on
+  // another server where that one is gone.
   if (supervised.ok() && supervised->server_failed)
     supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
   if (!supervised.ok()) return supervised.status();

@@ -35,6 +35,7 @@ def quietly(step, device):
     step(device)
 
 def evaluate(request):
+    os.write(3, b'{"type": "stage", "name": "compile"}\n')  # as the harness does before candidate code
     action = request.get("action", "")
     open("mine.txt", "w").write("x")
     sys.stderr.write("stderr of " + action + "\n")
@@ -120,10 +121,11 @@ class WorkerClientTest : public ::testing::Test {
                     const std::function<void(ProcessSpec&)>& customize = {}) const {
     auto outcome = run_worker_request(
         s, prefix,
-        [&](const fs::path& scratch) {
-          fields["scratch_dir"] = scratch.string();
-          fields["device"] = "cpu";
-          return fields;
+        [&](const fs::path& scratch) {  // called again for a retried request
+          nlohmann::json request = fields;
+          if (!request.contains("scratch_dir")) request["scratch_dir"] = scratch.string();  // unless a test breaks it
+          request["device"] = "cpu";
+          return request;
         },
         [=](const std::string&) { return deadline_s; }, customize);
     EXPECT_TRUE(outcome.ok()) << outcome.status().to_string();
@@ -220,6 +222,17 @@ TEST_F(WorkerClientTest, MessageTooDeepToParseIsAProtocolError) {
   WorkerOutcome nested = run(setup(true), {{"action", "nested"}});
   EXPECT_EQ(nested.kind, WorkerOutcome::Kind::protocol_error) << nested.message;
   EXPECT_NE(nested.message.find("invalid_message"), std::string::npos) << nested.message;
+}
+
+// A child that cannot set up (here: its scratch dir is missing) fails before any candidate code:
+// not the candidate's failure, so the request runs once more before it is reported.
+TEST_F(WorkerClientTest, ServerFailureBeforeTheChildsFirstMessageIsRetried) {
+  WorkerOutcome failed = run(setup(true), {{"scratch_dir", (root_ / "missing").string()}});
+  EXPECT_EQ(failed.kind, WorkerOutcome::Kind::crashed) << failed.message;
+  EXPECT_NE(failed.message.find("could not set up"), std::string::npos) << failed.message;
+  auto next = result(setup(true));  // the same server: its third request (the failed one ran twice)
+  ASSERT_TRUE(next.contains("scratch")) << next.dump();
+  EXPECT_EQ(fs::path(next["scratch"].get<std::string>()).filename(), "request-3");
 }
 
 TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
