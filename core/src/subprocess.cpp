@@ -971,6 +971,7 @@ void Process::write_stdin(const std::string& data) {
 }
 
 void Process::clear_output_tails() {
+  impl_->drain();  // what was written before this call, still in the pipes, is not the next request's
   impl_->out_tail.clear();
   impl_->err_tail.clear();
 }
