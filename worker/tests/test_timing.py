@@ -1,5 +1,7 @@
 """The timing protocol's choice of end (kz_worker/timing.py): on made-up samples on the CPU, and on
 a GPU with a candidate that leaves work running on a stream it never joins back."""
+import time
+
 import pytest
 import torch
 
@@ -118,3 +120,26 @@ def test_gpu_side_work_left_running_is_timed_to_the_device_sync():
     assert measured["end"] == "device_sync", measured
     assert measured["candidate_gap_ms"] > measured["reference_gap_ms"] + 0.3, measured
     assert measured["candidate"]["median_ms"] > measured["reference"]["median_ms"] + 0.3, measured
+
+
+class SlowLauncher(torch.nn.Module):
+    """Doubles x after ~100 µs of host time, as a slow Python launcher on a busy host would."""
+
+    def forward(self, x):
+        until = time.perf_counter() + 100e-6
+        while time.perf_counter() < until:
+            pass
+        return x * 2
+
+
+@needs_gpu
+def test_gpu_the_launch_spin_hides_host_launch_latency_up_to_its_length():
+    device = torch.device("cuda")
+    inputs = [[torch.randn(1 << 16, device=device)] for _ in range(2)]
+    settings = {"warmup_runs": 2, "runs": 30, "l2_flush_mb": 8}
+    without = timing.time_interleaved(Double(), SlowLauncher(), inputs, settings, device)
+    spun = timing.time_interleaved(Double(), SlowLauncher(), inputs, dict(settings, launch_spin_us=200), device)
+    # Without the spin the GPU waits ~100 µs after the start event for the launch; with it, not.
+    assert without["candidate"]["median_ms"] > without["reference"]["median_ms"] + 0.05, without
+    assert spun["candidate"]["median_ms"] < without["candidate"]["median_ms"] - 0.05, (spun, without)
+    assert spun["speedup"] == pytest.approx(1.0, abs=0.2), spun
