@@ -1,5 +1,6 @@
-"""The timing protocol's choice of end (kz_worker/timing.py): on made-up samples on the CPU, and on
-a GPU with a candidate that leaves work running on a stream it never joins back."""
+"""The timing protocol (kz_worker/timing.py): its choice of end on made-up samples on the CPU; on a
+GPU, a candidate that leaves work running on a stream it never joins back, and the launch spin
+hiding a slow host launch."""
 import time
 
 import pytest
