@@ -282,3 +282,14 @@ def test_worker_readiness_and_gpu_lock_are_summed():
     text = compare_report.stage_section(data)
     assert "workers: 2 of 4 evaluations found theirs ready" in text and "the other 2 waited 3.0-7.5 s" in text
     assert "6.0 s waiting for it" in text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
+
+
+def test_correctness_parts_are_summed_per_format():
+    data = synthetic()
+    for verdict in data["kz_batch"]["verdicts"]:
+        verdict["correctness_s"] = {"audit": 0.5, "trials": 0.25, "replay_probe": 0.125}
+    formats = {v["format"] for v in data["kz_batch"]["verdicts"]}
+    text = compare_report.stage_section(data)
+    for fmt in formats:
+        n = sum(1 for v in data["kz_batch"]["verdicts"] if v["format"] == fmt)
+        assert f"  {fmt} correctness: audit {0.5 * n:.1f} s, replay_probe {0.125 * n:.1f} s, trials {0.25 * n:.1f} s" in text

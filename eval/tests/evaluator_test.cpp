@@ -153,6 +153,15 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "compile", "correctness"})) << dump(v);
   EXPECT_LE(total, v.wall_s) << dump(v);
   EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
+  // The correctness stage's parts, measured by the worker: within the stage's own seconds.
+  std::vector<std::string> parts;
+  double parts_total = 0;
+  for (const auto& [part, seconds] : v.correctness_s) {
+    parts.push_back(part);
+    parts_total += seconds;
+  }
+  EXPECT_EQ(parts, (std::vector<std::string>{"audit", "replay_probe", "trials"})) << dump(v);
+  EXPECT_LE(parts_total, v.stage_s.back().second) << dump(v);
 }
 
 // [worker] fork_server through the real worker: the server imports torch and Triton (interpreter

@@ -63,6 +63,15 @@ TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
   EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("correctness_s")) << "absent where the stage was not reached";
+  v.correctness_s = {{"audit", 0.5}, {"replay_probe", 0.125}, {"trials", 0.25}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->correctness_s, v.correctness_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("gpu_wait_s")) << "absent where no GPU lock was taken";

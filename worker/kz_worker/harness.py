@@ -9,7 +9,9 @@ sets and of the recheck, and the reference outputs for all of them) is computed 
 candidate module is imported, so a candidate that rebinds torch cannot change it; the anti-cheating
 checks (cheats.py) watch the candidate from its import on.
 """
+import contextlib
 import pathlib
+import time
 
 import torch
 
@@ -154,12 +156,14 @@ class Evaluation:
         self.replays = cheats.ReplayDetector(self.expected.differ)
         # The GPU lock is taken per unit of work (the audit, each trial, the probe), so a waiting
         # timing gets the GPU between them instead of after all of them.
+        parts = self.result["correctness_s"] = {}  # where the stage's time goes (lock waits included)
         with torch.no_grad():
             if cheats.POLICY.get(self.format) is not None:
-                with self.gpu.shared():
+                with _seconds(parts, "audit"), self.gpu.shared():
                     self._audit(candidate_model)
-            self._check_trials(reference_model, candidate_model)
-            with self.gpu.shared():
+            with _seconds(parts, "trials"):
+                self._check_trials(reference_model, candidate_model)
+            with _seconds(parts, "replay_probe"), self.gpu.shared():
                 self._replay_probe(candidate_model)
         self.result["compiled"] = True
         if timed:
@@ -355,3 +359,13 @@ def sample_runs(runs: int, n: int) -> set:
         if moved:
             sampled.add(moved[-1])
     return sampled
+
+
+@contextlib.contextmanager
+def _seconds(into: dict, part: str):
+    """Adds the seconds the block took to into[part], however it ends."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[part] = into.get(part, 0.0) + time.perf_counter() - start

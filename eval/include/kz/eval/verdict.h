@@ -94,6 +94,9 @@ struct Verdict {
   // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
   // stored run's).
   std::vector<std::pair<std::string, double>> stage_s;
+  // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
+  // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
+  std::vector<std::pair<std::string, double>> correctness_s;
   // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
   // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
