@@ -90,11 +90,16 @@ Status read_into(const toml::node& node, const std::string& key, const ConfigFie
   return Status::ok();
 }
 
+Status check_pattern(const ConfigField& field, const std::string& key, const std::string& value) {
+  if (!field.pattern.empty() && !std::regex_match(value, std::regex(field.pattern)))
+    return invalid_argument(fmt::format("config key '{}' must be {}, got \"{}\"", key, field.expected, value));
+  return Status::ok();
+}
+
 Status read_into(const toml::node& node, const std::string& key, const ConfigField& field, std::string& target) {
   if (!node.is_string()) return wrong_type(key, "a string");
   std::string value = *node.value<std::string>();
-  if (!field.pattern.empty() && !std::regex_match(value, std::regex(field.pattern)))
-    return invalid_argument(fmt::format("config key '{}' must be {}, got \"{}\"", key, field.expected, value));
+  KZ_RETURN_IF_ERROR(check_pattern(field, key, value));
   target = std::move(value);
   return Status::ok();
 }
@@ -191,11 +196,8 @@ Status check_config_value(const ConfigField& field, const std::string& key) {
         using T = std::remove_pointer_t<decltype(value)>;
         if constexpr (std::is_same_v<T, bool>) return Status::ok();
         else if constexpr (std::is_arithmetic_v<T>) return check_bounds(field, key, static_cast<double>(*value));
-        else if constexpr (std::is_same_v<T, std::string>) {
-          if (!field.pattern.empty() && !std::regex_match(*value, std::regex(field.pattern)))
-            return invalid_argument(fmt::format("config key '{}' must be {}, got \"{}\"", key, field.expected, *value));
-          return Status::ok();
-        } else return Status::ok();  // paths, string lists and integer tables carry no bounds
+        else if constexpr (std::is_same_v<T, std::string>) return check_pattern(field, key, *value);
+        else return Status::ok();  // paths, string lists and integer tables carry no bounds
       },
       field.target);
 }

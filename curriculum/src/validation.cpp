@@ -83,9 +83,8 @@ Status ModuleValidationOptions::validate() const {
 Result<ModuleVerdict> validate_module(const std::string& source, const std::vector<ApiEntry>& apis,
                                       const ModuleValidationOptions& options) {
   KZ_RETURN_IF_ERROR(options.validate());
-  auto setup = resolve_worker_setup(options.worker);
+  auto setup = resolve_worker_setup(options.worker, options.device);
   if (!setup.ok()) return setup.status();
-  setup->fork_server = uses_fork_server(options.worker, options.device);
   auto outcome = run_worker_request(
       *setup, "kz-validate-",
       [&](const fs::path& scratch) { return make_request(source, apis, options, scratch, setup->cache_dir); },

@@ -85,7 +85,7 @@ Evaluator::Evaluator(EvalOptions options, std::string python, fs::path worker_di
 
 Result<Evaluator> Evaluator::create(EvalOptions options) {
   KZ_RETURN_IF_ERROR(options.validate());
-  auto setup = resolve_worker_setup(options.worker);
+  auto setup = resolve_worker_setup(options.worker, options.device);
   if (!setup.ok()) return setup.status();
   Evaluator evaluator(std::move(options), setup->python, setup->worker_dir, setup->cache_dir);
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());

@@ -123,6 +123,13 @@ LimitHit child_limit(const nlohmann::json& done) {
   return LimitHit::none;
 }
 
+// A worker (or a fork server's child) gone without a verdict: `how` it ended, and its stderr.
+WorkerOutcome died(Process& worker, const std::string& stage, const std::string& how) {
+  return failed(WorkerOutcome::Kind::crashed, stage,
+                fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage, how,
+                            tail(worker.stderr_tail())));
+}
+
 // How one request ended, and whether the fork server that ran it can take the next.
 struct Supervised {
   WorkerOutcome outcome;
@@ -166,10 +173,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
       std::string how = exit ? exit->describe() : "no exit after closing its pipe";
       worker.kill_and_reap();  // the group may still hold the worker's orphans
       if (result) return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, false);
-      return finish(failed(WorkerOutcome::Kind::crashed, stage,
-                           fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
-                                       how, tail(worker.stderr_tail()))),
-                    false);
+      return finish(died(worker, stage, how), false);
     }
     auto message = nlohmann::json::parse(line, nullptr, false);
     std::string type = message.is_object() ? message.value("type", "") : "";
@@ -202,9 +206,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
       }
       std::string how = message.contains("error") ? message.value("error", std::string("?"))
                                                    : child_exit(message).describe();
-      auto outcome = failed(WorkerOutcome::Kind::crashed, stage,
-                            fmt::format("worker died during stage '{}' ({}) without a verdict; stderr:\n{}", stage,
-                                        how, tail(worker.stderr_tail())));
+      WorkerOutcome outcome = died(worker, stage, how);
       outcome.limit_hit = child_limit(message);
       if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = worker.limit_hit();
       return finish(std::move(outcome), reusable);
@@ -383,7 +385,11 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
 }
 }  // namespace
 
-Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
+bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
+  return options.fork_server == "always" || (options.fork_server == "gpu" && device != "cpu");
+}
+
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device) {
   WorkerSetup setup;
   setup.python = !options.python.empty() ? options.python : env_or("KZ_PYTHON", KZ_DEFAULT_PYTHON);
   fs::path worker_dir = !options.worker_dir.empty() ? options.worker_dir
@@ -398,12 +404,8 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options) {
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
-  setup.fork_server = options.fork_server == "always";  // "gpu": uses_fork_server, by the device
+  setup.fork_server = uses_fork_server(options, device);
   return setup;
-}
-
-bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
-  return options.fork_server == "always" || (options.fork_server == "gpu" && device != "cpu");
 }
 
 void set_worker_device(const std::string& device, ProcessSpec& spec) {

@@ -245,13 +245,9 @@ def _descendants(root: int) -> list:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) "
-        children.setdefault(int(fields[1]), []).append(int(name))
+        fields = _stat_fields(int(name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(name))
     found, frontier = [], [root]
     while frontier:
         kids = children.get(frontier.pop(), [])
@@ -270,14 +266,22 @@ def _reap_children() -> None:
             return
 
 
-def _own_cpu_seconds(pid: int) -> float:
-    """utime + stime of a (zombie) process, without its children's."""
+def _stat_fields(pid: int) -> list:
+    """The fields of /proc/<pid>/stat after "pid (comm) ": state, ppid, ...; [] when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
+    except OSError:
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    """utime + stime of a (zombie) process, without its children's."""
+    fields = _stat_fields(pid)
+    try:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return 0.0
 
 

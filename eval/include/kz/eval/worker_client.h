@@ -36,8 +36,9 @@ struct WorkerSetup {
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
 // (option, else $KZ_WORKER_DIR, else the source tree's worker/), cache_dir (option, else
-// $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero). not_found when the worker or Python is missing.
-Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options);
+// $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero), fork_server for requests on `device`
+// (uses_fork_server). not_found when the worker or Python is missing.
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
 
 // Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
 bool uses_fork_server(const WorkerOptions& options, const std::string& device);
