@@ -43,16 +43,83 @@ def _torch_arch_list(arch: str) -> str:
 
 
 def _count_extension_builds() -> None:
-    """Wraps load_inline so the harness knows whether the candidate built an extension, and so
-    that the build is named by its content (content_addressed_name)."""
+    """Wraps load_inline so the harness knows whether the candidate built an extension, so that
+    the build is named by its content (content_addressed_name), and so that it parses fewer
+    headers where it can (lighter_cuda_sources)."""
     import torch.utils.cpp_extension as cpp_extension
     original = cpp_extension.load_inline
 
     def load_inline(name, *args, **kwargs):
         _extension_builds.append(name)
+        lighter = lighter_cuda_sources(args, kwargs)
+        if lighter is not None:
+            light_args, light_kwargs = lighter
+            light_name = content_addressed_name(name, light_args, light_kwargs)
+            failed_marker = os.path.join(_extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
+            if not os.path.exists(failed_marker):
+                try:
+                    return original(light_name, *light_args, **light_kwargs)
+                except Exception as exc:
+                    if not _is_compile_exception(exc):
+                        raise
+                    _write_marker(failed_marker)  # later loads (the GPU evaluation after a pre-build) skip it
         return original(content_addressed_name(name, args, kwargs), *args, **kwargs)
 
     cpp_extension.load_inline = load_inline
+
+
+# `#include <torch/extension.h>` in CUDA sources: torch's whole C++ API (nn, optim, autograd, jit,
+# serialisation) and pybind11. nvcc parses it three times (cudafe++, cicc, the host compiler):
+# ~24 of the ~42 s nvcc spends on the 07_softmax example. load_inline already includes
+# <torch/types.h> (tensors, ATen ops, factories, TORCH_CHECK) ahead of the sources: what kernels use.
+_FULL_TORCH_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.M)
+_LIGHTER_BUILD_FAILED = "kz_lighter_build_failed"
+
+
+def lighter_cuda_sources(args: tuple, kwargs: dict):
+    """(args, kwargs) for load_inline with `#include <torch/extension.h>` in the CUDA sources replaced
+    by a comment (one line for one, so compiler messages keep their line numbers), or None when there
+    is nothing to lighten.
+
+    A build that fails this way is built again as written (the caller), so a candidate that needs
+    the full header loses only time, never its verdict; code that compiles against the lighter
+    header is the same code against the same library. Left as written: sources that bind their own
+    pybind11 module (they need torch/python.h), builds without load_inline's implicit headers, and
+    builds in a directory of the candidate's choosing (the two builds would share it)."""
+    if "cuda_sources" in kwargs:
+        sources = kwargs["cuda_sources"]
+    else:
+        sources = args[1] if len(args) > 1 else None
+    if not sources or kwargs.get("no_implicit_headers") or kwargs.get("build_directory"):
+        return None
+    texts = [sources] if isinstance(sources, str) else list(sources)
+    if not all(isinstance(t, str) for t in texts):
+        return None
+    cpp = kwargs.get("cpp_sources", args[0] if args else "")
+    if any("PYBIND11" in t for t in [*texts, *([cpp] if isinstance(cpp, str) else cpp or [])]):
+        return None
+    light = [_FULL_TORCH_HEADER.sub("// <torch/extension.h>: kz builds with load_inline's <torch/types.h>", t)
+             for t in texts]
+    if light == texts:
+        return None
+    light_sources = light[0] if isinstance(sources, str) else light
+    if "cuda_sources" in kwargs:
+        return args, {**kwargs, "cuda_sources": light_sources}
+    return (args[0], light_sources, *args[2:]), kwargs
+
+
+def _extension_build_dir(name: str) -> str:
+    import torch.utils.cpp_extension as cpp_extension
+    return cpp_extension._get_build_directory(name, verbose=False)
+
+
+def _write_marker(path: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as marker:
+            marker.write("the build with lighter headers failed; built as written\n")
+    except OSError:
+        pass  # only a cache of the decision: the next load tries the lighter build again
 
 
 def content_addressed_name(name: str, args: tuple, kwargs: dict) -> str:

@@ -1,5 +1,9 @@
-"""load_inline builds named by their content: samples that call their extension alike do not share
-(and fight over) one build directory, identical sources do."""
+"""load_inline as kz wraps it: builds named by their content (samples that call their extension alike
+do not share, and fight over, one build directory; identical sources do), and CUDA sources built
+with lighter headers where they compile so, as written where not."""
+import pytest
+import torch
+
 from kz_worker import formats
 
 CPP = "torch::Tensor relu_cuda(torch::Tensor x);"
@@ -33,3 +37,97 @@ def test_a_module_bound_under_a_literal_name_keeps_it():
     assert formats.content_addressed_name("relu_ext", (own_binding,), {"cuda_sources": CUDA}) == "relu_ext"
     macro_binding = CPP + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
     assert formats.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
+
+
+# ---- lighter headers for load_inline's CUDA sources ---------------------------------------------
+
+FULL_INCLUDE = "#include <torch/extension.h>\n"
+
+
+def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
+    source = FULL_INCLUDE + "#include <cuda_runtime.h>\n" + CUDA
+    args, kwargs = formats.lighter_cuda_sources((), {"cpp_sources": CPP, "cuda_sources": source})
+    light = kwargs["cuda_sources"]
+    assert "torch/extension.h>\n#" not in light and "#include <cuda_runtime.h>" in light
+    assert light.count("\n") == source.count("\n"), "compiler messages keep their line numbers"
+    assert light.splitlines()[0].startswith("//")
+    assert kwargs["cpp_sources"] == CPP and args == ()
+
+
+def test_positional_and_listed_sources_are_lightened_too():
+    # load_inline(name, cpp_sources, cuda_sources, ...): the wrapper passes what follows the name.
+    args, kwargs = formats.lighter_cuda_sources((CPP, [CUDA, '  # include "torch/extension.h"\n'], ["f"]), {})
+    assert args[0] == CPP and args[2] == ["f"] and kwargs == {}
+    assert args[1][0] == CUDA and args[1][1].lstrip().startswith("//")
+
+
+@pytest.mark.parametrize("case", ["no include", "own pybind module", "own build directory", "no implicit headers"])
+def test_sources_that_need_the_full_header_or_could_collide_are_left_as_written(case):
+    kwargs = {"cpp_sources": CPP, "cuda_sources": FULL_INCLUDE + CUDA}
+    if case == "no include":
+        kwargs["cuda_sources"] = CUDA
+    elif case == "own pybind module":
+        kwargs["cuda_sources"] += "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
+    elif case == "own build directory":
+        kwargs["build_directory"] = "/tmp/somewhere"
+    else:
+        kwargs["no_implicit_headers"] = True
+    assert formats.lighter_cuda_sources((), kwargs) is None
+
+
+# The real builds (nvcc and the host compiler, no GPU needed): ~20 s for the lighter one, ~70 s for a
+# source that needs the full header (its lighter build fails first).
+
+KERNEL = """
+__global__ void twice_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+torch::Tensor twice(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    twice_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+"""
+
+
+@pytest.fixture
+def recorded_builds(tmp_path, monkeypatch):
+    """load_inline as kz wraps it, over torch's own, recording the names torch is asked to build."""
+    import torch.utils.cpp_extension as cpp_extension
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    built = []
+    torch_load_inline = cpp_extension.load_inline
+
+    def recording(name, *args, **kwargs):
+        built.append(name)
+        return torch_load_inline(name, *args, **kwargs)
+
+    monkeypatch.setattr(cpp_extension, "load_inline", recording)
+    formats._count_extension_builds()
+    return cpp_extension.load_inline, built, tmp_path
+
+
+def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
+    load_inline, built, ext_dir = recorded_builds
+    module = load_inline("kz_light", cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                         cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
+    assert hasattr(module, "twice")
+    assert len(built) == 1, built
+    assert "// <torch/extension.h>" in (ext_dir / built[0] / "cuda.cu").read_text()
+
+
+def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds):
+    load_inline, built, ext_dir = recorded_builds
+    # torch::cuda::device_count comes with torch/extension.h (torch/all.h), not torch/types.h.
+    needs_full = KERNEL.replace("auto y =", "TORCH_CHECK(torch::cuda::device_count() >= 0);\n    auto y =")
+    kwargs = dict(cpp_sources="torch::Tensor twice(torch::Tensor x);", cuda_sources=FULL_INCLUDE + needs_full,
+                  functions=["twice"])
+    assert hasattr(load_inline("kz_full", **kwargs), "twice")
+    light, full = built
+    assert (ext_dir / light / formats._LIGHTER_BUILD_FAILED).exists()
+    assert "#include <torch/extension.h>" in (ext_dir / full / "cuda.cu").read_text()
+    assert hasattr(load_inline("kz_full", **kwargs), "twice")
+    assert built[2:] == [full], "a second load goes straight to the build as written"
