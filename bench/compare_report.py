@@ -145,19 +145,21 @@ def goal_lines(data: dict, kb_rate) -> list:
 READY_STARTUP_S = 3.0  # a child of a ready fork server answers in ~1-2 s on the H200; a fresh worker in ~12 s
 
 
-def correctness_parts(verdicts: list) -> list:
-    """One line per format: where its correctness stage's seconds went (the worker's correctness_s:
-    the audit forward under the profiler, the trials, the replay probe; GPU-lock waits included)."""
+def stage_parts(verdicts: list, key: str, label: str) -> list:
+    """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
+    worker's correctness_s (the audit forward under the profiler, the trials, the replay probe;
+    GPU-lock waits included) or timing_s (the exclusive hold: inputs, warmup, timed, with new_round
+    and checks inside the last two)."""
     lines = []
     for fmt in FORMATS:
         sums = {}
         for v in verdicts:
             if v["format"] == fmt:
-                for part, seconds in (v.get("correctness_s") or {}).items():
+                for part, seconds in (v.get(key) or {}).items():
                     sums[part] = sums.get(part, 0.0) + seconds
         if sums:
             parts = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in sorted(sums.items()))
-            lines.append(f"  {fmt} correctness: {parts}")
+            lines.append(f"  {fmt} {label}: {parts}")
     return lines
 
 
@@ -191,7 +193,8 @@ def stage_section(data: dict) -> str:
         lines.append(f"  workers: {ready} of {len(started)} evaluations found theirs ready (startup < {READY_STARTUP_S:g} s: "
                      "forked from a fork server done importing)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
-    lines += correctness_parts(verdicts)
+    lines += stage_parts(verdicts, "correctness_s", "correctness")
+    lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
     locked = [v for v in verdicts if v.get("gpu_wait_s") is not None]
     if locked:
         wait = sum(v["gpu_wait_s"] for v in locked)

@@ -293,3 +293,15 @@ def test_correctness_parts_are_summed_per_format():
     for fmt in formats:
         n = sum(1 for v in data["kz_batch"]["verdicts"] if v["format"] == fmt)
         assert f"  {fmt} correctness: audit {0.5 * n:.1f} s, replay_probe {0.125 * n:.1f} s, trials {0.25 * n:.1f} s" in text
+
+
+def test_timing_parts_are_summed_per_format():
+    data = synthetic()
+    timed = [v for v in data["kz_batch"]["verdicts"] if v.get("speedup")]
+    assert timed, "the synthetic batch has timed verdicts"
+    for verdict in timed:
+        verdict["timing_s"] = {"inputs": 0.5, "warmup": 0.25, "timed": 1.0}
+    text = compare_report.stage_section(data)
+    for fmt in {v["format"] for v in timed}:
+        n = sum(1 for v in timed if v["format"] == fmt)
+        assert f"  {fmt} timing (exclusive): inputs {0.5 * n:.1f} s, timed {1.0 * n:.1f} s, warmup {0.25 * n:.1f} s" in text

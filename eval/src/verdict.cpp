@@ -57,6 +57,19 @@ size_t stage_rank(const std::string& stage) {
   return static_cast<size_t>(it - kOrder.begin());
 }
 
+// A stage's parts (name -> seconds) as a JSON object, written only when there are any.
+void write_parts(nlohmann::json& j, const char* key, const std::vector<std::pair<std::string, double>>& parts) {
+  if (parts.empty()) return;
+  j[key] = nlohmann::json::object();
+  for (const auto& [part, seconds] : parts) j[key][part] = seconds;
+}
+
+void read_parts(const nlohmann::json& j, const char* key, std::vector<std::pair<std::string, double>>& parts) {
+  if (!j.contains(key) || !j[key].is_object()) return;
+  for (const auto& [part, seconds] : j[key].items())
+    if (seconds.is_number()) parts.emplace_back(part, seconds.get<double>());
+}
+
 }  // namespace
 
 const char* status_name(EvalStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
@@ -88,10 +101,8 @@ nlohmann::json to_json(const Verdict& v) {
       {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
   j["stage_s"] = nlohmann::json::object();
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
-  if (!v.correctness_s.empty()) {  // optional: runs that reached the correctness stage
-    j["correctness_s"] = nlohmann::json::object();
-    for (const auto& [part, seconds] : v.correctness_s) j["correctness_s"][part] = seconds;
-  }
+  write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
+  write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
@@ -144,9 +155,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     std::stable_sort(v.stage_s.begin(), v.stage_s.end(),
                      [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
   }
-  if (j.contains("correctness_s") && j["correctness_s"].is_object())
-    for (const auto& [part, seconds] : j["correctness_s"].items())
-      if (seconds.is_number()) v.correctness_s.emplace_back(part, seconds.get<double>());
+  read_parts(j, "correctness_s", v.correctness_s);
+  read_parts(j, "timing_s", v.timing_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

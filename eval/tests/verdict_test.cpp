@@ -72,6 +72,15 @@ TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
   EXPECT_EQ(back->correctness_s, v.correctness_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheTimingsParts) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("timing_s")) << "absent where nothing was timed";
+  v.timing_s = {{"checks", 0.03}, {"inputs", 0.01}, {"timed", 0.2}, {"warmup", 0.05}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->timing_s, v.timing_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("gpu_wait_s")) << "absent where no GPU lock was taken";

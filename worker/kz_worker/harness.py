@@ -308,28 +308,34 @@ class Evaluation:
         settings = self.request["timing"]
         n = settings["input_sets"]
         keys = [timing_key(k) for k in range(n)]
-        buffers = [loading.clone_all(self.expected.inputs(key)) for key in keys]
+        # Where the exclusive hold goes: inputs, warmup, timed; new_round and checks (the guard and
+        # the sampled outputs) are parts of the last two.
+        parts = self.result["timing_s"] = {}
+        with _seconds(parts, "inputs"):
+            buffers = [loading.clone_all(self.expected.inputs(key)) for key in keys]
         holds = list(range(n))  # buffers[k] holds the data of input set holds[k]
 
         def new_round(r):
             # Each round moves every input set to another buffer: a result cached by pointer is
             # stale, and a sampled check below catches it.
-            for k in range(n):
-                holds[k] = (k + r) % n
-                for buffer, data in zip(buffers[k], self.expected.inputs(keys[holds[k]])):
-                    if isinstance(buffer, torch.Tensor):
-                        buffer.copy_(data)
+            with _seconds(parts, "new_round"):
+                for k in range(n):
+                    holds[k] = (k + r) % n
+                    for buffer, data in zip(buffers[k], self.expected.inputs(keys[holds[k]])):
+                        if isinstance(buffer, torch.Tensor):
+                            buffer.copy_(data)
 
         sampled = sample_runs(settings["runs"], n)
 
         def after_candidate(k, out, run):
-            self.guard.verify("after a timed forward")
-            if run in sampled:
-                self._check_timed(out, keys[holds[k]], buffers[k], run)
+            with _seconds(parts, "checks"):
+                self.guard.verify("after a timed forward")
+                if run in sampled:
+                    self._check_timed(out, keys[holds[k]], buffers[k], run)
 
         measured = timing.time_interleaved(reference_model, candidate_model, buffers, settings, self.device,
                                            after_candidate=after_candidate,
-                                           new_round=new_round if n > 1 else None)
+                                           new_round=new_round if n > 1 else None, seconds=parts)
         self.result["timing"] = measured
         self.result["runtime_ms"] = measured["candidate"]["median_ms"]
         self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]

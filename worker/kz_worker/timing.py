@@ -16,6 +16,7 @@ input sets begins (`new_round`, to move the input data between buffers, so that 
 pointer turns stale).
 """
 import statistics
+import time
 from typing import NamedTuple
 
 import torch
@@ -117,13 +118,16 @@ def choose_end(ref_stream, ref_synced, cand_stream, cand_synced) -> dict:
 
 
 def time_interleaved(reference, candidate, input_sets, settings: dict, device: torch.device,
-                     after_candidate=None, new_round=None, timer=None) -> dict:
+                     after_candidate=None, new_round=None, timer=None, seconds=None) -> dict:
     """Times both models alternately (ABBA order) over rotating input sets.
 
     after_candidate(set_index, output, run): called after each candidate run (run None: warm-up).
-    new_round(r): called before run r * len(input_sets), r >= 1."""
+    new_round(r): called before run r * len(input_sets), r >= 1.
+    seconds: a dict that gets the host seconds of the "warmup" and the "timed" runs."""
     timer = timer or Timer(device, settings["l2_flush_mb"], settings.get("launch_spin_us", 0))
     n = len(input_sets)
+    seconds = {} if seconds is None else seconds
+    clock = time.perf_counter()
 
     def candidate_once(k, run):
         after = None if after_candidate is None else (lambda output: after_candidate(k, output, run))
@@ -134,6 +138,7 @@ def time_interleaved(reference, candidate, input_sets, settings: dict, device: t
             for k, inputs in enumerate(input_sets):
                 timer.time_once(reference, inputs)
                 candidate_once(k, None)
+        seconds["warmup"], clock = time.perf_counter() - clock, time.perf_counter()
         ref_samples, cand_samples = [], []
         for i in range(settings["runs"]):
             k = i % n
@@ -146,6 +151,7 @@ def time_interleaved(reference, candidate, input_sets, settings: dict, device: t
             else:
                 cand_samples.append(candidate_once(k, i))
                 ref_samples.append(timer.time_once(reference, inputs))
+        seconds["timed"] = time.perf_counter() - clock
     return report(ref_samples, cand_samples)
 
 

@@ -95,17 +95,19 @@ class SideWork(torch.nn.Module):
         return out
 
 
-def time_against_double(candidate) -> dict:
+def time_against_double(candidate, seconds=None) -> dict:
     device = torch.device("cuda")
     inputs = [[torch.randn(1 << 16, device=device)] for _ in range(2)]
     settings = {"warmup_runs": 2, "runs": 30, "l2_flush_mb": 8}
-    return timing.time_interleaved(Double(), candidate, inputs, settings, device)
+    return timing.time_interleaved(Double(), candidate, inputs, settings, device, seconds=seconds)
 
 
 @needs_gpu
 def test_gpu_an_honest_candidate_is_timed_to_the_stream_end():
-    measured = time_against_double(Double())
+    seconds = {}
+    measured = time_against_double(Double(), seconds)
     assert measured["end"] == "stream", measured
+    assert set(seconds) == {"warmup", "timed"} and seconds["timed"] > seconds["warmup"] > 0, seconds
 
 
 @needs_gpu

@@ -97,6 +97,9 @@ struct Verdict {
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> correctness_s;
+  // Where the timing's exclusive hold went (inputs, warmup, timed; new_round and checks inside the
+  // last two), measured by the worker. Empty when not timed.
+  std::vector<std::pair<std::string, double>> timing_s;
   // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
   // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
