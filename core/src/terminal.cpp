@@ -58,6 +58,10 @@ void ProgressBar::advance(std::string_view note) {
   draw(note);
 }
 
+void ProgressBar::show(std::string_view note) {
+  if (!finished_) draw(note);
+}
+
 void ProgressBar::finish() {
   if (finished_) return;
   finished_ = true;

@@ -58,6 +58,20 @@ TEST(ProgressBar, PlainLinesOffTerminal) {
   EXPECT_EQ(lines[1].rfind("[eval] 2/3 (66%)", 0), 0u) << lines[1];
 }
 
+TEST(ProgressBar, ShowPrintsANoteWithoutCountingAUnit) {
+  std::ostringstream out;
+  ProgressBar bar("eval", 2, out);
+  bar.show("pre-build 1/3: 05_conv ok");
+  bar.advance("03_gelu ok");
+  bar.finish();
+  bar.show("after the end");
+  auto lines = lines_of(out.str());
+  ASSERT_EQ(lines.size(), 2u) << out.str();
+  EXPECT_EQ(lines[0].rfind("[eval] 0/2 (0%)", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("pre-build 1/3: 05_conv ok"), std::string::npos);
+  EXPECT_EQ(lines[1].rfind("[eval] 1/2 (50%)", 0), 0u) << lines[1];
+}
+
 TEST(Terminal, StringStreamIsNotATerminal) {
   std::ostringstream out;
   EXPECT_FALSE(is_terminal(out));

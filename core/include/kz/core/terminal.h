@@ -17,6 +17,7 @@ class ProgressBar {
  public:
   ProgressBar(std::string label, size_t total, std::ostream& out);
   void advance(std::string_view note = {});  // one unit done
+  void show(std::string_view note);          // news without a unit done (work beside the counted one)
   void finish();                             // final newline; idempotent
   ~ProgressBar();
 
