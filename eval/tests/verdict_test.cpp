@@ -92,6 +92,18 @@ TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
   EXPECT_EQ(back->gpu_exclusive_s, 0.25);
 }
 
+TEST(Verdict, JsonRoundTripKeepsThePreBuildSeconds) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("prebuild_s")) << "absent where nothing was pre-built";
+  v.prebuild_s = 41.5;
+  auto json = to_json(v);
+  EXPECT_EQ(json["prebuild_s"], 41.5);
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->prebuild_s, 41.5);
+  EXPECT_FALSE(verdict_from_json(to_json(make_verdict(EvalStatus::ok, {}, "")))->prebuild_s);
+}
+
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
   EXPECT_TRUE(json["speedup"].is_null());

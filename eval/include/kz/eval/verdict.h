@@ -90,6 +90,10 @@ struct Verdict {
   std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
+  // A `cuda` candidate pre-built by kz eval-suite on a GPU: the wall_s of its compile-only pre-build,
+  // which ran before this evaluation and is not in wall_s. Unset otherwise, and where the build
+  // failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
+  std::optional<double> prebuild_s;
   // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),
   // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
   // stored run's).
