@@ -1,4 +1,5 @@
-// Suite runs: candidate discovery, a small thread pool of worker processes, summaries.
+// Suite runs: candidate discovery, a small thread pool of worker processes (the `cuda` pre-build
+// beside the evaluations, kz/eval/pipeline.h), summaries.
 #include "kz/eval/suite.h"
 
 #include <fmt/format.h>
@@ -11,11 +12,11 @@
 #include <optional>
 #include <sstream>
 
-
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
 #include "kz/eval/cache.h"
+#include "kz/eval/pipeline.h"
 
 namespace kz {
 namespace fs = std::filesystem;
@@ -34,29 +35,69 @@ std::vector<fs::path> sorted_entries(const fs::path& dir) {
   return paths;
 }
 
-// Builds `cuda` candidates in parallel (compile-only workers) so that the GPU evaluations that
-// follow find their extensions in the shared build cache instead of compiling one by one. A build
-// that fails is final: its compile_error verdict goes into `settled` (by entry), so the GPU phase
-// does not build it again, one at a time.
-Status prebuild_cuda(const Evaluator& evaluator, const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
-                     int jobs, std::vector<std::optional<Verdict>>& settled, std::ostream& out) {
-  std::vector<size_t> cuda_entries;
+// The entries to pre-build on a GPU: the `cuda` candidates (load_inline), whose builds take
+// seconds of nvcc each; built in parallel, their extensions land in the shared build cache, so
+// their GPU evaluations load them instead of compiling one by one.
+std::vector<size_t> cuda_entries(const Evaluator& evaluator, const std::vector<SuiteEntry>& entries) {
+  std::vector<size_t> cuda;
   for (size_t i = 0; i < entries.size(); ++i)
-    if (resolve_format(evaluator.options().format, entries[i].candidate.source) == Format::cuda)
-      cuda_entries.push_back(i);
-  if (cuda_entries.empty()) return Status::ok();
-  ProgressBar bar("prebuild cuda", cuda_entries.size(), out);
-  std::mutex bar_mutex;
-  return parallel_for(cuda_entries.size(), jobs, [&](size_t k) -> Status {
-    const auto& entry = entries[cuda_entries[k]];
-    auto verdict = evaluator.evaluate(tasks[entry.task_index], entry.candidate, EvalMode::compile_only);
-    if (!verdict.ok()) return verdict.status();
-    std::lock_guard lock(bar_mutex);
-    if (verdict->status == EvalStatus::compile_error) settled[cuda_entries[k]] = *verdict;
-    bar.advance(tasks[entry.task_index].id + " " + status_name(verdict->status));
-    return Status::ok();
-  });
+    if (resolve_format(evaluator.options().format, entries[i].candidate.source) == Format::cuda) cuda.push_back(i);
+  return cuda;
 }
+
+std::string verdict_note(const Verdict& verdict) {
+  std::string note = fmt::format("{} {}", verdict.task_id, status_name(verdict.status));
+  if (verdict.speedup) note += fmt::format(" {:.2f}x", *verdict.speedup);
+  return note;
+}
+
+// Where a suite run's verdicts go as they arrive: results.jsonl and one progress bar. The
+// pre-build runs beside the evaluations, so it draws no bar of its own (two bars would redraw
+// over each other on a terminal): each finished build is a note on the evaluations' bar.
+// Thread-safe: one writer at a time, so log lines never interleave.
+class SuiteRecorder {
+ public:
+  SuiteRecorder(size_t entries, size_t builds, fs::path results_path, std::ostream& out)
+      : verdicts_(entries), builds_(builds), results_path_(std::move(results_path)), bar_("eval", entries, out) {}
+
+  // An evaluation's verdict.
+  Status record(size_t entry, Verdict verdict) {
+    std::lock_guard lock(mutex_);
+    std::string note = verdict_note(verdict);
+    return record_locked(entry, std::move(verdict), note);
+  }
+
+  // A finished pre-build; `final`: its verdict is the entry's (a compile_error, not built again).
+  Status prebuilt(size_t entry, Verdict verdict, bool final) {
+    std::lock_guard lock(mutex_);
+    std::string note =
+        fmt::format("pre-build {}/{}: {} {}", ++builds_done_, builds_, verdict.task_id, status_name(verdict.status));
+    if (!final) {
+      bar_.show(note);
+      return Status::ok();
+    }
+    return record_locked(entry, std::move(verdict), note);
+  }
+
+  void finish() { bar_.finish(); }
+  std::vector<Verdict> take() { return std::move(verdicts_); }
+
+ private:
+  Status record_locked(size_t entry, Verdict verdict, const std::string& note) {
+    if (!results_path_.empty())
+      KZ_RETURN_IF_ERROR(append_line(results_path_, to_json(verdict).dump(-1, ' ', false,
+                                                                          nlohmann::json::error_handler_t::replace)));
+    bar_.advance(note);
+    verdicts_[entry] = std::move(verdict);
+    return Status::ok();
+  }
+
+  std::mutex mutex_;
+  std::vector<Verdict> verdicts_;
+  size_t builds_, builds_done_ = 0;
+  fs::path results_path_;
+  ProgressBar bar_;
+};
 
 }  // namespace
 
@@ -156,38 +197,38 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
                                        std::ostream& progress_out) {
   auto pools = DevicePools::create(evaluator, options.devices);
   if (!pools.ok()) return pools.status();
-  for (size_t pool = 0; pool < pools->size(); ++pool)  // they prepare during the pre-build
+  for (size_t pool = 0; pool < pools->size(); ++pool)  // they import while the first requests are handed out
     if (auto started = pools->at(pool).start_fork_servers(options.jobs); !started.is_ok())
       progress_out << "kz: " << started.to_string() << " (evaluations start their own workers)\n";
-  std::vector<std::optional<Verdict>> settled(entries.size());
-  if (evaluator.options().device != "cpu")
-    KZ_RETURN_IF_ERROR(prebuild_cuda(pools->at(0), tasks, entries, options.compile_jobs, settled, progress_out));
-  std::vector<Verdict> verdicts(entries.size());
-  ProgressBar bar("eval", entries.size(), progress_out);
-  std::mutex mutex;
-  int threads = options.jobs * static_cast<int>(pools->size());
-  Status status = parallel_for(entries.size(), threads, [&](size_t i) -> Status {
+  // On the CPU a `cuda` evaluation is a build and no more (compiled_not_run): nothing to pre-build.
+  std::vector<size_t> to_build;
+  if (evaluator.options().device != "cpu") to_build = cuda_entries(evaluator, entries);
+  SuiteRecorder recorder(entries.size(), to_build.size(), options.results_path, progress_out);
+  std::vector<std::optional<double>> prebuild_s(entries.size());  // written by the build, read after it
+  auto build = [&](size_t i) -> Result<Built> {
     const auto& entry = entries[i];
-    auto evaluate_on_a_device = [&]() -> Result<Verdict> {
-      size_t pool = pools->acquire();
-      auto result = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
-      pools->release(pool);
-      return result;
-    };
-    auto verdict = settled[i] ? Result<Verdict>(*settled[i]) : evaluate_on_a_device();
+    auto verdict = pools->at(0).evaluate(tasks[entry.task_index], entry.candidate, EvalMode::compile_only);
+    if (!verdict.ok()) return verdict.status().with_context(fmt::format("pre-building {}", entry.candidate.label));
+    // A failed build is final: the GPU phase would only fail it again, one build at a time.
+    bool final = verdict->status == EvalStatus::compile_error;
+    if (!final) prebuild_s[i] = verdict->wall_s;
+    KZ_RETURN_IF_ERROR(recorder.prebuilt(i, std::move(*verdict), final));
+    return final ? Built::settled : Built::evaluate;
+  };
+  auto evaluate = [&](size_t i) -> Status {
+    const auto& entry = entries[i];
+    size_t pool = pools->acquire();
+    auto verdict = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
+    pools->release(pool);
     if (!verdict.ok()) return verdict.status();
-    std::lock_guard lock(mutex);
-    if (!options.results_path.empty())
-      KZ_RETURN_IF_ERROR(append_line(options.results_path, to_json(*verdict).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
-    std::string note = fmt::format("{} {}", verdict->task_id, status_name(verdict->status));
-    if (verdict->speedup) note += fmt::format(" {:.2f}x", *verdict->speedup);
-    bar.advance(note);
-    verdicts[i] = std::move(*verdict);
-    return Status::ok();
-  });
-  bar.finish();
+    verdict->prebuild_s = prebuild_s[i];
+    return recorder.record(i, std::move(*verdict));
+  };
+  PipelineJobs jobs{.build = options.compile_jobs, .evaluate = options.jobs * static_cast<int>(pools->size())};
+  Status status = run_pipeline(entries.size(), to_build, jobs, build, evaluate);
+  recorder.finish();
   if (!status.is_ok()) return status;
-  return verdicts;
+  return recorder.take();
 }
 
 SuiteSummary summarize(const std::vector<Verdict>& verdicts, int tasks) {

@@ -54,13 +54,17 @@ Result<std::vector<std::string>> parse_devices(const std::string& devices);
 
 struct SuiteRunOptions {
   int jobs = 1;                      // evaluations at once on each device
-  int compile_jobs = 1;              // parallel compile-only pre-pass for `cuda` candidates on a GPU
+  int compile_jobs = 1;              // compile-only `cuda` pre-builds at once on a GPU (beside the evaluations)
   std::filesystem::path results_path;  // results.jsonl, appended one verdict per line
   std::vector<std::string> devices;  // one pool of `jobs` per device; empty: the evaluator's device
 };
 
-// Runs every entry; verdicts come back in entry order. Infra failures (cannot start a worker)
-// abort with a Status after the verdicts already written are safely in results.jsonl.
+// Runs every entry; verdicts come back in entry order, and go to results.jsonl as they arrive.
+// On a GPU the `cuda` candidates are pre-built (compile-only, `compile_jobs` at once) while the
+// evaluations start with the other entries; each pre-built one is evaluated once its build is done,
+// in the order the builds finish, its verdict carrying the build's seconds (prebuild_s). A build
+// that fails (compile_error) is the entry's verdict. Infra failures (cannot start a worker, in
+// either phase) abort with a Status after the verdicts already written are safely in results.jsonl.
 Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::vector<Task>& tasks,
                                        const std::vector<SuiteEntry>& entries, const SuiteRunOptions& options,
                                        std::ostream& progress_out);
