@@ -32,21 +32,29 @@ def table(header: list, rows: list) -> str:
 
 # ---- kz -------------------------------------------------------------------------------------------
 
+def kz_charge_s(verdict: dict) -> float:
+    """A verdict's own seconds: its evaluation's wall_s, plus, for a pre-built `cuda` candidate, its
+    compile-only pre-build (prebuild_s; a build that failed there has the pre-build's verdict, whose
+    wall_s is that build)."""
+    return (verdict.get("wall_s") or 0.0) + (verdict.get("prebuild_s") or 0.0)
+
+
 def kz_overlap_scale(data: dict) -> float:
-    """Batch wall time over the summed evaluation times: 1 when evaluations ran one at a time;
-    below 1 when kz ran several at once on the GPU ([timing] gpu_jobs). Each evaluation's wall_s
-    times this is its share of the batch's wall time, so per-format rates add up to the batch's."""
+    """Batch wall time over the summed seconds of every verdict (kz_charge_s): 1 when nothing ran
+    at once; below 1 when kz ran several evaluations at once ([timing] gpu_jobs) and the `cuda`
+    pre-builds beside them. Each verdict's seconds times this is its share of the batch's wall time,
+    so per-format rates add up to the batch's and `cuda` carries its own pre-build."""
     batch = data.get("kz_batch") or {}
-    inside = sum(v.get("wall_s") or 0.0 for v in batch.get("verdicts", []))
+    inside = sum(kz_charge_s(v) for v in batch.get("verdicts", []))
     wall = batch.get("wall_s") or 0.0
     return wall / inside if inside > wall > 0 else 1.0
 
 
 def kz_format_times(data: dict) -> dict:
-    """format -> {count, seconds}: each evaluation's share of the batch's wall time (its wall_s,
-    scaled by kz_overlap_scale when evaluations overlapped), plus, for `cuda`, the batch's wall
-    time not spent inside any evaluation when they did not (the parallel load_inline pre-build and
-    kz's own start-up, charged to `cuda` in full)."""
+    """format -> {count, seconds}: each verdict's share of the batch's wall time (kz_charge_s,
+    scaled by kz_overlap_scale when things overlapped), plus, for `cuda`, the batch's wall time not
+    spent inside any evaluation or pre-build when they did not (kz's own start-up, charged to `cuda`
+    in full)."""
     batch = data.get("kz_batch") or {}
     verdicts = batch.get("verdicts", [])
     scale = kz_overlap_scale(data)
@@ -54,14 +62,15 @@ def kz_format_times(data: dict) -> dict:
     for v in verdicts:
         entry = times.setdefault(v["format"], {"count": 0, "seconds": 0.0})
         entry["count"] += 1
-        entry["seconds"] += (v.get("wall_s") or 0.0) * scale
+        entry["seconds"] += kz_charge_s(v) * scale
     times["cuda"]["seconds"] += kz_residual_s(data)
     return {f: t for f, t in times.items() if t["count"]}
 
 
 def kz_residual_s(data: dict) -> float:
+    """The batch's wall time outside every evaluation and pre-build (0 once they overlap)."""
     batch = data.get("kz_batch") or {}
-    inside = sum(v.get("wall_s") or 0.0 for v in batch.get("verdicts", []))
+    inside = sum(kz_charge_s(v) for v in batch.get("verdicts", []))
     return max(0.0, (batch.get("wall_s") or 0.0) - inside)
 
 
@@ -76,11 +85,13 @@ def kb_totals(data: dict) -> dict:
 
 
 def kz_subset_seconds(data: dict, ids: set) -> float:
-    """kz's time for the `cuda` candidates KernelBench also ran: their evaluations plus the whole
-    pre-build (a parallel build of all is no cheaper than of a part, so none of it is discounted)."""
+    """kz's time for the `cuda` candidates KernelBench also ran: their own seconds (evaluations and
+    pre-builds) plus the pre-builds of the other `cuda` candidates (a parallel build of all is no
+    cheaper than of a part, so none of it is discounted), as shares of the batch's wall time."""
     verdicts = (data.get("kz_batch") or {}).get("verdicts", [])
-    inside = sum(v.get("wall_s") or 0.0 for v in verdicts if v["id"] in ids)
-    return inside * kz_overlap_scale(data) + kz_residual_s(data)
+    mine = sum(kz_charge_s(v) for v in verdicts if v["id"] in ids)
+    other_builds = sum(v.get("prebuild_s") or 0.0 for v in verdicts if v["id"] not in ids)
+    return (mine + other_builds) * kz_overlap_scale(data) + kz_residual_s(data)
 
 
 def throughput_section(data: dict) -> str:
@@ -114,9 +125,11 @@ def throughput_section(data: dict) -> str:
                     "w/o pre-build", "vs KernelBench"], rows),
              "  w/o pre-build: the evaluations alone (kz: each verdict's wall_s; KernelBench: its per-sample",
              "  processes), i.e. the rate once the parallel pre-build is amortised over many samples.",
-             f"  kz ran evaluations concurrently: each format is charged its evaluations' share of the batch's"
-             f" wall time (summed wall_s x {kz_overlap_scale(data):.3f})" if kz_overlap_scale(data) < 1 else
-             "  kz ran one evaluation at a time: each format is charged its evaluations' wall_s"]
+             f"  kz ran evaluations and cuda pre-builds concurrently: each format is charged its verdicts' share"
+             f" of the batch's wall time (summed wall_s + prebuild_s x {kz_overlap_scale(data):.3f}; cuda carries"
+             " its own pre-build)" if kz_overlap_scale(data) < 1 else
+             "  nothing in kz's batch overlapped: each format is charged its verdicts' wall_s + prebuild_s (cuda's"
+             " pre-build), cuda also the batch's time outside them"]
     lines += goal_lines(data, kb_rate)
     return "\n".join(lines)
 
@@ -174,7 +187,7 @@ def stage_section(data: dict) -> str:
             continue
         sums = {s: sum((v.get("stage_s") or {}).get(s, 0.0) for v in mine) for s in STAGES}
         outside = sum(v.get("wall_s") or 0.0 for v in mine) - sum(sums.values())  # static checks, spawn, scratch dir
-        extra = kz_residual_s(data) if fmt == "cuda" else 0.0
+        extra = sum(v.get("prebuild_s") or 0.0 for v in mine) + (kz_residual_s(data) if fmt == "cuda" else 0.0)
         total = sum(sums.values()) + outside + extra
         cells = [f"{sums[s]:.1f} ({100 * sums[s] / total:.0f}%)" if total else "0" for s in STAGES]
         rows.append([fmt, len(mine), *cells, f"{outside:.1f}", f"{extra:.1f}", f"{total:.1f}"])
@@ -184,7 +197,8 @@ def stage_section(data: dict) -> str:
              "  context; otherwise Python and torch imports too); load_reference: the reference, and every input set and reference",
              "  output precomputed; compile: importing the candidate (load_inline loads the pre-built library,",
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
-             "  pre-build+start: the batch's wall time outside any evaluation (parallel load_inline builds)."]
+             "  pre-build+start: the parallel load_inline pre-builds (each verdict's prebuild_s, run beside the",
+             "  other evaluations), and the batch's wall time outside every evaluation and pre-build (kz's start)."]
     started = [(v.get("stage_s") or {}).get("startup") for v in verdicts]
     started = [s for s in started if s is not None]
     if started:

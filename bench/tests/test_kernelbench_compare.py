@@ -82,6 +82,8 @@ def test_the_report_has_rates_ratios_stages_and_agreement(gpu_run):
     assert "timing stability: 07_softmax (cuda-rtc) in 5 separate kz evaluations" in text
     assert "reference as its own candidate (--format torch): 20 tasks" in text
     assert "load_reference" in text and "pre-build+start" in text
+    cuda = [v for v in data["kz_batch"]["verdicts"] if v["format"] == "cuda"]
+    assert all((v["prebuild_s"] is None) == (v["status"] == "compile_error") for v in cuda), "kept from kz's verdicts"
 
 
 def test_report_only_reprints_a_saved_run(gpu_run):
@@ -254,6 +256,25 @@ def test_concurrent_evaluations_share_the_batch_wall_time():
     # cuda: 2 per 5 s = 24/min against KernelBench's 1.5/min.
     assert "goal cuda >= 10x KernelBench (on its 2 samples): 16.00x, met" in compare_report.render(data)
     assert "concurrently" in compare_report.render(data)
+
+
+def test_cuda_carries_its_own_pre_build():
+    # The cuda pre-builds (15 s each) ran beside the 4 evaluations of 5 s: 50 s of work in 20 s of wall.
+    data = synthetic()
+    for v in data["kz_batch"]["verdicts"][:2]:
+        v["prebuild_s"] = 15.0
+    data["kz_batch"]["wall_s"] = 20.0
+    assert compare_report.kz_overlap_scale(data) == pytest.approx(0.4)
+    times = compare_report.kz_format_times(data)
+    assert times["cuda"]["seconds"] == pytest.approx(16.0)      # (5 + 15 s) x 2 x 0.4
+    assert times["cuda-rtc"]["seconds"] == pytest.approx(2.0)   # 5 s x 0.4, no pre-build of its own
+    assert sum(t["seconds"] for t in times.values()) == pytest.approx(20.0)
+    # KernelBench's samples: their own 20 s each, the other cuda candidates' pre-builds too (none here).
+    assert compare_report.kz_subset_seconds(data, {data["manifest"][0]["id"]}) == pytest.approx((20.0 + 15.0) * 0.4)
+    text = compare_report.render(data)
+    assert "summed wall_s + prebuild_s x 0.400; cuda carries its own pre-build" in text
+    cuda_stages = next(line for line in text.splitlines() if line.startswith("cuda "))
+    assert cuda_stages.split()[-2:] == ["30.0", "40.0"], cuda_stages  # pre-build+start, total
 
 
 def test_rebuilds_of_failed_builds_are_named():
