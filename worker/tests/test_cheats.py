@@ -209,6 +209,37 @@ def test_guard_detects_and_restores_what_changed():
     handle.remove()
 
 
+def test_guards_fast_identity_check_misses_no_swap_deletion_or_lookalike():
+    """The Guard first compares every watched entry by identity in C, and walks its entries only when
+    that check fails: each of these must fail it."""
+    guard = cheats.Guard("triton")
+    functional = torch.nn.functional
+    relu, gelu = functional.relu, functional.gelu
+
+    class EqualsAnything:
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    def swap():  # same values, same dict order, other names
+        del functional.relu, functional.gelu
+        functional.gelu, functional.relu = relu, gelu
+
+    def delete():
+        del functional.relu
+
+    def lookalike():
+        functional.relu = EqualsAnything()
+
+    for change in (swap, delete, lookalike):
+        change()
+        assert not cheats._identities_unchanged(guard.identities), change.__name__
+        assert any("torch.nn.functional.relu" in c for c in guard.changes()), change.__name__
+        assert functional.relu is relu and functional.gelu is gelu, "restored"
+        assert cheats._identities_unchanged(guard.identities)
+
+
 def test_guard_verify_raises_harness_patched_and_background_thread():
     guard = cheats.Guard("triton")
     original = torch.cuda.Event.elapsed_time
