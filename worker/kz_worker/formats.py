@@ -60,8 +60,8 @@ def _count_extension_builds() -> None:
                 try:
                     return original(light_name, *light_args, **light_kwargs)
                 except Exception as exc:
-                    if not _is_compile_exception(exc):
-                        raise
+                    if not _is_compile_exception(exc) or not may_need_the_full_header(str(exc)):
+                        raise  # as written, it would fail alike: no second build
                     _write_marker(failed_marker)  # later loads (the GPU evaluation after a pre-build) skip it
         return original(content_addressed_name(name, args, kwargs), *args, **kwargs)
 
@@ -106,6 +106,72 @@ def lighter_cuda_sources(args: tuple, kwargs: dict):
     if "cuda_sources" in kwargs:
         return args, {**kwargs, "cuda_sources": light_sources}
     return (args[0], light_sources, *args[2:]), kwargs
+
+
+# Compiler messages that name something missing: EDG's (nvcc's front end) and GCC's. Group 1: the
+# name, as written (maybe qualified); group 2, where there is one: the namespace or class it was
+# looked up in.
+_MISSING_NAME = [re.compile(pattern) for pattern in (
+    r'identifier "([\w:]+)" is undefined',
+    r'(?:namespace|class|struct) "([\w:<>, ]+)" has no member (?:class |function |template )?"(\w+)"',
+    r"'([\w:]+)' (?:was not declared in this scope|has not been declared|does not name a type)",
+    r"'([\w:]+)' (?:is not a member of|in namespace) '([\w:]+)'",
+    r'no instance of (?:overloaded function|function template|constructor) "([\w:]+)"',
+    r"no matching function for call to '([\w:]+)",
+    r'incomplete type "([\w:]+)"',
+    r"incomplete type '(?:class |struct )?([\w:]+)'",
+    r'"([\w:]+)" is not a (?:type name|template|class or namespace name)',
+)]
+_ERROR_LINE = re.compile(r"^(.*?)(?:\(\d+\)|:\d+:\d+): (?:fatal )?error:? (.*)$", re.M)
+
+
+def may_need_the_full_header(build_log: str) -> bool:
+    """Whether a build that failed with <torch/extension.h> lightened might succeed as written: an
+    error in the CUDA sources that is not a missing name (conservative: syntax, types, anything not
+    recognised), or a missing name that the full header or std could provide. False only when every
+    error there names something the full header cannot declare (the usual compile error: a name the
+    candidate made up or misspelt), which then costs no second build."""
+    errors = [(path, message) for path, message in _ERROR_LINE.findall(build_log)]
+    cuda_errors = [message for path, message in errors if not path.endswith(".cpp")]  # main.cpp is the same either way
+    if not cuda_errors:
+        return not errors  # nothing recognisable: build it as written
+    names = set()
+    for message in cuda_errors:
+        found = next((m for pattern in _MISSING_NAME if (m := pattern.search(message))), None)
+        if found is None:
+            return True
+        parts = [p for group in found.groups() if group for p in re.split(r"\W+", group) if p]
+        if "std" in parts:
+            return True
+        names.add(parts[-1] if found.lastindex == 1 else found.group(found.lastindex))
+    return any(name in _full_header_names() for name in names)
+
+
+_full_header_names_cache = None
+
+
+def _full_header_names() -> set:
+    """Every identifier of torch/extension.h as the compiler sees it (preprocessed, with its macro
+    definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
+    torch's header tree (for code in branches the preprocessor left out). Computed once per process,
+    ~2 s, only after a lightened build failed."""
+    global _full_header_names_cache
+    if _full_header_names_cache is None:
+        import subprocess
+        import sysconfig
+        import torch.utils.cpp_extension as cpp_extension
+        includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
+        command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
+                   "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
+        text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
+                              timeout=120).stdout
+        names = set(re.findall(r"[A-Za-z_]\w*", text))
+        for root, _, files in os.walk(includes[0]):
+            for file in files:
+                with open(os.path.join(root, file), errors="replace") as header:
+                    names.update(re.findall(r"[A-Za-z_]\w*", header.read()))
+        _full_header_names_cache = names
+    return _full_header_names_cache
 
 
 def _extension_build_dir(name: str) -> str:

@@ -131,3 +131,26 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds
     assert "#include <torch/extension.h>" in (ext_dir / full / "cuda.cu").read_text()
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[2:] == [full], "a second load goes straight to the build as written"
+
+
+@pytest.mark.parametrize("message, as_written", [
+    ('identifier "my_made_up_fn" is undefined', False),
+    ('namespace "torch" has no member "totally_bogus_name"', False),
+    ('identifier "PyObject" is undefined', True),           # Python.h comes with the full header
+    ('namespace "torch" has no member "cuda"', True),       # so does torch/cuda.h
+    ('namespace "std" has no member "cout"', True),         # and std headers it includes
+    ('expected a ";"', True),                               # not a missing name: build it as written
+])
+def test_only_errors_the_full_header_cannot_fix_skip_the_second_build(message, as_written):
+    assert formats.may_need_the_full_header(f"/ext/x/cuda.cu(3): error: {message}\n") is as_written
+    assert formats.may_need_the_full_header(f"/ext/x/main.cpp:3:5: error: 'f' was not declared in this scope\n") is False
+    assert formats.may_need_the_full_header("ninja: build stopped: subcommand failed.\n") is True
+
+
+def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
+    load_inline, built, ext_dir = recorded_builds
+    broken = KERNEL.replace("auto y =", "int k = my_made_up_constant;\n    auto y =")
+    with pytest.raises(RuntimeError, match="my_made_up_constant"):
+        load_inline("kz_broken", cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                    cuda_sources=FULL_INCLUDE + broken, functions=["twice"])
+    assert len(built) == 1, built
