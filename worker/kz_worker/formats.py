@@ -13,6 +13,7 @@ import errno
 import hashlib
 import os
 import re
+import subprocess
 
 import torch
 
@@ -108,19 +109,19 @@ def lighter_cuda_sources(args: tuple, kwargs: dict):
     return (args[0], light_sources, *args[2:]), kwargs
 
 
-# Compiler messages that name something missing: EDG's (nvcc's front end) and GCC's. Group 1: the
-# name, as written (maybe qualified); group 2, where there is one: the namespace or class it was
+# Compiler messages that name something missing: EDG's (nvcc's front end) and GCC's. `name`: what is
+# missing, as written (maybe qualified); `scope`, where there is one: the namespace or class it was
 # looked up in.
 _MISSING_NAME = [re.compile(pattern) for pattern in (
-    r'identifier "([\w:]+)" is undefined',
-    r'(?:namespace|class|struct) "([\w:<>, ]+)" has no member (?:class |function |template )?"(\w+)"',
-    r"'([\w:]+)' (?:was not declared in this scope|has not been declared|does not name a type)",
-    r"'([\w:]+)' (?:is not a member of|in namespace) '([\w:]+)'",
-    r'no instance of (?:overloaded function|function template|constructor) "([\w:]+)"',
-    r"no matching function for call to '([\w:]+)",
-    r'incomplete type "([\w:]+)"',
-    r"incomplete type '(?:class |struct )?([\w:]+)'",
-    r'"([\w:]+)" is not a (?:type name|template|class or namespace name)',
+    r'identifier "(?P<name>[\w:]+)" is undefined',
+    r'(?:namespace|class|struct) "(?P<scope>[\w:<>, ]+)" has no member (?:class |function |template )?"(?P<name>\w+)"',
+    r"'(?P<name>[\w:]+)' (?:was not declared in this scope|has not been declared|does not name a type)",
+    r"'(?P<name>[\w:]+)' (?:is not a member of|in namespace) '(?P<scope>[\w:]+)'",
+    r'no instance of (?:overloaded function|function template|constructor) "(?P<name>[\w:]+)"',
+    r"no matching function for call to '(?P<name>[\w:]+)",
+    r'incomplete type "(?P<name>[\w:]+)"',
+    r"incomplete type '(?:class |struct )?(?P<name>[\w:]+)'",
+    r'"(?P<name>[\w:]+)" is not a (?:type name|template|class or namespace name)',
 )]
 _ERROR_LINE = re.compile(r"^(.*?)(?:\(\d+\)|:\d+:\d+): (?:fatal )?error:? (.*)$", re.M)
 
@@ -131,7 +132,7 @@ def may_need_the_full_header(build_log: str) -> bool:
     recognised), or a missing name that the full header or std could provide. False only when every
     error there names something the full header cannot declare (the usual compile error: a name the
     candidate made up or misspelt), which then costs no second build."""
-    errors = [(path, message) for path, message in _ERROR_LINE.findall(build_log)]
+    errors = _ERROR_LINE.findall(build_log)
     cuda_errors = [message for path, message in errors if not path.endswith(".cpp")]  # main.cpp is the same either way
     if not cuda_errors:
         return not errors  # nothing recognisable: build it as written
@@ -140,11 +141,15 @@ def may_need_the_full_header(build_log: str) -> bool:
         found = next((m for pattern in _MISSING_NAME if (m := pattern.search(message))), None)
         if found is None:
             return True
-        parts = [p for group in found.groups() if group for p in re.split(r"\W+", group) if p]
-        if "std" in parts:
+        qualified = [p for p in re.split(r"\W+", found["name"] + " " + (found.groupdict().get("scope") or "")) if p]
+        if "std" in qualified:
             return True
-        names.add(parts[-1] if found.lastindex == 1 else found.group(found.lastindex))
-    return any(name in _full_header_names() for name in names)
+        names.add(re.split(r"\W+", found["name"])[-1])
+    try:
+        known = _full_header_names()
+    except (OSError, subprocess.SubprocessError):  # no compiler to ask: build it as written
+        return True
+    return not names.isdisjoint(known)
 
 
 _full_header_names_cache = None
@@ -157,14 +162,13 @@ def _full_header_names() -> set:
     ~2 s, only after a lightened build failed."""
     global _full_header_names_cache
     if _full_header_names_cache is None:
-        import subprocess
         import sysconfig
         import torch.utils.cpp_extension as cpp_extension
         includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
         command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
                    "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
         text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
-                              timeout=120).stdout
+                              timeout=120, check=True).stdout
         names = set(re.findall(r"[A-Za-z_]\w*", text))
         for root, _, files in os.walk(includes[0]):
             for file in files:

@@ -140,6 +140,9 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds
     ('namespace "torch" has no member "cuda"', True),       # so does torch/cuda.h
     ('namespace "std" has no member "cout"', True),         # and std headers it includes
     ('expected a ";"', True),                               # not a missing name: build it as written
+    ("'device_count' is not a member of 'torch::cuda'", True),   # GCC names the scope after the name
+    ("'made_up_count' is not a member of 'torch::cuda'", False),
+    ("'cout' is not a member of 'std'", True),
 ])
 def test_only_errors_the_full_header_cannot_fix_skip_the_second_build(message, as_written):
     assert formats.may_need_the_full_header(f"/ext/x/cuda.cu(3): error: {message}\n") is as_written
