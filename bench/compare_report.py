@@ -39,14 +39,17 @@ def kz_charge_s(verdict: dict) -> float:
     return (verdict.get("wall_s") or 0.0) + (verdict.get("prebuild_s") or 0.0)
 
 
+def kz_charged_total_s(data: dict) -> float:
+    return sum(kz_charge_s(v) for v in (data.get("kz_batch") or {}).get("verdicts", []))
+
+
 def kz_overlap_scale(data: dict) -> float:
     """Batch wall time over the summed seconds of every verdict (kz_charge_s): 1 when nothing ran
     at once; below 1 when kz ran several evaluations at once ([timing] gpu_jobs) and the `cuda`
     pre-builds beside them. Each verdict's seconds times this is its share of the batch's wall time,
     so per-format rates add up to the batch's and `cuda` carries its own pre-build."""
-    batch = data.get("kz_batch") or {}
-    inside = sum(kz_charge_s(v) for v in batch.get("verdicts", []))
-    wall = batch.get("wall_s") or 0.0
+    inside = kz_charged_total_s(data)
+    wall = (data.get("kz_batch") or {}).get("wall_s") or 0.0
     return wall / inside if inside > wall > 0 else 1.0
 
 
@@ -69,9 +72,7 @@ def kz_format_times(data: dict) -> dict:
 
 def kz_residual_s(data: dict) -> float:
     """The batch's wall time outside every evaluation and pre-build (0 once they overlap)."""
-    batch = data.get("kz_batch") or {}
-    inside = sum(kz_charge_s(v) for v in batch.get("verdicts", []))
-    return max(0.0, (batch.get("wall_s") or 0.0) - inside)
+    return max(0.0, ((data.get("kz_batch") or {}).get("wall_s") or 0.0) - kz_charged_total_s(data))
 
 
 def kb_totals(data: dict) -> dict:
