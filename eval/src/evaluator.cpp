@@ -170,8 +170,8 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 }
 
 WorkerSetup Evaluator::worker_setup() const {
-  // As many idle servers as evaluations run at once on this device: the cuda pre-build's extra
-  // ones (one per core) end with it.
+  // As many idle servers of a kind as evaluations run at once on this device: the cuda pre-build's
+  // extra ones (one per core) end with it.
   return WorkerSetup{python_,
                      worker_dir_,
                      cache_dir_,
@@ -181,14 +181,15 @@ WorkerSetup Evaluator::worker_setup() const {
                      default_jobs(options_)};
 }
 
-void Evaluator::customize_worker(ProcessSpec& spec) const {
+void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   set_worker_device(options_.device, spec);
+  if (mode == EvalMode::compile_only) spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
   apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
 }
 
 Status Evaluator::start_fork_servers(int count) const {
   return kz::start_fork_servers(worker_setup(), kScratchPrefix,
-                                [this](ProcessSpec& spec) { customize_worker(spec); }, count);
+                                [this](ProcessSpec& spec) { customize_worker(spec, EvalMode::full); }, count);
 }
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
@@ -203,7 +204,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
-      [this](ProcessSpec& spec) { customize_worker(spec); });
+      [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); });
   if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));
   warn_sandbox_gaps(outcome->sandbox);
   Verdict verdict = verdict_from_outcome(*outcome);

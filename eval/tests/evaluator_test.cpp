@@ -195,6 +195,27 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   EXPECT_EQ(fresh.max_abs_error, wrong.max_abs_error) << "same seed, same inputs, same outputs\n" << dump(fresh);
 }
 
+// The `cuda` pre-builds' compile-only requests run on fork servers of their own kind
+// (KZ_WORKER_ROLE=build), which skip the audit's machinery: a pre-build never takes a server prepared
+// for an evaluation, and an evaluation never lands on a build server, whichever is idle.
+TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
+  EvalOptions o = options();
+  o.cache.enabled = false;
+  o.worker.fork_server = "always";
+  Evaluator evaluator = make_evaluator(o);
+  ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());  // an evaluation server, idle when the pre-build comes
+  const std::string probe = kFixtures + "worker_role_probe.py";
+  for (int round = 0; round < 2; ++round) {  // the second round finds an idle server of each kind
+    Verdict built = evaluate(evaluator, kRelu, probe, EvalMode::compile_only);
+    EXPECT_EQ(built.status, EvalStatus::runtime_error) << dump(built);
+    EXPECT_TRUE(contains(built.message, "worker role: build; audit machinery imported: False")) << dump(built);
+    Verdict evaluated = evaluate(evaluator, kRelu, probe);
+    EXPECT_EQ(evaluated.status, EvalStatus::runtime_error) << dump(evaluated);
+    EXPECT_TRUE(contains(evaluated.message, "worker role: evaluation; audit machinery imported: True"))
+        << dump(evaluated);
+  }
+}
+
 TEST_F(EvaluatorTest, TritonWrongValuesAreIncorrect) {
   Verdict v = evaluate(kRelu, kFixtures + "triton_wrong.py");
   expect_verdict(v, EvalStatus::incorrect, {Check::output_mismatch});

@@ -116,12 +116,15 @@ class Evaluation:
                                            overrides=self.request.get("size_overrides", {}))
         formats.prepare(self.format, self.device)
         init_inputs = reference.init_inputs()
+        # A compile-only request (a pre-build) builds the candidate and no more: the evaluation that
+        # follows builds the reference (and reports it if it fails).
+        pre_build = self.request.get("mode") == "compile"
         try:
-            reference_model = reference.build(init_inputs, self.seed, self.device)
+            reference_model = None if pre_build else reference.build(init_inputs, self.seed, self.device)
         except Exception as exc:
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to build:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
-        runs = formats.runnable(self.format, self.device) and self.request.get("mode") != "compile"
+        runs = formats.runnable(self.format, self.device) and not pre_build
         timed = runs and self.device.type == "cuda" and self.request["timing"]["enabled"]
         self.gpu = gpu_lock.for_request(self.request, self.device)
         if runs:
@@ -140,8 +143,9 @@ class Evaluation:
         torch.manual_seed(self.seed)
         candidate_model = candidate_class(*loading.clone_all(init_inputs)).to(self.device).eval()
         self.guard.verify("constructing ModelNew")
-        self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
-        self.guard.verify("copying the reference weights")
+        if reference_model is not None:
+            self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
+            self.guard.verify("copying the reference weights")
 
         if not runs:
             formats.finish_compile_only(self.format, candidate_model, reference, self.seed, self.device)

@@ -9,11 +9,21 @@ import os
 import sys
 
 
+def builds_only() -> bool:
+    """A worker for compile-only requests (the supervisor sets KZ_WORKER_ROLE=build for the `cuda`
+    pre-builds): it imports and constructs the candidate, and never runs, audits or times one, so it
+    skips Triton, the audit's machinery and the profiler (~4 s of CPU per fork server on the GPU host,
+    while nvcc needs every core)."""
+    return os.environ.get("KZ_WORKER_ROLE") == "build"
+
+
 def prepare_host(device_name: str) -> None:
     """Imports and the audit's CPU machinery (torch._dynamo): no CUDA, so a fork server can run it
     once and fork children that inherit it."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
+    if builds_only():
+        return
     device = torch.device(device_name)
     # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
     # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
@@ -31,7 +41,7 @@ def prepare_device(device_name: str) -> None:
     import torch
     from . import cheats
     device = torch.device(device_name)
-    if device.type == "cuda":
+    if device.type == "cuda" and not builds_only():  # a build's CUDA context comes when it needs one
         from . import timing
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # the CUDA context

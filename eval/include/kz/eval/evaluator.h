@@ -69,7 +69,10 @@ class Evaluator {
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                              EvalMode mode) const;
   WorkerSetup worker_setup() const;
-  void customize_worker(ProcessSpec& spec) const;  // environment and sandbox of this evaluator's workers
+  // Environment and sandbox of this evaluator's workers for `mode`: compile-only requests (the `cuda`
+  // pre-builds) run on fork servers of their own kind (KZ_WORKER_ROLE=build), which skip what only
+  // running a candidate needs, and never take a server prepared for an evaluation.
+  void customize_worker(ProcessSpec& spec, EvalMode mode) const;
   EvalOptions options_;
   std::string python_;
   std::filesystem::path worker_dir_;
