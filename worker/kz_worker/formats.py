@@ -46,22 +46,22 @@ def _torch_arch_list(arch: str) -> str:
 def _count_extension_builds() -> None:
     """Wraps load_inline so the harness knows whether the candidate built an extension, so that
     the build is named by its content (content_addressed_name), and so that it parses fewer
-    headers where it can (lighter_cuda_sources)."""
+    headers where it can (lighter_sources)."""
     import torch.utils.cpp_extension as cpp_extension
     original = cpp_extension.load_inline
 
     def load_inline(name, *args, **kwargs):
         _extension_builds.append(name)
-        lighter = lighter_cuda_sources(args, kwargs)
+        lighter = lighter_sources(original, args, kwargs)
         if lighter is not None:
-            light_args, light_kwargs = lighter
-            light_name = content_addressed_name(name, light_args, light_kwargs)
+            light_kwargs, main_lightened = lighter
+            light_name = content_addressed_name(name, (), light_kwargs)
             failed_marker = os.path.join(_extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
             if not os.path.exists(failed_marker):
                 try:
-                    return original(light_name, *light_args, **light_kwargs)
+                    return original(light_name, **light_kwargs)
                 except Exception as exc:
-                    if not _is_compile_exception(exc) or not may_need_the_full_header(str(exc)):
+                    if not _is_compile_exception(exc) or not may_need_the_full_header(str(exc), main_lightened):
                         raise  # as written, it would fail alike: no second build
                     _write_marker(failed_marker)  # later loads (the GPU evaluation after a pre-build) skip it
         return original(content_addressed_name(name, args, kwargs), *args, **kwargs)
@@ -69,44 +69,83 @@ def _count_extension_builds() -> None:
     cpp_extension.load_inline = load_inline
 
 
-# `#include <torch/extension.h>` in CUDA sources: torch's whole C++ API (nn, optim, autograd, jit,
-# serialisation) and pybind11. nvcc parses it three times (cudafe++, cicc, the host compiler):
-# ~24 of the ~42 s nvcc spends on the 07_softmax example. load_inline already includes
-# <torch/types.h> (tensors, ATen ops, factories, TORCH_CHECK) ahead of the sources: what kernels use.
+# load_inline's build parses torch's headers three times over. Two of them kz can lighten, keeping
+# what the candidate wrote:
+#  - `#include <torch/extension.h>` in CUDA sources: torch's whole C++ API (nn, optim, autograd, jit,
+#    serialisation) and pybind11, which nvcc parses three times (cudafe++, cicc, the host compiler):
+#    ~24 of the ~42 s nvcc spends on the 07_softmax example. load_inline already includes
+#    <torch/types.h> (tensors, ATen ops, factories, TORCH_CHECK) ahead of them: what kernels use.
+#  - main.cpp, which load_inline writes as `#include <torch/extension.h>`, the cpp_sources and the
+#    bindings: where the cpp_sources only declare functions over tensors, scalars, and vectors or
+#    tuples of them (KernelBench's `torch::Tensor f(torch::Tensor x);`), the bindings need pybind11
+#    and torch's casters for those types, all in torch/csrc/utils/pybind.h: ~4 s of the host
+#    compiler instead of ~14 s, and ~0.4 GB instead of ~1.5 GB.
 _FULL_TORCH_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.M)
 _LIGHTER_BUILD_FAILED = "kz_lighter_build_failed"
+_LIGHT_MAIN_PRELUDE = [
+    "#include <torch/csrc/utils/pybind.h>  // kz: pybind11 and torch's casters, for the bindings below",
+    "#include <torch/csrc/Exceptions.h>  // torch::wrap_pybind_function",
+    "namespace torch { using namespace at; }  // torch::Tensor, as <torch/types.h> declares it",
+]
+# What load_inline puts ahead of the CUDA sources itself, unless no_implicit_headers.
+_CUDA_PRELUDE = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+
+# A declaration main.cpp can bind with _LIGHT_MAIN_PRELUDE: every type one pybind11 or that header
+# converts, so the bindings are the same code either way.
+_TENSOR = r"(?:(?:torch|at)::)Tensor"
+_SCALAR = r"(?:void|bool|int|long|float|double|(?:std::)?u?int(?:32|64)_t|(?:std::)?size_t)"
+_VALUE = (rf"(?:{_TENSOR}|{_SCALAR}|std::vector\s*<\s*(?:{_TENSOR}|{_SCALAR})\s*>"
+          rf"|std::tuple\s*<\s*{_TENSOR}(?:\s*,\s*{_TENSOR})*\s*>)")
+_TYPE = rf"(?:const\s+)?{_VALUE}(?:\s+const)?\s*&?"
+_PARAMETER = rf"{_TYPE}\s*(?:[A-Za-z_]\w*)?"
+_DECLARATION = re.compile(rf"\s*{_TYPE}\s*[A-Za-z_]\w*\s*\(\s*(?:{_PARAMETER}(?:\s*,\s*{_PARAMETER})*)?\s*\)\s*")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
-def lighter_cuda_sources(args: tuple, kwargs: dict):
-    """(args, kwargs) for load_inline with `#include <torch/extension.h>` in the CUDA sources replaced
-    by a comment (one line for one, so compiler messages keep their line numbers), or None when there
-    is nothing to lighten.
+def declarations_only(cpp_sources: list) -> bool:
+    """Whether the cpp_sources hold nothing but `#include <torch/extension.h>` and declarations of
+    functions over the types _LIGHT_MAIN_PRELUDE binds (no definitions, no other includes or macros)."""
+    text = _FULL_TORCH_HEADER.sub("", _COMMENT.sub(" ", "\n".join(cpp_sources)))
+    *declarations, rest = text.split(";")
+    return not rest.strip() and all(_DECLARATION.fullmatch(d) for d in declarations if d.strip())
+
+
+def lighter_sources(load_inline, args: tuple, kwargs: dict):
+    """(keyword arguments for load_inline, whether main.cpp was lightened) with lighter headers where
+    the sources allow (above), or None when there is nothing to lighten.
 
     A build that fails this way is built again as written (the caller), so a candidate that needs
     the full header loses only time, never its verdict; code that compiles against the lighter
-    header is the same code against the same library. Left as written: sources that bind their own
+    headers is the same code against the same library. Left as written: sources that bind their own
     pybind11 module (they need torch/python.h), builds without load_inline's implicit headers, and
     builds in a directory of the candidate's choosing (the two builds would share it)."""
-    if "cuda_sources" in kwargs:
-        sources = kwargs["cuda_sources"]
+    import inspect
+    try:
+        bound = inspect.signature(load_inline).bind("name", *args, **kwargs).arguments
+    except TypeError:
+        return None  # torch's own call says what is wrong
+    cpp, cuda = (_source_list(bound.get(key)) for key in ("cpp_sources", "cuda_sources"))
+    if (not cuda or cpp is None or bound.get("no_implicit_headers") or bound.get("build_directory")
+            or any("PYBIND11" in t for t in cpp + cuda)):
+        return None
+    light_cuda = [_FULL_TORCH_HEADER.sub("// <torch/extension.h>: kz builds with load_inline's <torch/types.h>", t)
+                  for t in cuda]
+    light_main = declarations_only(cpp)
+    if light_cuda == cuda and not light_main:
+        return None
+    light = {key: value for key, value in bound.items() if key != "name"}
+    if light_main:
+        light.update(no_implicit_headers=True, cpp_sources=_LIGHT_MAIN_PRELUDE + cpp,
+                     cuda_sources=_CUDA_PRELUDE + light_cuda)
     else:
-        sources = args[1] if len(args) > 1 else None
-    if not sources or kwargs.get("no_implicit_headers") or kwargs.get("build_directory"):
-        return None
-    texts = [sources] if isinstance(sources, str) else list(sources)
-    if not all(isinstance(t, str) for t in texts):
-        return None
-    cpp = kwargs.get("cpp_sources", args[0] if args else "")
-    if any("PYBIND11" in t for t in [*texts, *([cpp] if isinstance(cpp, str) else cpp or [])]):
-        return None
-    light = [_FULL_TORCH_HEADER.sub("// <torch/extension.h>: kz builds with load_inline's <torch/types.h>", t)
-             for t in texts]
-    if light == texts:
-        return None
-    light_sources = light[0] if isinstance(sources, str) else light
-    if "cuda_sources" in kwargs:
-        return args, {**kwargs, "cuda_sources": light_sources}
-    return (args[0], light_sources, *args[2:]), kwargs
+        light["cuda_sources"] = light_cuda
+    return light, light_main
+
+
+def _source_list(sources):
+    """load_inline's str-or-list sources as a list of strings; None when something else."""
+    texts = [sources] if isinstance(sources, str) else list(sources or [])
+    return texts if all(isinstance(t, str) for t in texts) else None
 
 
 # Compiler messages that name something missing: EDG's (nvcc's front end) and GCC's. `name`: what is
@@ -126,18 +165,19 @@ _MISSING_NAME = [re.compile(pattern) for pattern in (
 _ERROR_LINE = re.compile(r"^(.*?)(?:\(\d+\)|:\d+:\d+): (?:fatal )?error:? (.*)$", re.M)
 
 
-def may_need_the_full_header(build_log: str) -> bool:
-    """Whether a build that failed with <torch/extension.h> lightened might succeed as written: an
-    error in the CUDA sources that is not a missing name (conservative: syntax, types, anything not
+def may_need_the_full_header(build_log: str, main_lightened: bool = False) -> bool:
+    """Whether a build that failed with lighter headers (lighter_sources) might succeed as written: an
+    error in a lightened source that is not a missing name (conservative: syntax, types, anything not
     recognised), or a missing name that the full header or std could provide. False only when every
     error there names something the full header cannot declare (the usual compile error: a name the
-    candidate made up or misspelt), which then costs no second build."""
+    candidate made up or misspelt), which then costs no second build. main.cpp's errors count only
+    where it was lightened: as written, it is the same either way."""
     errors = _ERROR_LINE.findall(build_log)
-    cuda_errors = [message for path, message in errors if not path.endswith(".cpp")]  # main.cpp is the same either way
-    if not cuda_errors:
+    lightened = [message for path, message in errors if main_lightened or not path.endswith(".cpp")]
+    if not lightened:
         return not errors  # nothing recognisable: build it as written
     names = set()
-    for message in cuda_errors:
+    for message in lightened:
         found = next((m for pattern in _MISSING_NAME if (m := pattern.search(message))), None)
         if found is None:
             return True

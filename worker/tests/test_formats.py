@@ -1,6 +1,8 @@
 """load_inline as kz wraps it: builds named by their content (samples that call their extension alike
 do not share, and fight over, one build directory; identical sources do), and CUDA sources built
 with lighter headers where they compile so, as written where not."""
+import functools
+
 import pytest
 import torch
 
@@ -39,40 +41,74 @@ def test_a_module_bound_under_a_literal_name_keeps_it():
     assert formats.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
 
 
-# ---- lighter headers for load_inline's CUDA sources ---------------------------------------------
+# ---- lighter headers for load_inline's sources ---------------------------------------------------
 
 FULL_INCLUDE = "#include <torch/extension.h>\n"
+DEFINITION = "torch::Tensor relu_cuda(torch::Tensor x) { return x; }"  # main.cpp keeps the full header
+
+
+def lighter(*args, **kwargs):
+    import torch.utils.cpp_extension as cpp_extension
+    return formats.lighter_sources(cpp_extension.load_inline, args, kwargs)
 
 
 def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
     source = FULL_INCLUDE + "#include <cuda_runtime.h>\n" + CUDA
-    args, kwargs = formats.lighter_cuda_sources((), {"cpp_sources": CPP, "cuda_sources": source})
-    light = kwargs["cuda_sources"]
+    kwargs, main_lightened = lighter(cpp_sources=DEFINITION, cuda_sources=source)
+    [light] = kwargs["cuda_sources"]
     assert "torch/extension.h>\n#" not in light and "#include <cuda_runtime.h>" in light
     assert light.count("\n") == source.count("\n"), "compiler messages keep their line numbers"
     assert light.splitlines()[0].startswith("//")
-    assert kwargs["cpp_sources"] == CPP and args == ()
+    assert kwargs["cpp_sources"] == DEFINITION and not main_lightened and "no_implicit_headers" not in kwargs
 
 
 def test_positional_and_listed_sources_are_lightened_too():
     # load_inline(name, cpp_sources, cuda_sources, ...): the wrapper passes what follows the name.
-    args, kwargs = formats.lighter_cuda_sources((CPP, [CUDA, '  # include "torch/extension.h"\n'], ["f"]), {})
-    assert args[0] == CPP and args[2] == ["f"] and kwargs == {}
-    assert args[1][0] == CUDA and args[1][1].lstrip().startswith("//")
+    kwargs, _ = lighter(DEFINITION, [CUDA, '  # include "torch/extension.h"\n'], None, ["f"])
+    assert kwargs["cpp_sources"] == DEFINITION and kwargs["functions"] == ["f"]
+    assert kwargs["cuda_sources"][0] == CUDA and kwargs["cuda_sources"][1].lstrip().startswith("//")
 
 
-@pytest.mark.parametrize("case", ["no include", "own pybind module", "own build directory", "no implicit headers"])
+def test_declarations_only_main_gets_the_binding_header_and_cuda_keeps_load_inlines_own():
+    kwargs, main_lightened = lighter(FULL_INCLUDE + CPP, CUDA, functions=["relu_cuda"])
+    assert main_lightened and kwargs["no_implicit_headers"] is True
+    assert kwargs["cpp_sources"] == formats._LIGHT_MAIN_PRELUDE + [FULL_INCLUDE + CPP]
+    assert "torch/extension.h" not in "".join(formats._LIGHT_MAIN_PRELUDE)
+    # What load_inline would have put ahead of the CUDA sources, line for line.
+    assert kwargs["cuda_sources"] == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>", CUDA]
+
+
+@pytest.mark.parametrize("cpp, light", [
+    (CPP, True),
+    ("// a comment\n" + FULL_INCLUDE + "std::vector<torch::Tensor> f(const torch::Tensor& x, int64_t k, double a,"
+     " bool b, std::vector<int64_t> shape);\nstd::tuple<at::Tensor, at::Tensor> g(at::Tensor x);", True),
+    ("void launch(torch::Tensor out, torch::Tensor in);", True),
+    (DEFINITION, False),                                          # code: it may use anything
+    ("#include <vector>\n" + CPP, False),                         # another include
+    ("torch::Tensor f(c10::optional<torch::Tensor> x);", False),  # a type beyond pybind.h's usual casters
+    ("torch::Tensor f(at::IntArrayRef size);", False),
+    ("torch::Tensor f(torch::Tensor x, float a = 1.0);", False),  # a default argument
+    ("torch::Tensor f(torch::Tensor x)", False),                  # no semicolon: not a declaration
+])
+def test_only_declarations_over_known_types_lighten_main(cpp, light):
+    assert formats.declarations_only([cpp]) is light
+
+
+@pytest.mark.parametrize("case", ["nothing to lighten", "own pybind module", "own build directory",
+                                  "no implicit headers", "no cuda sources"])
 def test_sources_that_need_the_full_header_or_could_collide_are_left_as_written(case):
     kwargs = {"cpp_sources": CPP, "cuda_sources": FULL_INCLUDE + CUDA}
-    if case == "no include":
-        kwargs["cuda_sources"] = CUDA
+    if case == "nothing to lighten":
+        kwargs = {"cpp_sources": DEFINITION, "cuda_sources": CUDA}
     elif case == "own pybind module":
         kwargs["cuda_sources"] += "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
     elif case == "own build directory":
         kwargs["build_directory"] = "/tmp/somewhere"
-    else:
+    elif case == "no implicit headers":
         kwargs["no_implicit_headers"] = True
-    assert formats.lighter_cuda_sources((), kwargs) is None
+    else:
+        del kwargs["cuda_sources"]
+    assert lighter(**kwargs) is None
 
 
 # The real builds (nvcc and the host compiler, no GPU needed): ~20 s for the lighter one, ~70 s for a
@@ -101,6 +137,7 @@ def recorded_builds(tmp_path, monkeypatch):
     built = []
     torch_load_inline = cpp_extension.load_inline
 
+    @functools.wraps(torch_load_inline)  # kz's wrapper binds the arguments by torch's signature
     def recording(name, *args, **kwargs):
         built.append(name)
         return torch_load_inline(name, *args, **kwargs)
@@ -117,6 +154,8 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     assert hasattr(module, "twice")
     assert len(built) == 1, built
     assert "// <torch/extension.h>" in (ext_dir / built[0] / "cuda.cu").read_text()
+    main = (ext_dir / built[0] / "main.cpp").read_text()
+    assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
 
 
 def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds):
@@ -148,6 +187,14 @@ def test_only_errors_the_full_header_cannot_fix_skip_the_second_build(message, a
     assert formats.may_need_the_full_header(f"/ext/x/cuda.cu(3): error: {message}\n") is as_written
     assert formats.may_need_the_full_header(f"/ext/x/main.cpp:3:5: error: 'f' was not declared in this scope\n") is False
     assert formats.may_need_the_full_header("ninja: build stopped: subcommand failed.\n") is True
+
+
+def test_a_lightened_main_cpps_errors_count():
+    made_up = "/ext/x/main.cpp:3:5: error: 'twice_made_up' was not declared in this scope\n"
+    assert formats.may_need_the_full_header(made_up, main_lightened=True) is False
+    missing_python = "/ext/x/main.cpp:3:5: error: 'PyObject' was not declared in this scope\n"
+    assert formats.may_need_the_full_header(missing_python, main_lightened=False) is False  # as written alike
+    assert formats.may_need_the_full_header(missing_python, main_lightened=True) is True
 
 
 def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
