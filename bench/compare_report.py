@@ -162,8 +162,9 @@ READY_STARTUP_S = 3.0  # a child of a ready fork server answers in ~1-2 s on the
 def stage_parts(verdicts: list, key: str, label: str) -> list:
     """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
     worker's correctness_s (the audit forward under the profiler, the trials, the replay probe;
-    GPU-lock waits included) or timing_s (the exclusive hold: inputs, warmup, timed, with new_round
-    and checks inside the last two)."""
+    GPU-lock waits included), timing_s (the exclusive hold: inputs, warmup, timed, with new_round
+    and checks inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
+    checks, the comparisons of the sampled outputs copied in the hold)."""
     lines = []
     for fmt in FORMATS:
         sums = {}
@@ -210,6 +211,7 @@ def stage_section(data: dict) -> str:
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
+    lines += stage_parts(verdicts, "timing_after_hold_s", "timing (after the hold, shared)")
     locked = [v for v in verdicts if v.get("gpu_wait_s") is not None]
     if locked:
         wait = sum(v["gpu_wait_s"] for v in locked)

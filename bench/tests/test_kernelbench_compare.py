@@ -326,3 +326,16 @@ def test_timing_parts_are_summed_per_format():
     for fmt in {v["format"] for v in timed}:
         n = sum(1 for v in timed if v["format"] == fmt)
         assert f"  {fmt} timing (exclusive): inputs {0.5 * n:.1f} s, timed {1.0 * n:.1f} s, warmup {0.25 * n:.1f} s" in text
+
+
+def test_the_timings_checks_after_the_hold_are_summed_apart_from_the_hold():
+    data = synthetic()
+    timed = [v for v in data["kz_batch"]["verdicts"] if v.get("speedup")]
+    for verdict in timed:
+        verdict["timing_s"] = {"checks": 0.5, "timed": 1.0}
+        verdict["timing_after_hold_s"] = {"checks": 2.0}
+    text = compare_report.stage_section(data)
+    for fmt in {v["format"] for v in timed}:
+        n = sum(1 for v in timed if v["format"] == fmt)
+        assert f"  {fmt} timing (exclusive): checks {0.5 * n:.1f} s, timed {1.0 * n:.1f} s" in text
+        assert f"  {fmt} timing (after the hold, shared): checks {2.0 * n:.1f} s" in text

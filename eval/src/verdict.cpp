@@ -103,6 +103,7 @@ nlohmann::json to_json(const Verdict& v) {
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
+  write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
@@ -158,6 +159,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   }
   read_parts(j, "correctness_s", v.correctness_s);
   read_parts(j, "timing_s", v.timing_s);
+  read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

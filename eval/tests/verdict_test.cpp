@@ -81,6 +81,20 @@ TEST(Verdict, JsonRoundTripKeepsTheTimingsParts) {
   EXPECT_EQ(back->timing_s, v.timing_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheTimingsWorkAfterItsHold) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("timing_after_hold_s")) << "absent where nothing was timed";
+  v.timing_s = {{"checks", 0.03}, {"timed", 0.2}};
+  v.timing_after_hold_s = {{"checks", 0.125}};
+  auto json = to_json(v);
+  EXPECT_EQ(json["timing_after_hold_s"]["checks"], 0.125);
+  EXPECT_EQ(json["timing_s"]["checks"], 0.03) << "a field of its own: timing_s stays the exclusive hold";
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->timing_after_hold_s, v.timing_after_hold_s);
+  EXPECT_EQ(back->timing_s, v.timing_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("gpu_wait_s")) << "absent where no GPU lock was taken";

@@ -18,7 +18,8 @@ worker: eval/src/static_checks.cpp). docs/evaluation.md describes them all; in s
   output_aliases_reference  an output sharing memory with a reference output.
   replayed_output           bitwise the same output for two input sets whose references differ
                             (caching by shape or by pointer, replaying an earlier result).
-  wrong_during_timing       a sampled timed output is wrong (timing.py calls back after each run).
+  wrong_during_timing       a sampled timed output is wrong (timing.py calls back after each run; the
+                            harness compares its copies after the exclusive hold).
 
 Format `torch` (baselines: the reference timed as its own candidate) is exempt from the trace and
 the kernel checks. Everything here is in-process: a candidate that runs arbitrary Python in the

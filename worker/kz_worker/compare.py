@@ -34,16 +34,23 @@ def compare_outputs(out, ref, settings: dict) -> dict:
     """Raises Failure(incorrect) naming the first rule broken; returns error statistics."""
     if isinstance(ref, torch.Tensor):
         return compare_tensor(out, ref, settings, "output")
-    outs, refs = flatten(out), flatten(ref)
-    if type(out) is not type(ref) or len(outs) != len(refs):
-        raise v.Failure(v.INCORRECT, f"output structure differs: got {_describe(out)}, expected {_describe(ref)}",
-                        [v.OUTPUT_STRUCTURE])
+    check_structure(out, ref)
     worst = {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
-    for index, (o, r) in enumerate(zip(outs, refs)):
+    for index, (o, r) in enumerate(zip(flatten(out), flatten(ref))):
         stats = compare_tensor(o, r, settings, f"output[{index}]")
         for key in worst:
             worst[key] = max(worst[key], stats[key])
     return worst
+
+
+def check_structure(out, ref) -> None:
+    """Where the reference is not a tensor: the same container type and length (no method of the
+    output's elements is called)."""
+    if isinstance(ref, torch.Tensor):
+        return
+    if type(out) is not type(ref) or len(flatten(out)) != len(flatten(ref)):
+        raise v.Failure(v.INCORRECT, f"output structure differs: got {_describe(out)}, expected {_describe(ref)}",
+                        [v.OUTPUT_STRUCTURE])
 
 
 def compare_tensor(o, r, settings: dict, what: str) -> dict:

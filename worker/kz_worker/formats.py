@@ -292,7 +292,7 @@ def classify_exception(exc: BaseException, stage: str):
         return v.COMPILE_ERROR, v.KERNEL_COMPILE
     # A refused allocation (the sandbox's CPU address-space limit, the GPU memory fraction, or the
     # machine's memory) is an ordinary failure of the kernel, as a CUDA OOM is: runtime_error.
-    if _is_memory_exception(exc):
+    if is_memory_exception(exc):
         return v.RUNTIME_ERROR, v.MEMORY_LIMIT
     if _chain_has(exc, lambda e: isinstance(e, OSError) and e.errno == errno.EFBIG):  # SIGXFSZ ignored
         return v.SANDBOX_VIOLATION, v.FILE_SIZE_LIMIT
@@ -316,7 +316,7 @@ _OUT_OF_MEMORY = ("DefaultCPUAllocator: not enough memory", "DefaultCPUAllocator
                   "CUDA out of memory", "Cannot allocate memory")
 
 
-def _is_memory_exception(exc: BaseException) -> bool:
+def is_memory_exception(exc: BaseException) -> bool:
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     return _chain_has(exc, lambda e: isinstance(e, (MemoryError, oom))
                       or (isinstance(e, RuntimeError) and any(text in str(e) for text in _OUT_OF_MEMORY)))

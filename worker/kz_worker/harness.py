@@ -105,7 +105,10 @@ class Evaluation:
         return self.result
 
     def _fail(self, status, message, checks):
-        self.result.update(status=status, message=message, correct=False)
+        # A failed verdict carries no speed: the recheck can fail after _time recorded one.
+        self.result.update(status=status, message=message, correct=False, timing=None)
+        for key in ("runtime_ms", "ref_runtime_ms", "speedup"):
+            self.result.pop(key, None)
         self.result["checks"] += [c for c in checks if c not in self.result["checks"]]
 
     def _run_stages(self):
@@ -171,9 +174,8 @@ class Evaluation:
                 self._replay_probe(candidate_model)
         self.result["compiled"] = True
         if timed:
-            self.enter("timing")  # the stage deadline covers the wait for the GPU too
-            with self.gpu.exclusive():
-                self._time(reference_model, candidate_model)
+            self.enter("timing")  # the stage deadline covers the waits for the GPU too
+            self._time(reference_model, candidate_model)
             self.enter("recheck")
             with torch.no_grad(), self.gpu.shared():
                 self._check_once(reference_model, candidate_model, RECHECK, recheck=True)
@@ -309,11 +311,26 @@ class Evaluation:
     # ---- timing ----------------------------------------------------------------------------------
 
     def _time(self, reference_model, candidate_model):
+        """The timed runs, alone on the GPU (exclusive hold); then, sharing it, the comparisons of the
+        sampled outputs that the hold only copied; the speedup is recorded only once they passed."""
+        with self.gpu.exclusive():
+            measured, snapshots = self._timed_runs(reference_model, candidate_model)
+        # Its own field: timing_s is the exclusive hold, and these seconds are not in it.
+        with self.gpu.shared(), _seconds(self.result.setdefault("timing_after_hold_s", {}), "checks"):
+            self._check_snapshots(snapshots)
+        self.result["timing"] = measured
+        self.result["runtime_ms"] = measured["candidate"]["median_ms"]
+        self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
+        self.result["speedup"] = measured["speedup"]
+
+    def _timed_runs(self, reference_model, candidate_model):
+        """Inside the exclusive hold: the interleaved runs and the checks that must see each candidate
+        run's live objects. Returns the measurement and the sampled runs' Snapshots."""
         settings = self.request["timing"]
         n = settings["input_sets"]
         keys = [timing_key(k) for k in range(n)]
-        # Where the exclusive hold goes: inputs, warmup, timed; new_round and checks (the guard and
-        # the sampled outputs) are parts of the last two.
+        # Where the exclusive hold goes: inputs, warmup, timed; new_round and checks (the guard, the
+        # sampled outputs' live checks and copies) are parts of the last two.
         parts = self.result["timing_s"] = {}
         with _seconds(parts, "inputs"):
             buffers = [loading.clone_all(self.expected.inputs(key)) for key in keys]
@@ -330,31 +347,112 @@ class Evaluation:
                             buffer.copy_(data)
 
         sampled = sample_runs(settings["runs"], n)
+        snapshots = Snapshots(self.device)
 
         def after_candidate(k, out, run):
             with _seconds(parts, "checks"):
                 self.guard.verify("after a timed forward")
                 if run in sampled:
-                    self._check_timed(out, keys[holds[k]], buffers[k], run)
+                    self._check_timed(out, keys[holds[k]], buffers[k], run, snapshots)
 
         measured = timing.time_interleaved(reference_model, candidate_model, buffers, settings, self.device,
                                            after_candidate=after_candidate,
                                            new_round=new_round if n > 1 else None, seconds=parts)
-        self.result["timing"] = measured
-        self.result["runtime_ms"] = measured["candidate"]["median_ms"]
-        self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
-        self.result["speedup"] = measured["speedup"]
+        return measured, snapshots
 
-    def _check_timed(self, out, key, inputs, run) -> None:
+    def _check_timed(self, out, key, inputs, run, snapshots) -> None:
+        """A sampled run, in the hold: what must see the live output (its exact type before any of its
+        methods runs, its structure before clone_output walks it, its storage), then a copy of it and
+        of its inputs for _check_snapshots, or the comparison now where the copy does not fit."""
+        with _timed_run(run), self.guard.comparing("checking a timed output"):
+            expected = self.expected.output(key)
+            cheats.check_output_types(out, expected)
+            compare.check_structure(out, expected)
+            cheats.check_aliases_reference(out, self.expected.outputs())
+            if not snapshots.take(run, key, out, inputs):
+                self._compare_timed(key, out, inputs)
+
+    def _check_snapshots(self, snapshots) -> None:
+        """After the hold, in run order: the comparisons _check_timed left for later."""
         try:
-            with self.guard.comparing("checking a timed output"):
-                compare.check_inputs_unchanged(inputs, self.expected.inputs(key))
-                cheats.check_output_types(out, self.expected.output(key))
-                cheats.check_aliases_reference(out, self.expected.outputs())
-                compare.compare_outputs(out, self.expected.output(key), self.request["tolerance"])
-        except v.Failure as failure:
-            raise v.Failure(v.CHEAT_DETECTED, f"timed run {run}: {failure.message}",
-                            failure.checks + [v.WRONG_DURING_TIMING])
+            with self.guard.comparing("checking the timed outputs"):
+                for run, key, out, inputs in snapshots.runs:
+                    with _timed_run(run):
+                        self._compare_timed(key, out, inputs)
+        finally:
+            snapshots.runs.clear()  # their memory, before the recheck needs it
+
+    def _compare_timed(self, key, out, inputs) -> None:
+        compare.check_inputs_unchanged(inputs, self.expected.inputs(key))
+        compare.compare_outputs(out, self.expected.output(key), self.request["tolerance"])
+
+
+# The copies of one timing's sampled runs (each its output and its inputs as the run left them),
+# taken in the exclusive hold and compared after it, take at most this many bytes. A kzbench task at
+# its GPU sizes copies 32-384 MiB per sampled run (19_scale_residual_gelu the most), so all 8 samples
+# of the default timing (sample_runs(100, 4)) fit; the worker already keeps ~11 such input sets and
+# their reference outputs on the device. A device copy costs little beside the float64 comparisons it
+# moves out of the hold.
+SNAPSHOT_BUDGET_BYTES = 3 << 30
+# On a GPU also at most this share of what the allocator can still get (free device memory, within
+# set_per_process_memory_fraction): the copies must not make the candidate's own allocations fail
+# (an out-of-memory verdict it would not otherwise get) nor crowd the other workers on the GPU.
+SNAPSHOT_FREE_SHARE = 0.25
+
+
+def snapshot_budget(device: torch.device) -> int:
+    if device.type != "cuda":
+        return SNAPSHOT_BUDGET_BYTES
+    free, total = torch.cuda.mem_get_info(device)
+    # The allocator's limit counts what it reserved (cached blocks included) against fraction * total.
+    allowed = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
+    return int(min(SNAPSHOT_BUDGET_BYTES, SNAPSHOT_FREE_SHARE * max(0.0, min(free, allowed))))
+
+
+class Snapshots:
+    """Device copies of sampled timed runs, within snapshot_budget: a run whose copy would exceed it,
+    or whose copy the allocator refuses, is not taken (its caller compares it at once instead)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.budget_bytes = snapshot_budget(device)
+        self.used_bytes = 0
+        self.runs = []  # (run, input-set key, copy of the output, copy of the inputs), in run order
+
+    def take(self, run, key, out, inputs) -> bool:
+        size = _nbytes(out) + _nbytes(inputs)
+        if self.used_bytes + size > self.budget_bytes:
+            return False
+        try:
+            self.runs.append((run, key, cheats.clone_output(out), loading.clone_all(inputs)))
+        except Exception as exc:
+            if not formats.is_memory_exception(exc):
+                raise
+            return False
+        # Copied before the candidate runs again: its next forward may write these buffers from a
+        # stream that does not wait for the copy.
+        formats.synchronize(self.device)
+        self.used_bytes += size
+        return True
+
+
+def _nbytes(value) -> int:
+    """The bytes a copy of value's tensors takes (nested as clone_output walks them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(x) for x in value)
+    return 0
+
+
+@contextlib.contextmanager
+def _timed_run(run: int):
+    """A timed run's failed check is a cheat: the same candidate passed the correctness trials."""
+    try:
+        yield
+    except v.Failure as failure:
+        raise v.Failure(v.CHEAT_DETECTED, f"timed run {run}: {failure.message}",
+                        failure.checks + [v.WRONG_DURING_TIMING])
 
 
 def sample_runs(runs: int, n: int) -> set:

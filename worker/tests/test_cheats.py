@@ -3,6 +3,7 @@ traces of every cuda-rtc and cuda example's forward (they cannot run on a CPU, s
 stubbed and only the PyTorch glue around them is traced), the kernel-name heuristic, the identity
 snapshot, the replay detector and the timing hooks. End-to-end cases: eval/tests/cheats_test.cpp."""
 import collections
+import contextlib
 import gc
 import pathlib
 import re
@@ -12,7 +13,7 @@ import types
 import pytest
 import torch
 
-from kz_worker import cheats, harness, loading, timing
+from kz_worker import cheats, compare, harness, loading, timing
 from kz_worker import verdict as v
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -390,16 +391,177 @@ def timed_evaluation(tmp_path, monkeypatch):
     return evaluation, ref_model
 
 
+class MutatesItsInput(torch.nn.Module):
+    """Right outputs, but the input is overwritten after use (in every run, so in the sampled ones)."""
+
+    def forward(self, x):
+        out = torch.relu(x)
+        x.zero_()
+        return out
+
+
+class RecordingLock:
+    """Stands in for gpu_lock.GpuLock: records where each hold begins and ends in `events`."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        yield from self._held("exclusive")
+
+    @contextlib.contextmanager
+    def shared(self):
+        yield from self._held("shared")
+
+    def _held(self, mode):
+        self.events.append(f"{mode} begins")
+        try:
+            yield
+        finally:
+            self.events.append(f"{mode} ends")
+
+    def report(self) -> dict:
+        return {}
+
+
+def recorded_evaluation(tmp_path, monkeypatch):
+    """timed_evaluation, with the GPU lock's holds and the value comparisons recorded in order."""
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    events = []
+    evaluation.gpu = RecordingLock(events)
+    for name in ("compare_outputs", "check_inputs_unchanged"):
+        def recording(*args, original=getattr(compare, name), name=name):
+            events.append(name)
+            return original(*args)
+        monkeypatch.setattr(compare, name, recording)
+    evaluation.guard = cheats.Guard("torch")  # the stand-ins are no candidate's patches
+    return evaluation, ref_model, events
+
+
+def during(events: list, mode: str) -> list:
+    """The events recorded inside the (single) hold of `mode`."""
+    return events[events.index(f"{mode} begins") + 1:events.index(f"{mode} ends")]
+
+
+SAMPLED = len(harness.sample_runs(24, 4))  # timed_evaluation's runs and input sets
+
+
+def snapshot_bytes(evaluation) -> int:
+    """One sampled run's copy for 02_relu: its input and an output of the same size."""
+    x = evaluation.expected.inputs(harness.timing_key(0))[0]
+    return 2 * x.numel() * x.element_size()
+
+
 def test_timed_runs_of_an_honest_model_pass(tmp_path, monkeypatch):
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     evaluation._time(ref_model, Relu())
     assert evaluation.result["speedup"] == 1.0
+    assert evaluation.result["timing_after_hold_s"]["checks"] >= 0.0
+    assert set(evaluation.result["timing_s"]) == {"inputs", "warmup", "timed", "new_round", "checks"}
+
+
+def test_sampled_outputs_are_compared_after_the_exclusive_hold(tmp_path, monkeypatch):
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
+    evaluation._time(ref_model, Relu())
+    assert "compare_outputs" not in during(events, "exclusive")
+    assert "check_inputs_unchanged" not in during(events, "exclusive")
+    assert events.index("exclusive ends") < events.index("shared begins")
+    assert during(events, "shared") == ["check_inputs_unchanged", "compare_outputs"] * SAMPLED
 
 
 def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch):
-    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
     with pytest.raises(v.Failure) as caught:
         evaluation._time(ref_model, CachedByPointer())
     assert caught.value.status == v.CHEAT_DETECTED
     assert caught.value.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
     assert caught.value.message.startswith("timed run ")
+    assert "compare_outputs" in during(events, "shared"), "caught by the comparisons after the hold"
+    assert evaluation.result["timing"] is None and "speedup" not in evaluation.result
+
+
+def test_an_input_mutated_in_a_timed_run_is_caught_after_the_hold(tmp_path, monkeypatch):
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
+    with pytest.raises(v.Failure) as caught:
+        evaluation._time(ref_model, MutatesItsInput())
+    assert caught.value.status == v.CHEAT_DETECTED
+    assert caught.value.checks == [v.INPUT_MUTATED, v.WRONG_DURING_TIMING]
+    assert caught.value.message.startswith("timed run ")
+    assert during(events, "shared") == ["check_inputs_unchanged"], "the first deferred check fails"
+    assert "speedup" not in evaluation.result
+
+
+def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, monkeypatch):
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
+    monkeypatch.setattr(harness, "SNAPSHOT_BUDGET_BYTES", 2 * snapshot_bytes(evaluation))
+    evaluation.guard = cheats.Guard("torch")
+    evaluation._time(ref_model, Relu())
+    assert during(events, "exclusive").count("compare_outputs") == SAMPLED - 2
+    assert during(events, "shared").count("compare_outputs") == 2, "the first two fit the budget"
+    assert evaluation.result["speedup"] == 1.0
+
+
+def test_with_no_budget_a_cached_result_is_still_caught_in_the_hold(tmp_path, monkeypatch):
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
+    monkeypatch.setattr(harness, "SNAPSHOT_BUDGET_BYTES", 1)
+    evaluation.guard = cheats.Guard("torch")
+    with pytest.raises(v.Failure) as caught:
+        evaluation._time(ref_model, CachedByPointer())
+    assert caught.value.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
+    assert caught.value.message.startswith("timed run ")
+    assert "compare_outputs" in during(events, "exclusive") and "shared begins" not in events
+    assert "speedup" not in evaluation.result
+
+
+def test_a_copy_refused_for_memory_is_compared_in_the_hold(tmp_path, monkeypatch):
+    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
+    refused = []
+
+    def clone_output(out, original=cheats.clone_output):
+        if not refused:
+            refused.append(out)
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(out)
+
+    monkeypatch.setattr(cheats, "clone_output", clone_output)
+    evaluation.guard = cheats.Guard("torch")
+    evaluation._time(ref_model, Relu())
+    assert refused
+    assert during(events, "exclusive").count("compare_outputs") == 1
+    assert during(events, "shared").count("compare_outputs") == SAMPLED - 1
+
+
+def test_a_copy_failing_otherwise_is_not_taken_for_a_memory_limit(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+
+    def clone_output(out):
+        raise ValueError("not about memory")
+
+    monkeypatch.setattr(cheats, "clone_output", clone_output)
+    evaluation.guard = cheats.Guard("torch")
+    with pytest.raises(ValueError):
+        evaluation._time(ref_model, Relu())
+
+
+def test_the_gpu_budget_is_a_share_of_what_the_allocator_can_still_get(monkeypatch):
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * gib, 100 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.1)
+    cuda = torch.device("cuda", 0)
+    assert harness.snapshot_budget(cuda) == 2 * gib, "a quarter of 0.1 * 100 GiB - 2 GiB reserved"
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
+    assert harness.snapshot_budget(cuda) == harness.SNAPSHOT_BUDGET_BYTES, "a quarter of 40 GiB free: the cap"
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (4 * gib, 100 * gib))
+    assert harness.snapshot_budget(cuda) == gib, "a quarter of 4 GiB free"
+    assert harness.snapshot_budget(torch.device("cpu")) == harness.SNAPSHOT_BUDGET_BYTES
+
+
+def test_a_failed_verdict_carries_no_speedup(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation._time(ref_model, Relu())
+    assert evaluation.result["speedup"] == 1.0
+    evaluation._fail(v.INCORRECT, "after timing: output mismatch", [v.OUTPUT_MISMATCH, v.WRONG_AFTER_TIMING])
+    assert evaluation.result["timing"] is None
+    assert not {"runtime_ms", "ref_runtime_ms", "speedup"} & set(evaluation.result)

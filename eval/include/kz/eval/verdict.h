@@ -102,8 +102,13 @@ struct Verdict {
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> correctness_s;
   // Where the timing's exclusive hold went (inputs, warmup, timed; new_round and checks inside the
-  // last two), measured by the worker. Empty when not timed.
+  // last two: the Guard after every run, the sampled outputs' live checks and copies), measured by
+  // the worker. Empty when not timed.
   std::vector<std::pair<std::string, double>> timing_s;
+  // The timing's work after its exclusive hold, under the shared lock and not in timing_s ("checks":
+  // comparing the sampled outputs and inputs copied in the hold), measured by the worker. Empty when
+  // not timed.
+  std::vector<std::pair<std::string, double>> timing_after_hold_s;
   // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
   // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
