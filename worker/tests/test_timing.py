@@ -107,7 +107,9 @@ def test_gpu_an_honest_candidate_is_timed_to_the_stream_end():
     seconds = {}
     measured = time_against_double(Double(), seconds)
     assert measured["end"] == "stream", measured
-    assert set(seconds) == {"warmup", "timed"} and seconds["timed"] > seconds["warmup"] > 0, seconds
+    # Not timed > warmup: the first runs in a process pay CUDA's lazy start-up (the H200 once: 22 ms
+    # of warm-up against 5 ms for the 30 timed runs).
+    assert set(seconds) == {"warmup", "timed"} and min(seconds.values()) > 0, seconds
 
 
 @needs_gpu
