@@ -1,6 +1,7 @@
 """The harness Guard's cost per verify (it runs after every timed run, inside the timing's exclusive
 GPU hold), part by part, in a process prepared as a worker is (process.py): from the repository
-root, `python3 bench/guard_probe.py DEVICE` (cpu: with TRITON_INTERPRET=1)."""
+root, `python3 bench/guard_probe.py DEVICE [--no-freeze]` (cpu: with TRITON_INTERPRET=1); --no-freeze
+prepares without process.freeze_heap, as workers did before it."""
 import sys
 import time
 
@@ -17,7 +18,9 @@ def per_call_us(function) -> float:
     return (time.perf_counter() - start) / RUNS * 1e6
 
 
-def main(device: str) -> None:
+def main(device: str, freeze: bool) -> None:
+    if not freeze:
+        process.freeze_heap = lambda: None
     process.prepare_host(device)
     process.prepare_device(device)
     from kz_worker import cheats
@@ -36,7 +39,7 @@ def main(device: str) -> None:
         for setting, value in guard.settings:
             cheats._same(setting.get(), value)
 
-    print(f"{device}: {len(guard.entries)} watched names, {len(guard.codes)} functions, "
+    print(f"{device}{'' if freeze else ' (heap not frozen)'}: {len(guard.entries)} watched names, {len(guard.codes)} functions, "
           f"{len(guard.class_keys)} classes, {len(guard.settings)} settings")
     for name, function in [("verify, first calls", lambda: guard.verify("probe")),
                            ("verify", lambda: guard.verify("probe")),
@@ -47,4 +50,5 @@ def main(device: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    args = [a for a in sys.argv[1:] if a != "--no-freeze"]
+    main(args[0] if args else "cpu", "--no-freeze" not in sys.argv)
