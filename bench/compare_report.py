@@ -350,6 +350,9 @@ def header_section(data: dict) -> str:
                      f"{setup.get('correct_trials', 5)} correctness + {setup.get('perf_trials', 100)} timed trials")
         if setup.get("stubbed"):
             lines.append(f"  stand-ins for modules KernelBench imports but does not evaluate with: {', '.join(setup['stubbed'])}")
+    if s.get("shared_bytecode"):
+        lines.append("both import Python from the bytecode kz's setup compiled for the interpreter, whose packages carry "
+                     "none (scripts/compile_worker_bytecode.py)")
     if kb.get("note"):
         lines.append(f"KernelBench: {kb['note']}")
     for problem in kb.get("loader_problems", []):

@@ -282,6 +282,7 @@ def settings(args) -> dict:
     return {"device": args.device, "gpu": gpu_name(args.device), "budget_s": args.budget_s, "kb_limit": args.kb_limit,
             "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": shown(str(args.kz), args),
             "stability_task": args.stability_task, "stability_format": args.stability_format,
+            "shared_bytecode": getattr(args, "shared_bytecode", False),
             "kernelbench": shown(str(args.kernelbench), args) if args.kernelbench else None}
 
 
@@ -330,12 +331,25 @@ def dry_run(args, data, stub_root):
           f"ref: {len(list(args.suite.rglob('*.py')))} references with --format torch")
 
 
+def share_worker_bytecode(args) -> bool:
+    """Where scripts/setup.sh compiled bytecode for an interpreter whose packages carry none (the GPU
+    host's torch: every import of torch and torch._dynamo compiles ~6.5 s of sources), kz's workers
+    import from it (worker_client.cpp); KernelBench's processes, spawned with this environment, get
+    it too, so neither side pays what the other does not."""
+    prefix = args.kz.resolve().parent / "pycache"
+    if not (prefix / ".kz-complete").exists():
+        return False
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(prefix)
+    return True
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.report_only:
         data = json.loads(args.report_only.read_text())
         print((compare_report.short_report if args.short else compare_report.render)(data), end="")
         return 0
+    args.shared_bytecode = share_worker_bytecode(args)
     budget = Budget(args.budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
     if (args.out / "batch").exists():

@@ -2,7 +2,8 @@
 # Idempotent set-up of everything KernelZero needs on a Debian machine:
 #   1. the Debian -dev packages of the C++ dependencies (apt, as root),
 #   2. the worker's Python venv with pinned torch/triton/numpy (requirements.txt),
-#   3. the CMake build, which leaves the CLI at build/kz.
+#   3. the CMake build, which leaves the CLI at build/kz,
+#   4. bytecode for the worker interpreter if its packages carry none (build/pycache).
 # Re-running it only redoes what changed. Environment knobs:
 #   KZ_VENV        venv location (default ~/.cache/kernelzero/venv-<hash of requirements.txt>)
 #   KZ_BUILD_TYPE  CMake build type (default Release)
@@ -59,7 +60,14 @@ build() {
   cmake --build build -j "$jobs" "${targets[@]}"
 }
 
+# Bytecode for the worker interpreter where its installation carries none (the GPU host's torch):
+# build/pycache, which kz hands its workers (scripts/compile_worker_bytecode.py).
+compile_worker_bytecode() {
+  "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/compile_worker_bytecode.py build/pycache
+}
+
 install_apt_packages
 install_venv
 build
+compile_worker_bytecode
 echo "[setup] done: build/kz"

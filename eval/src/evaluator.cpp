@@ -79,32 +79,31 @@ std::optional<Format> resolve_format(const std::string& requested, const std::st
   return parse_format(requested);
 }
 
-Evaluator::Evaluator(EvalOptions options, std::string python, fs::path worker_dir, fs::path cache_dir)
-    : options_(std::move(options)), python_(std::move(python)), worker_dir_(std::move(worker_dir)),
-      cache_dir_(std::move(cache_dir)) {}
+Evaluator::Evaluator(EvalOptions options, WorkerSetup setup) : options_(std::move(options)), setup_(std::move(setup)) {}
 
 Result<Evaluator> Evaluator::create(EvalOptions options) {
   KZ_RETURN_IF_ERROR(options.validate());
   auto setup = resolve_worker_setup(options.worker, options.device);
   if (!setup.ok()) return setup.status();
-  Evaluator evaluator(std::move(options), setup->python, setup->worker_dir, setup->cache_dir);
+  Evaluator evaluator(std::move(options), std::move(*setup));
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
   return evaluator;
 }
 
 Status Evaluator::open_cache() {
-  fs::path path = verdict_cache_path(options_, cache_dir_);
+  fs::path path = verdict_cache_path(options_, setup_.cache_dir);
   auto cache = VerdictCache::open(path);
   if (!cache.ok())
     return Status(cache.status().code(),
                   cache.status().message() + " (turn the cache off with --no-cache or [cache] enabled = false)");
   cache_ = std::make_shared<VerdictCache>(std::move(*cache));
-  auto code = worker_code_version(worker_dir_);
+  auto code = worker_code_version(setup_.worker_dir);
   if (!code.ok()) return code.status();
   // The interpreter's real path names its venv (venv-<hash of requirements.txt>): new torch, new keys.
   std::error_code ec;
-  fs::path interpreter = python_.find('/') != std::string::npos ? fs::canonical(python_, ec) : fs::path(python_);
-  code_version_ = content_hash({*code, ec ? python_ : interpreter.string(), supervisor_version()});
+  const std::string& python = setup_.python;
+  fs::path interpreter = python.find('/') != std::string::npos ? fs::canonical(python, ec) : fs::path(python);
+  code_version_ = content_hash({*code, ec ? python : interpreter.string(), supervisor_version()});
   if (options_.device != "cpu") gpu_name_ = gpu_model_names();
   return Status::ok();
 }
@@ -170,21 +169,18 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 }
 
 WorkerSetup Evaluator::worker_setup() const {
+  WorkerSetup setup = setup_;
+  setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
   // As many idle servers of a kind as evaluations run at once on this device: the cuda pre-build's
   // extra ones (one per core) end with it.
-  return WorkerSetup{python_,
-                     worker_dir_,
-                     cache_dir_,
-                     options_.worker.scratch_root,
-                     options_.worker.keep_scratch,
-                     uses_fork_server(options_.worker, options_.device),
-                     default_jobs(options_)};
+  setup.max_idle_servers = default_jobs(options_);
+  return setup;
 }
 
 void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   set_worker_device(options_.device, spec);
   if (mode == EvalMode::compile_only) spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
-  apply_sandbox(options_.sandbox, options_.device, cache_dir_, spec);
+  apply_sandbox(options_.sandbox, options_.device, setup_.cache_dir, spec);
 }
 
 Status Evaluator::start_fork_servers(int count) const {
@@ -198,9 +194,9 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
       worker_setup(), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
-        request["sandbox"] = sandbox_request_json(options_.sandbox, cache_dir_);
+        request["sandbox"] = sandbox_request_json(options_.sandbox, setup_.cache_dir);
         if (options_.device != "cpu" && options_.timing.exclusive)
-          request["gpu_lock_dir"] = gpu_lock_dir(cache_dir_).string();  // worker/kz_worker/gpu_lock.py
+          request["gpu_lock_dir"] = gpu_lock_dir(setup_.cache_dir).string();  // worker/kz_worker/gpu_lock.py
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },

@@ -61,6 +61,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
   env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
+  if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -383,6 +384,14 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     IdleServers::instance().add(key, std::move(*server), setup.max_idle_servers);
   return supervised;  // a server not given back is killed here, its scratch dir removed
 }
+// The prefix scripts/compile_worker_bytecode.py finished (its marker is written last), for the
+// interpreter it was made with: the build's. Another interpreter keeps its own bytecode.
+fs::path bytecode_prefix_for(const std::string& python) {
+  if (python != KZ_DEFAULT_PYTHON) return {};
+  fs::path prefix = env_or("KZ_BYTECODE_PREFIX", KZ_DEFAULT_BYTECODE_PREFIX);
+  std::error_code error;
+  return fs::exists(prefix / ".kz-complete", error) ? prefix : fs::path();
+}
 }  // namespace
 
 bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
@@ -405,6 +414,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
   setup.fork_server = uses_fork_server(options, device);
+  setup.bytecode_prefix = bytecode_prefix_for(setup.python);
   return setup;
 }
 

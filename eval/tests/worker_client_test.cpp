@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "kz/core/files.h"
@@ -43,7 +45,7 @@ def evaluate(request):
     reply = {"type": "result", "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
              "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
-             "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"),
+             "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
              "process_s": time.monotonic() - started}
     if action == "exit":
         os._exit(9)
@@ -161,6 +163,57 @@ TEST_F(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
 
   auto other_kind = result(setup(true), nlohmann::json::object(), "kz-other-");
   EXPECT_NE(other_kind["ppid"], first["ppid"]) << "a server of another kind (scratch prefix) is not taken";
+}
+
+// Bytecode compiled by scripts/setup.sh for an interpreter without its own reaches every worker, a
+// fork server's children and fresh workers alike; without one, Python keeps its own __pycache__.
+TEST_F(WorkerClientTest, WorkersGetTheBytecodePrefix) {
+  for (bool fork_server : {true, false}) {
+    WorkerSetup with = setup(fork_server);
+    with.bytecode_prefix = root_ / "pycache";
+    EXPECT_EQ(result(with)["pycache_prefix"], (root_ / "pycache").string()) << "fork server: " << fork_server;
+    EXPECT_TRUE(result(setup(fork_server))["pycache_prefix"].is_null()) << "fork server: " << fork_server;
+  }
+}
+
+// Sets an environment variable for one scope (nullptr: unset), restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// resolve_worker_setup takes the prefix only once setup finished it (its marker), and only for the
+// interpreter it was made with: another interpreter's own bytecode would be hidden by it.
+TEST_F(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
+  const char* source_dir = std::getenv("KZ_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest";
+  fs::path prefix = root_ / "pycache";
+  fs::create_directories(prefix);
+  ScopedEnv no_python("KZ_PYTHON", nullptr);
+  ScopedEnv at("KZ_BYTECODE_PREFIX", prefix.c_str());
+  WorkerOptions options;
+  options.worker_dir = fs::path(source_dir) / "worker";
+  auto unfinished = resolve_worker_setup(options, "cpu");
+  ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
+  EXPECT_TRUE(unfinished->bytecode_prefix.empty()) << "no marker: compiling did not finish";
+
+  ASSERT_TRUE(write_file_atomic(prefix / ".kz-complete", "python\n").is_ok());
+  auto finished = resolve_worker_setup(options, "cpu");
+  ASSERT_TRUE(finished.ok()) << finished.status().to_string();
+  EXPECT_EQ(finished->bytecode_prefix, prefix);
+
+  options.python = "python3";  // not the build's interpreter
+  auto other = resolve_worker_setup(options, "cpu");
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_TRUE(other->bytecode_prefix.empty());
 }
 
 TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {

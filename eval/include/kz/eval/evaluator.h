@@ -55,15 +55,11 @@ class Evaluator {
   // A copy that evaluates on `device` (another GPU of the same model), sharing the cache.
   Result<Evaluator> with_device(const std::string& device) const;
 
-  // The resolved Python interpreter and worker folder.
-  const std::string& python() const { return python_; }
-  const std::filesystem::path& worker_dir() const { return worker_dir_; }
   // The verdict cache; null when disabled.
   const VerdictCache* cache() const { return cache_.get(); }
 
  private:
-  Evaluator(EvalOptions options, std::string python, std::filesystem::path worker_dir,
-            std::filesystem::path cache_dir);
+  Evaluator(EvalOptions options, WorkerSetup setup);
   Status open_cache();
   std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
@@ -74,9 +70,7 @@ class Evaluator {
   // running a candidate needs, and never take a server prepared for an evaluation.
   void customize_worker(ProcessSpec& spec, EvalMode mode) const;
   EvalOptions options_;
-  std::string python_;
-  std::filesystem::path worker_dir_;
-  std::filesystem::path cache_dir_;
+  WorkerSetup setup_;  // resolved once (interpreter, worker code, caches); worker_setup() adapts it
   std::shared_ptr<VerdictCache> cache_;  // shared by copies; thread-safe
   std::string code_version_;             // worker code, interpreter, supervisor build: for cache keys
   std::string gpu_name_;                 // GPU model(s), for cache keys on a GPU

@@ -32,12 +32,16 @@ struct WorkerSetup {
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
+  // Workers' PYTHONPYCACHEPREFIX: the bytecode scripts/setup.sh compiled for an interpreter whose
+  // installation carries none (scripts/compile_worker_bytecode.py), read-only for them. Empty: none.
+  std::filesystem::path bytecode_prefix;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
 // (option, else $KZ_WORKER_DIR, else the source tree's worker/), cache_dir (option, else
 // $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero), fork_server for requests on `device`
-// (uses_fork_server). not_found when the worker or Python is missing.
+// (uses_fork_server), bytecode_prefix (for the build's interpreter only: $KZ_BYTECODE_PREFIX, else
+// build/pycache, where scripts/setup.sh finished it). not_found when the worker or Python is missing.
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
 
 // Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
