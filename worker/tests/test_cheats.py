@@ -470,26 +470,27 @@ def test_sampled_outputs_are_compared_after_the_exclusive_hold(tmp_path, monkeyp
     assert during(events, "shared") == ["check_inputs_unchanged", "compare_outputs"] * SAMPLED
 
 
-def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch):
+def timed_cheat(tmp_path, monkeypatch, candidate):
+    """The failure _time raises for `candidate` (a cheat in a timed run, with no speed recorded) and
+    the lock's events."""
     evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
     with pytest.raises(v.Failure) as caught:
-        evaluation._time(ref_model, CachedByPointer())
-    assert caught.value.status == v.CHEAT_DETECTED
-    assert caught.value.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
-    assert caught.value.message.startswith("timed run ")
+        evaluation._time(ref_model, candidate)
+    assert caught.value.status == v.CHEAT_DETECTED and caught.value.message.startswith("timed run ")
+    assert evaluation.result.get("timing") is None and "speedup" not in evaluation.result
+    return caught.value, events
+
+
+def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch):
+    failure, events = timed_cheat(tmp_path, monkeypatch, CachedByPointer())
+    assert failure.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
     assert "compare_outputs" in during(events, "shared"), "caught by the comparisons after the hold"
-    assert evaluation.result["timing"] is None and "speedup" not in evaluation.result
 
 
 def test_an_input_mutated_in_a_timed_run_is_caught_after_the_hold(tmp_path, monkeypatch):
-    evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
-    with pytest.raises(v.Failure) as caught:
-        evaluation._time(ref_model, MutatesItsInput())
-    assert caught.value.status == v.CHEAT_DETECTED
-    assert caught.value.checks == [v.INPUT_MUTATED, v.WRONG_DURING_TIMING]
-    assert caught.value.message.startswith("timed run ")
+    failure, events = timed_cheat(tmp_path, monkeypatch, MutatesItsInput())
+    assert failure.checks == [v.INPUT_MUTATED, v.WRONG_DURING_TIMING]
     assert during(events, "shared") == ["check_inputs_unchanged"], "the first deferred check fails"
-    assert "speedup" not in evaluation.result
 
 
 def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, monkeypatch):
