@@ -384,6 +384,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     IdleServers::instance().add(key, std::move(*server), setup.max_idle_servers);
   return supervised;  // a server not given back is killed here, its scratch dir removed
 }
+
 // The prefix scripts/compile_worker_bytecode.py finished (its marker is written last), for the
 // interpreter it was made with: the build's. Another interpreter keeps its own bytecode.
 fs::path bytecode_prefix_for(const std::string& python) {
