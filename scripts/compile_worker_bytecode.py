@@ -32,6 +32,14 @@ def has_own_bytecode(module: str) -> bool:
     return pathlib.Path(cached).exists()
 
 
+def installation(roots: list) -> str:
+    """What the bytecode was compiled from: the interpreter, and each root's modification time (a
+    package installed, upgraded or removed changes its site-packages directory). Python checks each
+    .pyc against its source anyway; this only decides whether setup compiles again."""
+    lines = [f"{sys.executable} {sys.version}"] + [f"{root} {os.stat(root).st_mtime_ns}" for root in roots]
+    return "\n".join(lines) + "\n"
+
+
 def compile_into(prefix: pathlib.Path, roots: list) -> bool:
     """Compiles every source under `roots` into the prefix tree (in parallel: each worker process
     takes the prefix from the environment)."""
@@ -51,13 +59,13 @@ def main(out: str) -> int:
         shutil.rmtree(prefix, ignore_errors=True)
         print(f"[setup] the worker interpreter's packages carry their own bytecode: no prefix ({sys.executable})")
         return 0
-    identity = f"{sys.executable} {sys.version}\n"
+    roots = [p for p in sys.path if p and os.path.isdir(p) and not p.startswith(str(prefix))]
+    roots.append(str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
+    identity = installation(roots)
     if (prefix / MARKER).exists() and (prefix / MARKER).read_text() == identity:
         print(f"[setup] worker bytecode up to date in {prefix}")
         return 0
     shutil.rmtree(prefix, ignore_errors=True)
-    roots = [p for p in sys.path if p and os.path.isdir(p) and not p.startswith(str(prefix))]
-    roots.append(str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     ok = compile_into(prefix, roots)
     if not ok:
         # Files Python cannot compile (tests of syntax errors in packages' own test suites, say)
