@@ -10,7 +10,9 @@ candidate module is imported, so a candidate that rebinds torch cannot change it
 checks (cheats.py) watch the candidate from its import on.
 """
 import contextlib
+import os
 import pathlib
+import random
 import time
 
 import torch
@@ -192,8 +194,12 @@ class Evaluation:
             sets.append((trial_key(0), self.seed + 1000))
         sets.append((PROBE, self.seed + 880_000))
         if timed:
-            sets += [(timing_key(k), self.seed + 50_000 + k) for k in range(self.request["timing"]["input_sets"])]
+            settings = self.request["timing"]
+            sets += [(timing_key(k), self.seed + 50_000 + k) for k in range(settings["input_sets"])]
             sets.append((RECHECK, self.seed + 777_777))
+            # Drawn before any candidate code runs, from the OS rather than the request's seed: which
+            # timed runs get checked is nothing the candidate can compute or influence.
+            self.sampled_runs = sample_runs(settings["runs"], settings["input_sets"], random.Random(os.urandom(16)))
         for key, seed in sets:
             with self.gpu.shared():  # per input set: a waiting timing gets the GPU in between
                 self.expected.add(key, seed)
@@ -346,7 +352,7 @@ class Evaluation:
                         if isinstance(buffer, torch.Tensor):
                             buffer.copy_(data)
 
-        sampled = sample_runs(settings["runs"], n)
+        sampled = self.sampled_runs
         snapshots = Snapshots(self.device)
 
         def after_candidate(k, out, run):
@@ -390,7 +396,7 @@ class Evaluation:
 # The copies of one timing's sampled runs (each its output and its inputs as the run left them),
 # taken in the exclusive hold and compared after it, take at most this many bytes. A kzbench task at
 # its GPU sizes copies 32-384 MiB per sampled run (19_scale_residual_gelu the most), so all 8 samples
-# of the default timing (sample_runs(100, 4)) fit; the worker already keeps ~11 such input sets and
+# of the default timing (SAMPLED_PER_BUFFER for each of 4 buffers) fit; the worker already keeps ~11 such input sets and
 # their reference outputs on the device. A device copy costs little beside the float64 comparisons it
 # moves out of the hold.
 SNAPSHOT_BUDGET_BYTES = 3 << 30
@@ -455,18 +461,26 @@ def _timed_run(run: int):
                         failure.checks + [v.WRONG_DURING_TIMING])
 
 
-def sample_runs(runs: int, n: int) -> set:
-    """The timed runs whose candidate output is checked: for every buffer, its last run, and its last
-    run in a round that holds other data than the warm-up's (round % n != 0)."""
+# Sampled timed runs per input buffer: 8 comparisons in all with the default 4 buffers.
+SAMPLED_PER_BUFFER = 2
+
+
+def sample_runs(runs: int, n: int, rng: random.Random) -> frozenset:
+    """The timed runs whose candidate output is checked: for every buffer, SAMPLED_PER_BUFFER of its
+    runs drawn at random from the rounds that hold other data than the warm-up's (round % n != 0,
+    where a result cached by pointer is stale), topped up from its other runs where those are too
+    few. A fixed choice (each buffer's last runs, as before) let a candidate that counts its calls
+    be right on exactly those and return anything in the others; now it cannot tell which runs are
+    checked, and being wrong in half of them (to move the median) is caught but for 1 in 2^8."""
     sampled = set()
     for k in range(n):
         mine = [i for i in range(runs) if i % n == k]
-        if mine:
-            sampled.add(mine[-1])
         moved = [i for i in mine if (i // n) % n != 0]
-        if moved:
-            sampled.add(moved[-1])
-    return sampled
+        chosen = rng.sample(moved, min(SAMPLED_PER_BUFFER, len(moved)))
+        rest = [i for i in mine if i not in chosen]
+        chosen += rng.sample(rest, min(SAMPLED_PER_BUFFER - len(chosen), len(rest)))
+        sampled.update(chosen)
+    return frozenset(sampled)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import gc
 import pathlib
+import random
 import re
 import threading
 import types
@@ -322,13 +323,32 @@ def test_poison_overwrites_but_spares_parameters():
 # ---- timing hooks --------------------------------------------------------------------------------
 
 
-def test_sample_runs_cover_every_buffer_in_a_moved_round():
-    sampled = harness.sample_runs(100, 4)
+def test_sample_runs_cover_every_buffer_in_moved_rounds():
+    sampled = harness.sample_runs(100, 4, random.Random(1))
     for k in range(4):
         mine = [i for i in sampled if i % 4 == k]
-        assert 99 - (3 - k) in mine, "each buffer's last run"
-        assert any((i // 4) % 4 != 0 for i in mine), "a round whose data differs from the warm-up's"
-    assert harness.sample_runs(3, 4) == {0, 1, 2}
+        assert len(mine) == harness.SAMPLED_PER_BUFFER
+        assert all((i // 4) % 4 != 0 for i in mine), "rounds whose data differs from the warm-up's"
+    assert harness.sample_runs(3, 4, random.Random(1)) == {0, 1, 2}
+    assert harness.sample_runs(8, 4, random.Random(1)) == set(range(8)), "too few moved runs: the others too"
+
+
+def test_which_runs_are_sampled_cannot_be_told_in_advance():
+    draws = {harness.sample_runs(100, 4, random.Random(seed)) for seed in range(20)}
+    assert len(draws) == 20
+    # Every run of a moved round is checked in some evaluation: none is safe to cheat in.
+    moved = {i for i in range(100) if (i // 4) % 4 != 0}
+    assert set().union(*(harness.sample_runs(100, 4, random.Random(seed)) for seed in range(400))) == moved
+
+
+def test_the_sampled_runs_are_drawn_before_the_candidate_from_the_os(tmp_path, monkeypatch):
+    draws = []
+    for k in range(4):  # the same request (seed 7) each time
+        (tmp_path / str(k)).mkdir()
+        evaluation, _ = timed_evaluation(tmp_path / str(k), monkeypatch)  # _precompute: no candidate yet
+        assert len(evaluation.sampled_runs) == 4 * harness.SAMPLED_PER_BUFFER
+        draws.append(evaluation.sampled_runs)
+    assert len(set(draws)) > 1, "the same seed, other runs checked (4 equal draws: 1 in 6^12)"
 
 
 class FakeTimer:
@@ -444,7 +464,7 @@ def during(events: list, mode: str) -> list:
     return events[events.index(f"{mode} begins") + 1:events.index(f"{mode} ends")]
 
 
-SAMPLED = len(harness.sample_runs(24, 4))  # timed_evaluation's runs and input sets
+SAMPLED = 4 * harness.SAMPLED_PER_BUFFER  # timed_evaluation's 4 input sets
 
 
 def snapshot_bytes(evaluation) -> int:
