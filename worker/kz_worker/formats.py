@@ -134,11 +134,13 @@ def lighter_sources(load_inline, args: tuple, kwargs: dict):
     if light_cuda == cuda and not light_main:
         return None
     light = {key: value for key, value in bound.items() if key != "name"}
+    # New lists, never the candidate's: load_inline inserts its headers and appends the bindings to
+    # the lists it gets, and the build as written after a failed lighter one must get them unchanged.
     if light_main:
         light.update(no_implicit_headers=True, cpp_sources=_LIGHT_MAIN_PRELUDE + cpp,
                      cuda_sources=_CUDA_PRELUDE + light_cuda)
     else:
-        light["cuda_sources"] = light_cuda
+        light.update(cpp_sources=cpp, cuda_sources=light_cuda)
     return light, light_main
 
 

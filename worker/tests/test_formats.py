@@ -59,14 +59,24 @@ def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
     assert "torch/extension.h>\n#" not in light and "#include <cuda_runtime.h>" in light
     assert light.count("\n") == source.count("\n"), "compiler messages keep their line numbers"
     assert light.splitlines()[0].startswith("//")
-    assert kwargs["cpp_sources"] == DEFINITION and not main_lightened and "no_implicit_headers" not in kwargs
+    assert kwargs["cpp_sources"] == [DEFINITION] and not main_lightened and "no_implicit_headers" not in kwargs
 
 
 def test_positional_and_listed_sources_are_lightened_too():
     # load_inline(name, cpp_sources, cuda_sources, ...): the wrapper passes what follows the name.
     kwargs, _ = lighter(DEFINITION, [CUDA, '  # include "torch/extension.h"\n'], None, ["f"])
-    assert kwargs["cpp_sources"] == DEFINITION and kwargs["functions"] == ["f"]
+    assert kwargs["cpp_sources"] == [DEFINITION] and kwargs["functions"] == ["f"]
     assert kwargs["cuda_sources"][0] == CUDA and kwargs["cuda_sources"][1].lstrip().startswith("//")
+
+
+@pytest.mark.parametrize("cpp", [DEFINITION, CPP])  # main.cpp as written, and lightened
+def test_the_lighter_build_never_changes_the_candidates_lists(cpp):
+    cpp_sources, cuda_sources = [cpp], [FULL_INCLUDE + CUDA]
+    kwargs, _ = lighter(cpp_sources, cuda_sources, functions=["relu_cuda"])
+    kwargs["cpp_sources"].insert(0, "#include <torch/extension.h>")  # what load_inline does to its lists
+    kwargs["cpp_sources"] += ["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"]
+    kwargs["cuda_sources"].insert(0, "#include <torch/types.h>")
+    assert cpp_sources == [cpp] and cuda_sources == [FULL_INCLUDE + CUDA], "the build as written gets them intact"
 
 
 def test_declarations_only_main_gets_the_binding_header_and_cuda_keeps_load_inlines_own():
