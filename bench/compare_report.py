@@ -221,6 +221,7 @@ def stage_section(data: dict) -> str:
                      f"stages above), {exclusive:.1f} s held exclusive by timings"
                      + (f" = {100 * exclusive / wall:.0f}% of the batch's {wall:.0f} s wall time (timings never "
                         "overlap: their sum bounds the rate)" if wall else ""))
+    lines += timeline_lines(data)
     failed = [v for v in verdicts if v["format"] == "cuda" and "kernel_compile" in (v.get("checks") or [])]
     if failed:
         seconds = sum((v.get("stage_s") or {}).get("compile", 0.0) for v in failed)
@@ -237,6 +238,32 @@ def stage_section(data: dict) -> str:
             lines.append(f"  {sum(o.get('eval_s') or 0.0 for o in failed):.1f} s of its evaluations went to "
                          f"{len(failed)} sample(s) whose pre-build had failed (it builds them again)")
     return "\n".join(lines)
+
+
+def timeline_lines(data: dict) -> list:
+    """When things ran, in seconds from kz's batch start (each verdict's started_s and
+    prebuild_started_s, set by kz eval-suite): the span of the pre-builds and of each format's
+    evaluations, and the batch's critical path (the last build to end, then its evaluation)."""
+    batch = data.get("kz_batch") or {}
+    verdicts = [v for v in batch.get("verdicts", []) if v.get("started_s") is not None]
+    if not verdicts:
+        return []
+    builds = [(v["prebuild_started_s"], v["prebuild_started_s"] + (v.get("prebuild_s") or 0.0), v)
+              for v in batch.get("verdicts", []) if v.get("prebuild_started_s") is not None]
+    spans = []
+    for fmt in FORMATS:
+        mine = [v for v in verdicts if v["format"] == fmt]
+        if mine:
+            spans.append(f"{fmt} {min(v['started_s'] for v in mine):.1f}-"
+                         f"{max(v['started_s'] + (v.get('wall_s') or 0.0) for v in mine):.1f}")
+    lines = [f"  timeline (s from the batch's start, which took {batch.get('wall_s') or 0.0:.1f} s in all): evaluations "
+             + ", ".join(spans)]
+    if builds:
+        begin, end, last = max(builds, key=lambda b: b[1])
+        lines.append(f"    cuda pre-builds {min(b[0] for b in builds):.1f}-{end:.1f}; the last to end ({last['id']}, "
+                     f"{end - begin:.1f} s) then evaluated {last['started_s']:.1f}-"
+                     f"{last['started_s'] + (last.get('wall_s') or 0.0):.1f}")
+    return lines
 
 
 def kb_outcomes(data: dict) -> list:

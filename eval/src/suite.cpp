@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -204,24 +205,36 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   std::vector<size_t> to_build;
   if (evaluator.options().device != "cpu") to_build = cuda_entries(evaluator, entries);
   SuiteRecorder recorder(entries.size(), to_build.size(), options.results_path, progress_out);
-  std::vector<std::optional<double>> prebuild_s(entries.size());  // written by the build, read after it
+  // Written by the build, read after it: its seconds and its start (from the batch's).
+  std::vector<std::optional<double>> prebuild_s(entries.size()), prebuild_started_s(entries.size());
+  auto batch_start = std::chrono::steady_clock::now();
+  auto since_start = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - batch_start).count(); };
   auto build = [&](size_t i) -> Result<Built> {
     const auto& entry = entries[i];
+    double started_s = since_start();
     auto verdict = pools->at(0).evaluate(tasks[entry.task_index], entry.candidate, EvalMode::compile_only);
     if (!verdict.ok()) return verdict.status().with_context(fmt::format("pre-building {}", entry.candidate.label));
     // A failed build is final: the GPU phase would only fail it again, one build at a time.
     bool final = verdict->status == EvalStatus::compile_error;
-    if (!final) prebuild_s[i] = verdict->wall_s;
+    if (final) {
+      verdict->started_s = started_s;
+    } else {
+      prebuild_s[i] = verdict->wall_s;
+      prebuild_started_s[i] = started_s;
+    }
     KZ_RETURN_IF_ERROR(recorder.prebuilt(i, std::move(*verdict), final));
     return final ? Built::settled : Built::evaluate;
   };
   auto evaluate = [&](size_t i) -> Status {
     const auto& entry = entries[i];
     size_t pool = pools->acquire();
+    double started_s = since_start();
     auto verdict = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
     pools->release(pool);
     if (!verdict.ok()) return verdict.status();
+    verdict->started_s = started_s;
     verdict->prebuild_s = prebuild_s[i];
+    verdict->prebuild_started_s = prebuild_started_s[i];
     return recorder.record(i, std::move(*verdict));
   };
   PipelineJobs jobs{.build = options.compile_jobs, .evaluate = options.jobs * static_cast<int>(pools->size())};

@@ -109,6 +109,8 @@ nlohmann::json to_json(const Verdict& v) {
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
   if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   if (v.prebuild_s) j["prebuild_s"] = *v.prebuild_s;                              // optional: pre-built cuda
+  if (v.started_s) j["started_s"] = *v.started_s;                                  // optional: eval-suite
+  if (v.prebuild_started_s) j["prebuild_started_s"] = *v.prebuild_started_s;
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
   if (v.candidate_timing && v.reference_timing) {
@@ -164,7 +166,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
   for (auto [key, field] : {std::pair{"gpu_wait_s", &v.gpu_wait_s}, std::pair{"gpu_exclusive_s", &v.gpu_exclusive_s},
-                            std::pair{"prebuild_s", &v.prebuild_s}})
+                            std::pair{"prebuild_s", &v.prebuild_s}, std::pair{"started_s", &v.started_s},
+                            std::pair{"prebuild_started_s", &v.prebuild_started_s}})
     if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
   if (j.contains("timing") && j["timing"].is_object()) {
     const auto& t = j["timing"];

@@ -118,6 +118,18 @@ TEST(Verdict, JsonRoundTripKeepsThePreBuildSeconds) {
   EXPECT_FALSE(verdict_from_json(to_json(make_verdict(EvalStatus::ok, {}, "")))->prebuild_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheBatchTimeline) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("started_s")) << "absent outside eval-suite";
+  EXPECT_FALSE(to_json(v).contains("prebuild_started_s"));
+  v.started_s = 40.25;
+  v.prebuild_started_s = 0.5;
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->started_s, 40.25);
+  EXPECT_EQ(back->prebuild_started_s, 0.5);
+}
+
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
   EXPECT_TRUE(json["speedup"].is_null());

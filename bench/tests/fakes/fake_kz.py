@@ -21,7 +21,7 @@ parser.add_argument("--no-cache", action="store_true")
 args = parser.parse_args()
 time.sleep(0.2)  # the start-up: wall time outside every evaluation
 with open(args.out, "w") as out:
-    for path in sorted(pathlib.Path(args.candidates).rglob("*.py")):
+    for index, path in enumerate(sorted(pathlib.Path(args.candidates).rglob("*.py"))):
         fmt, _, kind = path.stem.partition("__")
         status = EXPECTED.get(kind, "ok")
         task = path.parent.name if path.parent != pathlib.Path(args.candidates) else path.stem
@@ -31,9 +31,10 @@ with open(args.out, "w") as out:
                    "status": status, "checks": [], "wall_s": 0.05,
                    "stage_s": {"startup": 0.02, "load_reference": 0.01, "compile": 0.01, "correctness": 0.01},
                    "speedup": 1.25 if timed else None, "runtime_ms": 0.08 if timed else None,
-                   "ref_runtime_ms": 0.1 if timed else None}
+                   "ref_runtime_ms": 0.1 if timed else None, "started_s": 0.2 + 0.05 * index}
         if verdict["format"] == "cuda" and args.device != "cpu" and status != "compile_error":
-            verdict["prebuild_s"] = 0.1  # kz pre-builds cuda candidates on a GPU; a failed build is the verdict
+            # kz pre-builds cuda candidates on a GPU, all at once from its start; a failed build is the verdict
+            verdict.update(prebuild_s=0.1, prebuild_started_s=0.2)
         time.sleep(0.05)
         out.write(json.dumps(verdict) + "\n")
 print("fake kz: done")

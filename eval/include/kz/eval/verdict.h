@@ -94,6 +94,11 @@ struct Verdict {
   // which ran before this evaluation and is not in wall_s. Unset otherwise, and where the build
   // failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
   std::optional<double> prebuild_s;
+  // Where kz eval-suite ran it, in seconds from the batch's start: this evaluation's start, and its
+  // pre-build's (with prebuild_s: the batch's timeline, the builds' critical path). Unset outside
+  // eval-suite; a final pre-build verdict has started_s only.
+  std::optional<double> started_s;
+  std::optional<double> prebuild_started_s;
   // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),
   // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
   // stored run's).
