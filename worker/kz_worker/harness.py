@@ -145,12 +145,16 @@ class Evaluation:
         model_class = formats.model_class_name(self.format, self.request["candidate_source"])
         candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
         self.guard.verify("importing the candidate")
-        torch.manual_seed(self.seed)
-        candidate_model = candidate_class(*loading.clone_all(init_inputs)).to(self.device).eval()
-        self.guard.verify("constructing ModelNew")
-        if reference_model is not None:
-            self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
-            self.guard.verify("copying the reference weights")
+        # The constructor and the weight copy are GPU work (parameters, the CUDA context, anything
+        # the candidate launches): shared, never beside another worker's timing. The import above
+        # is not held: it may be a load_inline build of a minute.
+        with self.gpu.shared():
+            torch.manual_seed(self.seed)
+            candidate_model = candidate_class(*loading.clone_all(init_inputs)).to(self.device).eval()
+            self.guard.verify("constructing ModelNew")
+            if reference_model is not None:
+                self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
+                self.guard.verify("copying the reference weights")
 
         if not runs:
             formats.finish_compile_only(self.format, candidate_model, reference, self.seed, self.device)

@@ -459,6 +459,32 @@ def recorded_evaluation(tmp_path, monkeypatch):
     return evaluation, ref_model, events
 
 
+def test_modelnew_is_constructed_inside_a_shared_hold(tmp_path, monkeypatch):
+    """Its constructor may launch GPU work (and, in a pre-build, creates the CUDA context): never
+    beside another worker's timing."""
+    events = []
+
+    class Recorded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            events.append("constructed")
+
+        def forward(self, x):
+            return torch.relu(x)
+
+    monkeypatch.setattr(harness.gpu_lock, "for_request", lambda request, device: RecordingLock(events))
+    monkeypatch.setattr(harness.loading, "load_candidate", lambda source, scratch, name: Recorded)
+    request = {"device": "cpu", "format": "torch", "seed": 7, "trials": 1, "scratch_dir": str(tmp_path),
+               "reference_source": (ROOT / "suite" / "kzbench" / "level1" / "02_relu.py").read_text(),
+               "candidate_source": "class ModelNew: pass\n", "timing": {"enabled": False},
+               "tolerance": {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
+                             "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}}
+    result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
+    assert result["status"] == v.OK, result["message"]
+    at = events.index("constructed")
+    assert events[at - 1] == "shared begins" and events[at + 1] == "shared ends", events
+
+
 def during(events: list, mode: str) -> list:
     """The events recorded inside the (single) hold of `mode`."""
     return events[events.index(f"{mode} begins") + 1:events.index(f"{mode} ends")]
