@@ -205,8 +205,12 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   std::vector<size_t> to_build;
   if (evaluator.options().device != "cpu") to_build = cuda_entries(evaluator, entries);
   SuiteRecorder recorder(entries.size(), to_build.size(), options.results_path, progress_out);
-  // Written by the build, read after it: its seconds and its start (from the batch's).
-  std::vector<std::optional<double>> prebuild_s(entries.size()), prebuild_started_s(entries.size());
+  // A pre-build that the evaluation follows: when it started (from the batch's start) and its
+  // seconds. Written by the build, read after it.
+  struct PreBuild {
+    double started_s, seconds;
+  };
+  std::vector<std::optional<PreBuild>> prebuilds(entries.size());
   auto batch_start = std::chrono::steady_clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - batch_start).count(); };
   auto build = [&](size_t i) -> Result<Built> {
@@ -216,12 +220,8 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     if (!verdict.ok()) return verdict.status().with_context(fmt::format("pre-building {}", entry.candidate.label));
     // A failed build is final: the GPU phase would only fail it again, one build at a time.
     bool final = verdict->status == EvalStatus::compile_error;
-    if (final) {
-      verdict->started_s = started_s;
-    } else {
-      prebuild_s[i] = verdict->wall_s;
-      prebuild_started_s[i] = started_s;
-    }
+    if (final) verdict->started_s = started_s;
+    else prebuilds[i] = PreBuild{started_s, verdict->wall_s};
     KZ_RETURN_IF_ERROR(recorder.prebuilt(i, std::move(*verdict), final));
     return final ? Built::settled : Built::evaluate;
   };
@@ -233,8 +233,10 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     pools->release(pool);
     if (!verdict.ok()) return verdict.status();
     verdict->started_s = started_s;
-    verdict->prebuild_s = prebuild_s[i];
-    verdict->prebuild_started_s = prebuild_started_s[i];
+    if (const auto& prebuild = prebuilds[i]) {
+      verdict->prebuild_started_s = prebuild->started_s;
+      verdict->prebuild_s = prebuild->seconds;
+    }
     return recorder.record(i, std::move(*verdict));
   };
   PipelineJobs jobs{.build = options.compile_jobs, .evaluate = options.jobs * static_cast<int>(pools->size())};

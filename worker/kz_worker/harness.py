@@ -400,9 +400,9 @@ class Evaluation:
 # The copies of one timing's sampled runs (each its output and its inputs as the run left them),
 # taken in the exclusive hold and compared after it, take at most this many bytes. A kzbench task at
 # its GPU sizes copies 32-384 MiB per sampled run (19_scale_residual_gelu the most), so all 8 samples
-# of the default timing (SAMPLED_PER_BUFFER for each of 4 buffers) fit; the worker already keeps ~11 such input sets and
-# their reference outputs on the device. A device copy costs little beside the float64 comparisons it
-# moves out of the hold.
+# of the default timing (SAMPLED_PER_BUFFER for each of 4 buffers) fit; the worker already keeps ~11
+# such input sets and their reference outputs on the device. A device copy costs little beside the
+# float64 comparisons it moves out of the hold.
 SNAPSHOT_BUDGET_BYTES = 3 << 30
 # On a GPU also at most this share of what the allocator can still get (free device memory, within
 # set_per_process_memory_fraction): the copies must not make the candidate's own allocations fail

@@ -22,18 +22,15 @@ def prepare_host(device_name: str) -> None:
     once and fork children that inherit it."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
-    if builds_only():
-        freeze_heap()
-        return
-    device = torch.device(device_name)
-    # Triton fixes interpreter mode at import: only where it is decided already (the supervisor sets
-    # TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cuda":
-        try:
-            import triton.runtime.jit  # noqa: F401
-        except ImportError:
-            pass
-    cheats.warm_up(torch.device("cpu"))
+    if not builds_only():
+        # Triton fixes interpreter mode at import: only where it is decided already (the supervisor
+        # sets TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
+        if os.environ.get("TRITON_INTERPRET") == "1" or torch.device(device_name).type == "cuda":
+            try:
+                import triton.runtime.jit  # noqa: F401
+            except ImportError:
+                pass
+        cheats.warm_up(torch.device("cpu"))
     freeze_heap()
 
 
