@@ -55,18 +55,38 @@ def lighter(*args, **kwargs):
 def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
     source = FULL_INCLUDE + "#include <cuda_runtime.h>\n" + CUDA
     kwargs, main_lightened = lighter(cpp_sources=DEFINITION, cuda_sources=source)
-    [light] = kwargs["cuda_sources"]
+    prelude, light = kwargs["cuda_sources"]
     assert "torch/extension.h>\n#" not in light and "#include <cuda_runtime.h>" in light
     assert light.count("\n") == source.count("\n"), "compiler messages keep their line numbers"
     assert light.splitlines()[0].startswith("//")
-    assert kwargs["cpp_sources"] == [DEFINITION] and not main_lightened and "no_implicit_headers" not in kwargs
+    assert prelude == formats.light_cuda_prelude([DEFINITION, source])
+    # main.cpp as load_inline writes it, since kz now writes the CUDA file's headers itself.
+    assert kwargs["cpp_sources"] == ["#include <torch/extension.h>", DEFINITION] and not main_lightened
+    assert kwargs["no_implicit_headers"] is True
 
 
 def test_positional_and_listed_sources_are_lightened_too():
     # load_inline(name, cpp_sources, cuda_sources, ...): the wrapper passes what follows the name.
     kwargs, _ = lighter(DEFINITION, [CUDA, '  # include "torch/extension.h"\n'], None, ["f"])
-    assert kwargs["cpp_sources"] == [DEFINITION] and kwargs["functions"] == ["f"]
-    assert kwargs["cuda_sources"][0] == CUDA and kwargs["cuda_sources"][1].lstrip().startswith("//")
+    assert kwargs["cpp_sources"][1:] == [DEFINITION] and kwargs["functions"] == ["f"]
+    assert kwargs["cuda_sources"][1] == CUDA and kwargs["cuda_sources"][2].lstrip().startswith("//")
+
+
+def test_sources_without_the_full_header_get_the_lighter_prelude_too():
+    # load_inline would put <torch/types.h> (all of ATen/Functions.h) ahead of them.
+    kwargs, _ = lighter(cpp_sources=DEFINITION, cuda_sources=CUDA)
+    assert kwargs["cuda_sources"][1:] == [CUDA] and "#include <torch/types.h>" not in kwargs["cuda_sources"][0]
+
+
+def test_the_cuda_prelude_brings_the_ops_the_sources_name():
+    source = ("// at::addmm in a comment is not a use\n"
+              "auto y = torch::zeros_like(x); auto z = at::empty({2}, x.options()); using namespace torch; sigmoid(x);")
+    prelude = formats.light_cuda_prelude([source])
+    ops = {line[len("#include <ATen/ops/"):-len(".h>")] for line in prelude.splitlines()
+           if line.startswith("#include <ATen/ops/")}
+    assert ops == {"zeros_like", "empty", "sigmoid"}, "op headers: the ATen ops named, not x, y or torch"
+    assert "#include <ATen/Functions.h>" not in prelude and "#include <ATen/core/ivalue.h>" in prelude
+    assert prelude.splitlines()[-1].startswith("#line 4 "), "messages: the lines as load_inline's three includes give"
 
 
 @pytest.mark.parametrize("cpp", [DEFINITION, CPP])  # main.cpp as written, and lightened
@@ -79,13 +99,13 @@ def test_the_lighter_build_never_changes_the_candidates_lists(cpp):
     assert cpp_sources == [cpp] and cuda_sources == [FULL_INCLUDE + CUDA], "the build as written gets them intact"
 
 
-def test_declarations_only_main_gets_the_binding_header_and_cuda_keeps_load_inlines_own():
+def test_declarations_only_main_gets_the_binding_header():
     kwargs, main_lightened = lighter(FULL_INCLUDE + CPP, CUDA, functions=["relu_cuda"])
     assert main_lightened and kwargs["no_implicit_headers"] is True
     assert kwargs["cpp_sources"] == formats._LIGHT_MAIN_PRELUDE + [FULL_INCLUDE + CPP]
     assert "torch/extension.h" not in "".join(formats._LIGHT_MAIN_PRELUDE)
-    # What load_inline would have put ahead of the CUDA sources, line for line.
-    assert kwargs["cuda_sources"] == ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>", CUDA]
+    assert formats._LIGHT_MAIN_PRELUDE[-1].startswith("#line 2 ")  # as load_inline's one include line gives
+    assert kwargs["cuda_sources"] == [formats.light_cuda_prelude([FULL_INCLUDE + CPP, CUDA]), CUDA]
 
 
 @pytest.mark.parametrize("cpp, light", [
@@ -104,13 +124,11 @@ def test_only_declarations_over_known_types_lighten_main(cpp, light):
     assert formats.declarations_only([cpp]) is light
 
 
-@pytest.mark.parametrize("case", ["nothing to lighten", "own pybind module", "own build directory",
-                                  "no implicit headers", "no cuda sources"])
+@pytest.mark.parametrize("case", ["own pybind module", "own build directory", "no implicit headers",
+                                  "no cuda sources"])
 def test_sources_that_need_the_full_header_or_could_collide_are_left_as_written(case):
     kwargs = {"cpp_sources": CPP, "cuda_sources": FULL_INCLUDE + CUDA}
-    if case == "nothing to lighten":
-        kwargs = {"cpp_sources": DEFINITION, "cuda_sources": CUDA}
-    elif case == "own pybind module":
+    if case == "own pybind module":
         kwargs["cuda_sources"] += "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
     elif case == "own build directory":
         kwargs["build_directory"] = "/tmp/somewhere"
@@ -130,7 +148,7 @@ __global__ void twice_kernel(const float* x, float* y, long n) {
     if (i < n) y[i] = 2.0f * x[i];
 }
 torch::Tensor twice(torch::Tensor x) {
-    auto y = torch::empty_like(x);
+    auto y = torch::zeros_like(x);  // an op header the lighter prelude brings for the name
     twice_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
     return y;
 }
@@ -210,7 +228,10 @@ def test_a_lightened_main_cpps_errors_count():
 def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
     load_inline, built, ext_dir = recorded_builds
     broken = KERNEL.replace("auto y =", "int k = my_made_up_constant;\n    auto y =")
-    with pytest.raises(RuntimeError, match="my_made_up_constant"):
+    source = FULL_INCLUDE + broken
+    line = source.splitlines().index("    int k = my_made_up_constant;") + 1
+    # The line number as the build as written would give it (after load_inline's three includes).
+    with pytest.raises(RuntimeError, match=rf"cuda\.cu\({line + 3}\): error: identifier \"my_made_up_constant\""):
         load_inline("kz_broken", cpp_sources="torch::Tensor twice(torch::Tensor x);",
-                    cuda_sources=FULL_INCLUDE + broken, functions=["twice"])
+                    cuda_sources=source, functions=["twice"])
     assert len(built) == 1, built
