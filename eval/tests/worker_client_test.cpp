@@ -30,13 +30,18 @@ started = time.monotonic()
 def prepare_host(device):
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
 
-def prepare_device(device):
-    pass
+prepared_at = None
+
+def prepare_device(device):  # as long as a CUDA context takes, roughly
+    global prepared_at
+    time.sleep(0.3)
+    prepared_at = time.time()
 
 def quietly(step, device):
     step(device)
 
 def evaluate(request):
+    requested_at = time.time()
     os.write(3, b'{"type": "stage", "name": "compile"}\n')  # as the harness does before candidate code
     action = request.get("action", "")
     open("mine.txt", "w").write("x")
@@ -46,7 +51,16 @@ def evaluate(request):
              "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
-             "process_s": time.monotonic() - started}
+             "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at}
+    if action == "stop_siblings":  # SIGSTOP the server's other children (a candidate can signal them)
+        server, stopped, deadline = os.getppid(), [], time.monotonic() + 5
+        while not stopped and time.monotonic() < deadline:
+            with open(f"/proc/{server}/task/{server}/children") as f:
+                stopped = [int(p) for p in f.read().split() if int(p) != os.getpid()]
+            time.sleep(0.01)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        reply["stopped"] = stopped
     if action == "exit":
         os._exit(9)
     if action == "cpu_limit":
@@ -214,6 +228,32 @@ TEST_F(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
   auto other = resolve_worker_setup(options, "cpu");
   ASSERT_TRUE(other.ok()) << other.status().to_string();
   EXPECT_TRUE(other->bytecode_prefix.empty());
+}
+
+// The next request's child is forked as soon as a child has its request, and prepares its device
+// (the stand-in's prepare_device takes 0.3 s) while the server relays or waits.
+TEST_F(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
+  auto first = result(setup(true));
+  std::this_thread::sleep_for(700ms);
+  auto second = result(setup(true));
+  ASSERT_TRUE(second.contains("prepared_at") && second["prepared_at"].is_number()) << second.dump();
+  EXPECT_EQ(second["ppid"], first["ppid"]);
+  EXPECT_GE(second["requested_at"].get<double>() - second["prepared_at"].get<double>(), 0.5)
+      << "prepared while the server waited, not after the request came";
+}
+
+// A spare child runs no candidate code, but a candidate can signal it (same uid, same process
+// group): one that is stopped is replaced, never handed the next request.
+TEST_F(WorkerClientTest, ASpareStoppedByACandidateIsReplaced) {
+  auto stopper = result(setup(true), {{"action", "stop_siblings"}});
+  ASSERT_TRUE(stopper.contains("stopped")) << stopper.dump();
+  ASSERT_EQ(stopper["stopped"].size(), 1u) << "the spare forked beside it: " << stopper.dump();
+  int spare = stopper["stopped"][0].get<int>();
+  auto next = result(setup(true));
+  ASSERT_TRUE(next.contains("pid")) << next.dump();
+  EXPECT_NE(next["pid"].get<int>(), spare);
+  EXPECT_EQ(next["ppid"], stopper["ppid"]) << "the same server";
+  EXPECT_FALSE(fs::exists(fs::path("/proc") / std::to_string(spare))) << "the stopped spare is gone";
 }
 
 TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {

@@ -1,10 +1,11 @@
-"""The fork server: prepares once, then forks a fresh child for each request.
+"""The fork server: prepares once, then forks a fresh child for each request, ahead of it (a spare).
 
 A worker started per evaluation spends ~12 s on the GPU host before its request can run (torch and
 Triton imports ~4.5 s, the audit's torch._dynamo import ~4 s, measured by
 bench/worker_startup_probe.py); a child forked from a process that did the host part of that is
-ready in ~1 s (its CUDA context and the profiler). The supervisor starts one server per evaluation
-running at once, inside the same sandbox a worker gets (limits, namespaces, scratch dir), and
+ready in ~1 s (its CUDA context and the profiler), and it does that before its request comes: the
+server forks the next child (class Spare) as soon as the previous one has its request. The supervisor
+starts one server per evaluation running at once, inside the same sandbox a worker gets (limits, namespaces, scratch dir), and
 sends it requests one at a time:
 
   stdin   one JSON request per line; EOF ends the server
@@ -45,6 +46,7 @@ from . import process
 MESSAGE_FD = 3
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 DONE = "fork_server_done"
 MAX_LINE_BYTES = 64 << 20        # a result with its tracebacks is far smaller
 MAX_LINES = 100_000              # per request; stage messages are a handful
@@ -66,9 +68,14 @@ def serve(device_name: str) -> int:
     _refuse_if_cuda_initialized()
     _prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
-    while line := sys.stdin.buffer.readline():
-        if line.strip():
-            serve_one(json.loads(line))
+    spare = Spare.start_if_possible(device_name)
+    try:
+        while line := sys.stdin.buffer.readline():
+            if line.strip():
+                spare = serve_one(json.loads(line), spare, device_name)
+    finally:
+        if spare is not None:
+            spare.discard()
     return 0
 
 
@@ -80,36 +87,124 @@ def _refuse_if_cuda_initialized() -> None:
         raise SystemExit("kz fork server: CUDA was initialised by the imports; children could not use it")
 
 
-def serve_one(request: dict) -> None:
-    try:
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-    except OSError as error:  # EAGAIN at a process limit, EMFILE...: no child, no candidate code ran
-        _send({"type": DONE, "error": f"fork server could not start a child: {error}", "leftovers": 0,
-               "retire": True})
-        return
-    if pid == 0:  # the child: never returns
+class Spare:
+    """A child forked ahead of its request, which prepares its device (the CUDA context, the profiler:
+    ~1-2 s on the H200) while the server waits for the request or relays the previous child's. It
+    runs no candidate code until it gets its request, and until then it is not dumpable and holds
+    nothing of any request; a spare that a candidate stopped or killed (signals reach the whole
+    process group) is replaced, never handed a request."""
+
+    def __init__(self, pid: int, device: str, request_fd: int, message_fd: int):
+        self.pid, self.device, self.request_fd, self.message_fd = pid, device, request_fd, message_fd
+
+    @classmethod
+    def start(cls, device: str, close_in_child=()):
+        """A new spare for `device`; OSError where the pipes or the fork fail (EAGAIN at a process
+        limit, EMFILE...)."""
+        request_read, request_write = os.pipe()
+        message_read, message_write = os.pipe()
         try:
-            os.close(read_fd)
-            run_child(request, write_fd)
-        except BaseException:
-            traceback.print_exc()  # the supervisor shows the tail of stderr with the crash
+            pid = os.fork()
+        except OSError:
+            for fd in (request_read, request_write, message_read, message_write):
+                os.close(fd)
+            raise
+        if pid == 0:  # the child: never returns
+            try:
+                for fd in (request_write, message_read, *close_in_child):
+                    os.close(fd)
+                run_spare(device, request_read, message_write)
+            except BaseException:
+                traceback.print_exc()  # the supervisor shows the tail of stderr with the crash
+            finally:
+                os._exit(70)
+        os.close(request_read)
+        os.close(message_write)
+        return cls(pid, device, request_write, message_read)
+
+    @classmethod
+    def start_if_possible(cls, device: str, close_in_child=()):
+        """A spare, or None where none can be forked now (the request then forks its own child)."""
+        try:
+            return cls.start(device, close_in_child)
+        except OSError:
+            return None
+
+    def ready_for(self, device: str) -> bool:
+        """Prepared for this device and still waiting: alive and not stopped (state S, R or D)."""
+        fields = _stat_fields(self.pid)
+        return self.device == device and bool(fields) and fields[0] in (b"S", b"R", b"D")
+
+    def hand_over(self, request: dict) -> bool:
+        """Writes the request and closes the pipe (EOF: the request is complete); False where the
+        spare died since ready_for looked (nothing reads the pipe)."""
+        data = json.dumps(request).encode()
+        try:
+            while data:
+                data = data[os.write(self.request_fd, data):]
+        except BrokenPipeError:
+            return False
         finally:
-            os._exit(70)
-    os.close(write_fd)
-    status, cpu_s = relay_until_exit(pid, read_fd)
-    os.close(read_fd)
-    leftovers = kill_descendants()
+            os.close(self.request_fd)
+            self.request_fd = None
+        return True
+
+    def discard(self) -> None:
+        for fd in (self.request_fd, self.message_fd):
+            if fd is not None:
+                os.close(fd)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def run_spare(device: str, request_fd: int, message_fd: int) -> None:
+    """The spare child: its own message pipe as fd 3 and no stdin (the server's holds the next
+    requests) at once, then its device, then it waits for its request (EOF without one: discarded)."""
+    os.dup2(message_fd, MESSAGE_FD)  # replaces the server's own pipe to the supervisor
+    os.close(message_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
+    process.quietly(process.prepare_device, device)
+    chunks = []
+    while chunk := os.read(request_fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(request_fd)
+    if not chunks:
+        os._exit(0)
+    run_child(json.loads(b"".join(chunks)))
+
+
+def serve_one(request: dict, spare, device_name: str):
+    """Runs one request on the spare (or a child forked now, where the spare is not ready for it),
+    forks the next spare as soon as this one has its request, relays, and returns the next spare."""
+    child = spare if spare is not None and spare.ready_for(request["device"]) else None
+    if child is None or not child.hand_over(request):
+        if spare is not None:
+            spare.discard()
+        try:
+            child = Spare.start(request["device"])
+        except OSError as error:  # no child, no candidate code ran
+            _send({"type": DONE, "error": f"fork server could not start a child: {error}", "leftovers": 0,
+                   "retire": True})
+            return None
+        child.hand_over(request)  # a child forked just now: its failure to read shows as its exit
+    spare = Spare.start_if_possible(device_name, close_in_child=(child.message_fd,))
+    status, cpu_s = relay_until_exit(child.pid, child.message_fd)
+    os.close(child.message_fd)
+    leftovers = kill_descendants(spare=spare.pid if spare is not None else None)
     _send(done_message(status, cpu_s, leftovers))
+    return spare
 
 
-def run_child(request: dict, message_fd: int) -> None:
+def run_child(request: dict) -> None:
+    """The spare once it has its request: the request's scratch dir and environment, then the
+    evaluation, as a worker started for it would run it."""
     try:
-        os.dup2(message_fd, MESSAGE_FD)  # replaces the server's own pipe to the supervisor
-        os.close(message_fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)  # the server's stdin holds the next requests
-        os.close(null)
         _prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
         scratch = request["scratch_dir"]
         os.chdir(scratch)
@@ -118,7 +213,6 @@ def run_child(request: dict, message_fd: int) -> None:
     except Exception:
         traceback.print_exc()
         os._exit(CHILD_SETUP_FAILED)
-    process.quietly(process.prepare_device, request["device"])
     process.evaluate(request)
 
 
@@ -221,15 +315,15 @@ def relayed(line: bytes) -> bytes:
         return b'{"type": "invalid_message"}'
 
 
-def kill_descendants(deadline_s: float = 5.0) -> int:
-    """SIGKILLs every process below this one and reaps them; the number still there at the deadline.
-    A process whose /proc state is Z may still run threads (its leader exited with SYS_exit): it is
-    killed too, and waited for until /proc no longer lists it."""
+def kill_descendants(deadline_s: float = 5.0, spare=None) -> int:
+    """SIGKILLs every process below this one but the spare (a pid) and reaps them; the number still
+    there at the deadline. A process whose /proc state is Z may still run threads (its leader exited
+    with SYS_exit): it is killed too, and waited for until /proc no longer lists it."""
     me = os.getpid()
     stop = time.monotonic() + deadline_s
     while True:
         _reap_children()
-        below = _descendants(me)
+        below = [pid for pid in _descendants(me) if pid != spare]
         if not below or time.monotonic() > stop:
             return len(below)
         for pid in below:
@@ -257,6 +351,7 @@ def _descendants(root: int) -> list:
 
 
 def _reap_children() -> None:
+    """Reaps every exited child (a spare that died too: ready_for then finds it gone)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
