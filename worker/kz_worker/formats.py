@@ -10,6 +10,7 @@ On a CPU-only machine `cuda` and `cuda-rtc` candidates are really compiled (nvcc
 cannot run: their verdict is compiled_not_run, never ok.
 """
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -179,18 +180,14 @@ def light_cuda_prelude(sources: list) -> str:
     return "\n".join(f"#include <{header}>" for header in includes) + "\n" + _TORCH_ALIASES
 
 
-_aten_op_names_cache = None
-
-
+# Cached by lru_cache, never in a module global: the Guard snapshots this module's globals before the
+# candidate is imported, and a global set during its load_inline would read as the harness patched.
+@functools.lru_cache(maxsize=None)
 def _aten_op_names() -> frozenset:
     """The ATen ops with a public header (ATen/ops/<name>.h beside its <name>_ops.h) in torch's headers."""
-    global _aten_op_names_cache
-    if _aten_op_names_cache is None:
-        import torch.utils.cpp_extension as cpp_extension
-        files = set(os.listdir(os.path.join(cpp_extension.include_paths()[0], "ATen", "ops")))
-        _aten_op_names_cache = frozenset(f[:-len("_ops.h")] for f in files
-                                         if f.endswith("_ops.h") and f[:-len("_ops.h")] + ".h" in files)
-    return _aten_op_names_cache
+    import torch.utils.cpp_extension as cpp_extension
+    files = set(os.listdir(os.path.join(cpp_extension.include_paths()[0], "ATen", "ops")))
+    return frozenset(f[:-len("_ops.h")] for f in files if f.endswith("_ops.h") and f[:-len("_ops.h")] + ".h" in files)
 
 
 def _source_list(sources):
@@ -243,30 +240,25 @@ def may_need_the_full_header(build_log: str, main_lightened: bool = False) -> bo
     return not names.isdisjoint(known)
 
 
-_full_header_names_cache = None
-
-
-def _full_header_names() -> set:
+@functools.lru_cache(maxsize=None)  # not a module global: see _aten_op_names
+def _full_header_names() -> frozenset:
     """Every identifier of torch/extension.h as the compiler sees it (preprocessed, with its macro
     definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
     torch's header tree (for code in branches the preprocessor left out). Computed once per process,
     ~2 s, only after a lightened build failed."""
-    global _full_header_names_cache
-    if _full_header_names_cache is None:
-        import sysconfig
-        import torch.utils.cpp_extension as cpp_extension
-        includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
-        command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
-                   "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
-        text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
-                              timeout=120, check=True).stdout
-        names = set(re.findall(r"[A-Za-z_]\w*", text))
-        for root, _, files in os.walk(includes[0]):
-            for file in files:
-                with open(os.path.join(root, file), errors="replace") as header:
-                    names.update(re.findall(r"[A-Za-z_]\w*", header.read()))
-        _full_header_names_cache = names
-    return _full_header_names_cache
+    import sysconfig
+    import torch.utils.cpp_extension as cpp_extension
+    includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
+    command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
+               "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
+    text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+    names = set(re.findall(r"[A-Za-z_]\w*", text))
+    for root, _, files in os.walk(includes[0]):
+        for file in files:
+            with open(os.path.join(root, file), errors="replace") as header:
+                names.update(re.findall(r"[A-Za-z_]\w*", header.read()))
+    return frozenset(names)
 
 
 def _extension_build_dir(name: str) -> str:

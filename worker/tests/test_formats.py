@@ -235,3 +235,15 @@ def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
         load_inline("kz_broken", cpp_sources="torch::Tensor twice(torch::Tensor x);",
                     cuda_sources=source, functions=["twice"])
     assert len(built) == 1, built
+
+
+def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
+    """The Guard snapshots kz_worker's globals before the candidate is imported and checks them after:
+    what load_inline's wrapper computes lazily during the import must not land in one."""
+    formats._aten_op_names.cache_clear()
+    formats._full_header_names.cache_clear()
+    before = dict(vars(formats))
+    assert lighter(cpp_sources=CPP, cuda_sources=FULL_INCLUDE + CUDA) is not None
+    assert formats.may_need_the_full_header('/ext/x/cuda.cu(3): error: identifier "made_up_name" is undefined\n') is False
+    changed = [name for name, value in vars(formats).items() if before.get(name) is not value]
+    assert not changed, changed
