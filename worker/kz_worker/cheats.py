@@ -218,24 +218,29 @@ class OpTrace(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _profiled_kernels(run):
+def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
     """(result, [(kernel name, GPU us)], profiler_ok) for run() under torch.profiler (CUDA activity).
 
     A known ATen kernel is launched first: when the profiler does not list it (no CUPTI), it sees
-    no kernels at all, and profiler_ok is False."""
+    no kernels at all, and profiler_ok is False. Only the GPU work is inside gpu_hold(): the
+    profiler's start and its processing of the trace are ~0.5 s of CPU, and a shared hold that long
+    keeps a waiting timing, and every worker queued behind it, off the GPU."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    probe = torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
+    with gpu_hold():
+        probe = torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
     try:
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         prof.__enter__()
     except Exception:
-        return run(), [], False
+        with gpu_hold():
+            return run(), [], False
     try:
-        probe.add_(1)
-        result = run()
-        torch.cuda.synchronize()
+        with gpu_hold():
+            probe.add_(1)
+            result = run()
+            torch.cuda.synchronize()
     finally:
         prof.__exit__(None, None, None)
     events = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
@@ -255,8 +260,9 @@ class AuditReport:
         self.custom_share = None
 
 
-def audit_forward(fmt: str, model, inputs, device: torch.device):
-    """One extra forward, traced: (output, AuditReport)."""
+def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contextlib.nullcontext):
+    """One extra forward, traced: (output, AuditReport). The forward runs inside gpu_hold(), the
+    profiler's own work outside it."""
     report = AuditReport()
     trace = OpTrace()
     before = _state.launches
@@ -267,7 +273,7 @@ def audit_forward(fmt: str, model, inputs, device: torch.device):
 
     profiled = device.type == "cuda"
     if profiled:
-        out, kernels, ok = _profiled_kernels(run)
+        out, kernels, ok = _profiled_kernels(run, gpu_hold)
         if ok:
             report.kernels = kernels
             report.custom_kernels = sorted({name for name, _ in kernels if not is_library_kernel(name)})
@@ -275,7 +281,8 @@ def audit_forward(fmt: str, model, inputs, device: torch.device):
             custom = sum(us for name, us in kernels if not is_library_kernel(name))
             report.custom_share = custom / total if total > 0 else 0.0
     else:
-        out = run()
+        with gpu_hold():
+            out = run()
     report.launches = _state.launches - before
     report.ops = dict(trace.ops)
     report.disallowed = disallowed_ops(fmt, trace.ops)

@@ -145,13 +145,15 @@ class Evaluation:
         model_class = formats.model_class_name(self.format, self.request["candidate_source"])
         candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
         self.guard.verify("importing the candidate")
-        # The constructor and the weight copy are GPU work (parameters, the CUDA context, anything
-        # the candidate launches): shared, never beside another worker's timing. The import above
-        # is not held: it may be a load_inline build of a minute.
+        # The constructor is not held, like the import above: it may compile (kz_rtc.compile, a
+        # load_inline build), seconds of CPU that would keep a waiting timing, and every worker
+        # queued behind it, off the GPU. Moving the model to the device and the weight copy are the
+        # harness's GPU work: shared, never beside another worker's timing.
+        torch.manual_seed(self.seed)
+        candidate_model = candidate_class(*loading.clone_all(init_inputs))
+        self.guard.verify("constructing ModelNew")
         with self.gpu.shared():
-            torch.manual_seed(self.seed)
-            candidate_model = candidate_class(*loading.clone_all(init_inputs)).to(self.device).eval()
-            self.guard.verify("constructing ModelNew")
+            candidate_model = candidate_model.to(self.device).eval()
             if reference_model is not None:
                 self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
                 self.guard.verify("copying the reference weights")
@@ -172,7 +174,7 @@ class Evaluation:
         parts = self.result["correctness_s"] = {}  # where the stage's time goes (lock waits included)
         with torch.no_grad():
             if cheats.POLICY.get(self.format) is not None:
-                with _seconds(parts, "audit"), self.gpu.shared():
+                with _seconds(parts, "audit"):
                     self._audit(candidate_model)
             with _seconds(parts, "trials"):
                 self._check_trials(reference_model, candidate_model)
@@ -237,19 +239,22 @@ class Evaluation:
         """One extra forward (the first): ATen ops traced, kernel launches counted, kernels profiled
         on a GPU. Its output is checked like a trial's."""
         key = trial_key(0)
-        inputs = loading.clone_all(self.expected.inputs(key))
-        formats.poison_free_memory(self.device, inputs)
-        out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device)
+        with self.gpu.shared():
+            inputs = loading.clone_all(self.expected.inputs(key))
+            formats.poison_free_memory(self.device, inputs)
+        # Holds the GPU for the forward only, not for the profiler's own CPU work.
+        out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device, self.gpu.shared)
         self.guard.verify("after the traced forward")
-        formats.synchronize(self.device)
         self.result["compiled"] = True
         if report.custom_share is not None:
             self.result["custom_kernel_share"] = report.custom_share
         failure = cheats.audit_failure(self.format, report)
         if failure is not None:
             raise failure
-        self._check_output(out, key, inputs)
-        cheats.poison(inputs)
+        with self.gpu.shared():
+            formats.synchronize(self.device)
+            self._check_output(out, key, inputs)
+            cheats.poison(inputs)
 
     def _check_trials(self, reference_model, candidate_model):
         errors = {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
@@ -323,8 +328,12 @@ class Evaluation:
     def _time(self, reference_model, candidate_model):
         """The timed runs, alone on the GPU (exclusive hold); then, sharing it, the comparisons of the
         sampled outputs that the hold only copied; the speedup is recorded only once they passed."""
+        with self.gpu.shared():
+            snapshots = Snapshots(self.device)
+            key = timing_key(0)
+            snapshots.reserve(len(self.sampled_runs), self.expected.output(key), self.expected.inputs(key))
         with self.gpu.exclusive():
-            measured, snapshots = self._timed_runs(reference_model, candidate_model)
+            measured = self._timed_runs(reference_model, candidate_model, snapshots)
         # Its own field: timing_s is the exclusive hold, and these seconds are not in it.
         with self.gpu.shared(), _seconds(self.result.setdefault("timing_after_hold_s", {}), "checks"):
             self._check_snapshots(snapshots)
@@ -333,14 +342,14 @@ class Evaluation:
         self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
         self.result["speedup"] = measured["speedup"]
 
-    def _timed_runs(self, reference_model, candidate_model):
+    def _timed_runs(self, reference_model, candidate_model, snapshots):
         """Inside the exclusive hold: the interleaved runs and the checks that must see each candidate
-        run's live objects. Returns the measurement and the sampled runs' Snapshots."""
+        run's live objects, whose copies go into `snapshots`. Returns the measurement."""
         settings = self.request["timing"]
         n = settings["input_sets"]
         keys = [timing_key(k) for k in range(n)]
-        # Where the exclusive hold goes: inputs, warmup, timed; new_round and checks (the guard, the
-        # sampled outputs' live checks and copies) are parts of the last two.
+        # Where the exclusive hold goes: inputs, warmup, timed; new_round, guard (its check after each
+        # candidate run) and samples (the sampled outputs' live checks and copies) are parts of the last two.
         parts = self.result["timing_s"] = {}
         with _seconds(parts, "inputs"):
             buffers = [loading.clone_all(self.expected.inputs(key)) for key in keys]
@@ -357,18 +366,18 @@ class Evaluation:
                             buffer.copy_(data)
 
         sampled = self.sampled_runs
-        snapshots = Snapshots(self.device)
 
         def after_candidate(k, out, run):
-            with _seconds(parts, "checks"):
+            with _seconds(parts, "guard"):
                 self.guard.verify("after a timed forward")
-                if run in sampled:
+            if run in sampled:
+                with _seconds(parts, "samples"):
                     self._check_timed(out, keys[holds[k]], buffers[k], run, snapshots)
 
         measured = timing.time_interleaved(reference_model, candidate_model, buffers, settings, self.device,
                                            after_candidate=after_candidate,
                                            new_round=new_round if n > 1 else None, seconds=parts)
-        return measured, snapshots
+        return measured
 
     def _check_timed(self, out, key, inputs, run, snapshots) -> None:
         """A sampled run, in the hold: what must see the live output (its exact type before any of its
@@ -428,6 +437,21 @@ class Snapshots:
         self.budget_bytes = snapshot_budget(device)
         self.used_bytes = 0
         self.runs = []  # (run, input-set key, copy of the output, copy of the inputs), in run order
+
+    def reserve(self, count: int, out, inputs) -> None:
+        """Before the exclusive hold: has the caching allocator keep the memory `count` copies of an
+        output like `out` and inputs like `inputs` take (one block, allocated and freed at once, which
+        the copies then split), so taking them in the hold costs no cudaMalloc of hundreds of MiB."""
+        size = min(count * (_nbytes(out) + _nbytes(inputs)), self.budget_bytes)
+        if self.device.type != "cuda" or size == 0:
+            return
+        try:
+            block = torch.empty(size, dtype=torch.uint8, device=self.device)
+        except Exception as exc:
+            if not formats.is_memory_exception(exc):
+                raise
+            return  # the copies that do not fit are compared at once (take)
+        del block
 
     def take(self, run, key, out, inputs) -> bool:
         size = _nbytes(out) + _nbytes(inputs)

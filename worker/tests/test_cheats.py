@@ -459,15 +459,19 @@ def recorded_evaluation(tmp_path, monkeypatch):
     return evaluation, ref_model, events
 
 
-def test_modelnew_is_constructed_inside_a_shared_hold(tmp_path, monkeypatch):
-    """Its constructor may launch GPU work (and, in a pre-build, creates the CUDA context): never
-    beside another worker's timing."""
+def test_modelnew_is_constructed_outside_the_gpu_lock_and_moved_to_the_device_inside(tmp_path, monkeypatch):
+    """Its constructor may compile (kz_rtc.compile, load_inline): seconds of CPU that must not hold
+    the GPU lock. Moving it to the device is GPU work: shared, never beside another worker's timing."""
     events = []
 
     class Recorded(torch.nn.Module):
         def __init__(self):
             super().__init__()
             events.append("constructed")
+
+        def to(self, *args, **kwargs):
+            events.append("moved")
+            return super().to(*args, **kwargs)
 
         def forward(self, x):
             return torch.relu(x)
@@ -481,13 +485,57 @@ def test_modelnew_is_constructed_inside_a_shared_hold(tmp_path, monkeypatch):
                              "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}}
     result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
     assert result["status"] == v.OK, result["message"]
-    at = events.index("constructed")
-    assert events[at - 1] == "shared begins" and events[at + 1] == "shared ends", events
+    held = 0
+    for event in events:
+        held += {"shared begins": 1, "shared ends": -1}.get(event, 0)
+        if event == "constructed":
+            assert held == 0, events
+        if event == "moved":
+            assert held == 1, events
+
+
+def test_the_audit_holds_the_gpu_for_the_forward_and_not_for_the_profiler(monkeypatch):
+    """The profiler's start and its processing of the trace (~0.5 s of CPU) run outside the hold."""
+    events = []
+
+    class Profile:  # torch.profiler.profile's stand-in: no CUDA here
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            events.append("profiler starts")
+
+        def __exit__(self, *exc):
+            events.append("profiler stops")
+
+        def events(self):
+            events.append("trace processed")
+            return []
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            events.append("forward")
+            return x.clone()
+
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    cpu_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
+    lock = RecordingLock(events)
+    out, report = cheats.audit_forward("cuda", Model(), [torch.ones(3)], torch.device("cuda"), lock.shared)
+    assert torch.equal(out, torch.ones(3)) and report.kernels is None  # no kernels seen: profiler_ok False
+    assert events == ["shared begins", "shared ends", "profiler starts", "shared begins", "forward", "shared ends",
+                      "profiler stops", "trace processed"], events
 
 
 def during(events: list, mode: str) -> list:
-    """The events recorded inside the (single) hold of `mode`."""
+    """The events recorded inside the first hold of `mode`."""
     return events[events.index(f"{mode} begins") + 1:events.index(f"{mode} ends")]
+
+
+def after_the_hold(events: list) -> list:
+    """The events recorded inside the shared hold after the exclusive one (the deferred comparisons)."""
+    return during(events[events.index("exclusive ends"):], "shared")
 
 
 SAMPLED = 4 * harness.SAMPLED_PER_BUFFER  # timed_evaluation's 4 input sets
@@ -504,7 +552,7 @@ def test_timed_runs_of_an_honest_model_pass(tmp_path, monkeypatch):
     evaluation._time(ref_model, Relu())
     assert evaluation.result["speedup"] == 1.0
     assert evaluation.result["timing_after_hold_s"]["checks"] >= 0.0
-    assert set(evaluation.result["timing_s"]) == {"inputs", "warmup", "timed", "new_round", "checks"}
+    assert set(evaluation.result["timing_s"]) == {"inputs", "warmup", "timed", "new_round", "guard", "samples"}
 
 
 def test_sampled_outputs_are_compared_after_the_exclusive_hold(tmp_path, monkeypatch):
@@ -512,8 +560,7 @@ def test_sampled_outputs_are_compared_after_the_exclusive_hold(tmp_path, monkeyp
     evaluation._time(ref_model, Relu())
     assert "compare_outputs" not in during(events, "exclusive")
     assert "check_inputs_unchanged" not in during(events, "exclusive")
-    assert events.index("exclusive ends") < events.index("shared begins")
-    assert during(events, "shared") == ["check_inputs_unchanged", "compare_outputs"] * SAMPLED
+    assert after_the_hold(events) == ["check_inputs_unchanged", "compare_outputs"] * SAMPLED
 
 
 def timed_cheat(tmp_path, monkeypatch, candidate):
@@ -530,13 +577,13 @@ def timed_cheat(tmp_path, monkeypatch, candidate):
 def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch):
     failure, events = timed_cheat(tmp_path, monkeypatch, CachedByPointer())
     assert failure.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
-    assert "compare_outputs" in during(events, "shared"), "caught by the comparisons after the hold"
+    assert "compare_outputs" in after_the_hold(events), "caught by the comparisons after the hold"
 
 
 def test_an_input_mutated_in_a_timed_run_is_caught_after_the_hold(tmp_path, monkeypatch):
     failure, events = timed_cheat(tmp_path, monkeypatch, MutatesItsInput())
     assert failure.checks == [v.INPUT_MUTATED, v.WRONG_DURING_TIMING]
-    assert during(events, "shared") == ["check_inputs_unchanged"], "the first deferred check fails"
+    assert after_the_hold(events) == ["check_inputs_unchanged"], "the first deferred check fails"
 
 
 def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, monkeypatch):
@@ -545,7 +592,7 @@ def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, 
     evaluation.guard = cheats.Guard("torch")
     evaluation._time(ref_model, Relu())
     assert during(events, "exclusive").count("compare_outputs") == SAMPLED - 2
-    assert during(events, "shared").count("compare_outputs") == 2, "the first two fit the budget"
+    assert after_the_hold(events).count("compare_outputs") == 2, "the first two fit the budget"
     assert evaluation.result["speedup"] == 1.0
 
 
@@ -557,7 +604,8 @@ def test_with_no_budget_a_cached_result_is_still_caught_in_the_hold(tmp_path, mo
         evaluation._time(ref_model, CachedByPointer())
     assert caught.value.checks == [v.OUTPUT_MISMATCH, v.WRONG_DURING_TIMING]
     assert caught.value.message.startswith("timed run ")
-    assert "compare_outputs" in during(events, "exclusive") and "shared begins" not in events
+    assert "compare_outputs" in during(events, "exclusive")
+    assert "shared begins" not in events[events.index("exclusive ends"):], "the hold ended in the failure"
     assert "speedup" not in evaluation.result
 
 
@@ -576,7 +624,7 @@ def test_a_copy_refused_for_memory_is_compared_in_the_hold(tmp_path, monkeypatch
     evaluation._time(ref_model, Relu())
     assert refused
     assert during(events, "exclusive").count("compare_outputs") == 1
-    assert during(events, "shared").count("compare_outputs") == SAMPLED - 1
+    assert after_the_hold(events).count("compare_outputs") == SAMPLED - 1
 
 
 def test_a_copy_failing_otherwise_is_not_taken_for_a_memory_limit(tmp_path, monkeypatch):
@@ -612,3 +660,20 @@ def test_a_failed_verdict_carries_no_speedup(tmp_path, monkeypatch):
     evaluation._fail(v.INCORRECT, "after timing: output mismatch", [v.OUTPUT_MISMATCH, v.WRONG_AFTER_TIMING])
     assert evaluation.result["timing"] is None
     assert not {"runtime_ms", "ref_runtime_ms", "speedup"} & set(evaluation.result)
+
+
+@pytest.mark.parametrize("budget, expected", [(1 << 30, 8 * 2 * 4096), (10_000, 10_000)])
+def test_snapshots_reserve_their_memory_before_the_hold(monkeypatch, budget, expected):
+    """One block as large as the copies will take (within the budget), allocated and freed before
+    the exclusive hold, so the allocator has it cached when the copies are taken in the hold."""
+    allocated = []
+    real_empty = torch.empty
+    monkeypatch.setattr(harness, "snapshot_budget", lambda device: budget)
+    monkeypatch.setattr(torch, "empty", lambda size, dtype, device: allocated.append((size, dtype, str(device)))
+                        or real_empty(0))
+    snapshots = harness.Snapshots(torch.device("cuda:0"))
+    snapshots.reserve(8, torch.ones(1024), [torch.ones(1024), 3])
+    assert allocated == [(expected, torch.uint8, "cuda:0")]
+    assert snapshots.used_bytes == 0, "reserving takes nothing from the budget"
+    harness.Snapshots(torch.device("cpu")).reserve(8, torch.ones(1024), [torch.ones(1024)])
+    assert len(allocated) == 1, "on the CPU there is no allocator cache to fill"
