@@ -379,7 +379,7 @@ _MODULE_HOOK_DICTS = [name for name in dir(nn_module) if name.startswith("_globa
 
 
 # Listed once: signal.valid_signals() costs more than reading every handler (the Guard reads them
-# after every timed run).
+# after the timed runs).
 _CATCHABLE_SIGNALS = tuple(sig for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP))
 
 
@@ -532,7 +532,7 @@ class Guard:
 
 def _identity_checks(entries) -> list:
     """Per namespace: (obj, a getter of its watched keys' values, the values snapshotted). Comparing
-    ~5,000 identities after every timed run (inside the timing's exclusive GPU hold) then runs in C,
+    ~5,000 identities after the timed runs (inside the timing's exclusive GPU hold) then runs in C,
     ~110 µs, where the Python loop over Guard.entries (in Guard.changes) takes ~400 µs."""
     by_namespace = {}
     for _, obj, key, value in entries:

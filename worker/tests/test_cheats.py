@@ -351,6 +351,47 @@ def test_the_sampled_runs_are_drawn_before_the_candidate_from_the_os(tmp_path, m
     assert len(set(draws)) > 1, "the same seed, other runs checked (4 equal draws: 1 in 6^12)"
 
 
+def test_the_guard_is_verified_after_a_random_quarter_of_the_timed_runs_and_the_last():
+    draws = [harness.guard_runs(100, random.Random(seed)) for seed in range(400)]
+    assert all(99 in guarded for guarded in draws), "the last run always: nothing is undone after it"
+    share = sum(len(guarded - {99}) for guarded in draws) / (400 * 99)
+    assert abs(share - harness.GUARDED_SHARE) < 0.02, share
+    assert len(set(draws)) == 400, "which runs cannot be told in advance"
+
+
+class PatchesOnCallsAndUndoes(torch.nn.Module):
+    """Swaps torch.cuda.synchronize for a stand-in in its calls from `start` to `stop` (exclusive)
+    and puts the real one back after: a patch that spans those run boundaries only."""
+
+    def __init__(self, start: int, stop: int):
+        super().__init__()
+        self.calls, self.start, self.stop = 0, start, stop
+        self.real = torch.cuda.synchronize
+
+    def forward(self, x):
+        self.calls += 1
+        torch.cuda.synchronize = (lambda *args: None) if self.start <= self.calls < self.stop else self.real
+        return torch.relu(x)
+
+
+def test_a_patch_spanning_guarded_timed_runs_is_caught(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)  # 2 x 4 warm-ups, then 24 runs
+    evaluation.guarded_runs = frozenset({20, 23})
+    evaluation.sampled_runs = frozenset()
+    with pytest.raises(v.Failure) as caught:  # patched after timed runs 9-22, undone in run 23
+        evaluation._time(ref_model, PatchesOnCallsAndUndoes(8 + 10, 8 + 24))
+    assert caught.value.checks == [v.HARNESS_PATCHED] and "after a timed forward" in caught.value.message
+    assert torch.cuda.synchronize is not None and "lambda" not in repr(torch.cuda.synchronize), "restored"
+
+
+def test_a_patch_undone_between_verifies_is_left_to_the_draw(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation.guarded_runs = frozenset({23})
+    evaluation.sampled_runs = frozenset()
+    evaluation._time(ref_model, PatchesOnCallsAndUndoes(8 + 10, 8 + 15))  # after runs 9-13, undone in run 14
+    assert evaluation.result["speedup"] > 0  # what a patch shorter than half the runs can move: not the median
+
+
 class FakeTimer:
     def time_once(self, model, inputs, after=None):
         out = model(*inputs)
