@@ -244,21 +244,58 @@ def may_need_the_full_header(build_log: str, main_lightened: bool = False) -> bo
 def _full_header_names() -> frozenset:
     """Every identifier of torch/extension.h as the compiler sees it (preprocessed, with its macro
     definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
-    torch's header tree (for code in branches the preprocessor left out). Computed once per process,
-    ~2 s, only after a lightened build failed."""
+    torch's header tree (for code in branches the preprocessor left out). ~2.6 s of CPU, needed only
+    after a lightened build failed: computed once per installation and kept beside the builds
+    (_HEADER_NAMES_FILE in the extensions directory, named by the compiler, torch and the include
+    paths), so a failing build after the first reads it instead."""
     import sysconfig
     import torch.utils.cpp_extension as cpp_extension
     includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
     command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
                "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
+    key = hashlib.sha256(repr((command, torch.__version__)).encode()).hexdigest()[:16]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    path = os.path.join(root, _HEADER_NAMES_FILE.format(key=key))
+    kept = _read_header_names(path, key)
+    if kept is not None:
+        return kept
     text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
                           timeout=120, check=True).stdout
     names = set(re.findall(r"[A-Za-z_]\w*", text))
-    for root, _, files in os.walk(includes[0]):
+    for root_dir, _, files in os.walk(includes[0]):
         for file in files:
-            with open(os.path.join(root, file), errors="replace") as header:
+            with open(os.path.join(root_dir, file), errors="replace") as header:
                 names.update(re.findall(r"[A-Za-z_]\w*", header.read()))
+    _write_header_names(path, key, names)
     return frozenset(names)
+
+
+_HEADER_NAMES_FILE = "kz_full_header_names_{key}.txt"
+
+
+def _read_header_names(path: str, key: str):
+    """The names kept at path, or None where there are none or they are not a complete list for key
+    (its first line names the key, its last says how many names came before)."""
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    if len(lines) < 3 or lines[0] != f"# {key}" or lines[-1] != f"# {len(lines) - 2}":
+        return None
+    return frozenset(lines[1:-1])
+
+
+def _write_header_names(path: str, key: str, names: set) -> None:
+    """Written whole, then renamed into place: a reader sees all of it or nothing."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            f.write("\n".join([f"# {key}", *sorted(names), f"# {len(names)}"]))
+        os.replace(temporary, path)
+    except OSError:
+        pass  # only a cache: the next failing build computes the names again
 
 
 def _extension_build_dir(name: str) -> str:

@@ -8,6 +8,17 @@ import torch
 
 from kz_worker import formats
 
+@pytest.fixture(scope="module")
+def module_extensions_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("torch_extensions")
+
+
+@pytest.fixture(autouse=True)
+def extensions_dir(module_extensions_dir, monkeypatch):
+    """What the tests build or keep (the full header's names) goes to a temporary directory."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(module_extensions_dir))
+
+
 CPP = "torch::Tensor relu_cuda(torch::Tensor x);"
 CUDA = "__global__ void relu_kernel(const float* x, float* y, long n) {}"
 
@@ -247,3 +258,19 @@ def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
     assert formats.may_need_the_full_header('/ext/x/cuda.cu(3): error: identifier "made_up_name" is undefined\n') is False
     changed = [name for name, value in vars(formats).items() if before.get(name) is not value]
     assert not changed, changed
+
+
+def test_the_full_headers_names_are_kept_for_the_next_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    formats._full_header_names.cache_clear()
+    computed = formats._full_header_names()
+    [kept] = tmp_path.glob("kz_full_header_names_*.txt")
+    assert {"Tensor", "PyObject", "cout"} <= computed
+    formats._full_header_names.cache_clear()  # as a new process would start
+    monkeypatch.setattr(formats.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
+    assert formats._full_header_names() == computed
+    formats._full_header_names.cache_clear()
+    kept.write_text("\n".join(kept.read_text().split("\n")[:-5]))  # a cut-off file is not used
+    with pytest.raises(pytest.fail.Exception, match="computed again"):
+        formats._full_header_names()
+    formats._full_header_names.cache_clear()
