@@ -52,14 +52,14 @@ def evaluate(request):
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
              "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at}
-    if action == "stop_siblings":  # SIGSTOP the server's other children (a candidate can signal them)
+    if action == "signal_siblings":  # the server's other children (a candidate can signal them)
         server, stopped, deadline = os.getppid(), [], time.monotonic() + 5
         while not stopped and time.monotonic() < deadline:
             with open(f"/proc/{server}/task/{server}/children") as f:
                 stopped = [int(p) for p in f.read().split() if int(p) != os.getpid()]
             time.sleep(0.01)
         for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, request["signal"])
         reply["stopped"] = stopped
     if action == "exit":
         os._exit(9)
@@ -243,17 +243,19 @@ TEST_F(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
 }
 
 // A spare child runs no candidate code, but a candidate can signal it (same uid, same process
-// group): one that is stopped is replaced, never handed the next request.
-TEST_F(WorkerClientTest, ASpareStoppedByACandidateIsReplaced) {
-  auto stopper = result(setup(true), {{"action", "stop_siblings"}});
-  ASSERT_TRUE(stopper.contains("stopped")) << stopper.dump();
-  ASSERT_EQ(stopper["stopped"].size(), 1u) << "the spare forked beside it: " << stopper.dump();
-  int spare = stopper["stopped"][0].get<int>();
-  auto next = result(setup(true));
-  ASSERT_TRUE(next.contains("pid")) << next.dump();
-  EXPECT_NE(next["pid"].get<int>(), spare);
-  EXPECT_EQ(next["ppid"], stopper["ppid"]) << "the same server";
-  EXPECT_FALSE(fs::exists(fs::path("/proc") / std::to_string(spare))) << "the stopped spare is gone";
+// group): one that is stopped or killed is replaced, never handed the next request.
+TEST_F(WorkerClientTest, ASpareStoppedOrKilledByACandidateIsReplaced) {
+  for (int sig : {SIGSTOP, SIGKILL}) {
+    auto stopper = result(setup(true), {{"action", "signal_siblings"}, {"signal", sig}});
+    ASSERT_TRUE(stopper.contains("stopped")) << stopper.dump();
+    ASSERT_EQ(stopper["stopped"].size(), 1u) << "the spare forked beside it: " << stopper.dump();
+    int spare = stopper["stopped"][0].get<int>();
+    auto next = result(setup(true));
+    ASSERT_TRUE(next.contains("pid")) << next.dump();
+    EXPECT_NE(next["pid"].get<int>(), spare) << "signal " << sig;
+    EXPECT_EQ(next["ppid"], stopper["ppid"]) << "the same server, signal " << sig;
+    EXPECT_FALSE(fs::exists(fs::path("/proc") / std::to_string(spare))) << "the spare is gone, signal " << sig;
+  }
 }
 
 TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {

@@ -4,9 +4,9 @@ A worker started per evaluation spends ~12 s on the GPU host before its request 
 Triton imports ~4.5 s, the audit's torch._dynamo import ~4 s, measured by
 bench/worker_startup_probe.py); a child forked from a process that did the host part of that is
 ready in ~1 s (its CUDA context and the profiler), and it does that before its request comes: the
-server forks the next child (class Spare) as soon as the previous one has its request. The supervisor
-starts one server per evaluation running at once, inside the same sandbox a worker gets (limits, namespaces, scratch dir), and
-sends it requests one at a time:
+server forks the next child (class Spare) as soon as the previous one has its request. The
+supervisor starts one server per evaluation running at once, inside the same sandbox a worker gets
+(limits, namespaces, scratch dir), and sends it requests one at a time:
 
   stdin   one JSON request per line; EOF ends the server
   fd 3    the child's messages, relayed (protocol.py), then after the child is gone:
@@ -96,6 +96,9 @@ class Spare:
 
     def __init__(self, pid: int, device: str, request_fd: int, message_fd: int):
         self.pid, self.device, self.request_fd, self.message_fd = pid, device, request_fd, message_fd
+        # The process itself, not its pid: kill_descendants may reap a spare that died, and its pid
+        # could then name another process.
+        self.pidfd = _pidfd(pid)
 
     @classmethod
     def start(cls, device: str, close_in_child=()):
@@ -132,8 +135,17 @@ class Spare:
 
     def ready_for(self, device: str) -> bool:
         """Prepared for this device and still waiting: alive and not stopped (state S, R or D)."""
+        if self.device != device or not self.alive():
+            return False
         fields = _stat_fields(self.pid)
-        return self.device == device and bool(fields) and fields[0] in (b"S", b"R", b"D")
+        return bool(fields) and fields[0] in (b"S", b"R", b"D")
+
+    def alive(self) -> bool:
+        """Not exited: while it lives, its pid is its own (a pidfd polls readable once it exited)."""
+        if self.pidfd is not None:
+            return not _readable(self.pidfd)
+        fields = _stat_fields(self.pid)
+        return bool(fields) and fields[0] not in (b"Z", b"X")
 
     def hand_over(self, request: dict) -> bool:
         """Writes the request and closes the pipe (EOF: the request is complete); False where the
@@ -154,10 +166,19 @@ class Spare:
             if fd is not None:
                 os.close(fd)
         try:
-            os.kill(self.pid, signal.SIGKILL)
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
         except (ProcessLookupError, ChildProcessError):
-            pass
+            pass  # gone already (reaped by kill_descendants)
+        self.close_pidfd()
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def run_spare(device: str, request_fd: int, message_fd: int) -> None:
@@ -193,10 +214,12 @@ def serve_one(request: dict, spare, device_name: str):
                    "retire": True})
             return None
         child.hand_over(request)  # a child forked just now: its failure to read shows as its exit
-    spare = Spare.start_if_possible(device_name, close_in_child=(child.message_fd,))
+    spare = Spare.start_if_possible(device_name, close_in_child=[fd for fd in (child.message_fd, child.pidfd)
+                                                                 if fd is not None])
     status, cpu_s = relay_until_exit(child.pid, child.message_fd)
     os.close(child.message_fd)
-    leftovers = kill_descendants(spare=spare.pid if spare is not None else None)
+    child.close_pidfd()
+    leftovers = kill_descendants(spare)
     _send(done_message(status, cpu_s, leftovers))
     return spare
 
@@ -266,6 +289,12 @@ def _pidfd(pid: int):
         return None
 
 
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _exited(pid: int) -> bool:
     """Whether the child has exited, without reaping it."""
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
@@ -315,15 +344,18 @@ def relayed(line: bytes) -> bytes:
         return b'{"type": "invalid_message"}'
 
 
-def kill_descendants(deadline_s: float = 5.0, spare=None) -> int:
-    """SIGKILLs every process below this one but the spare (a pid) and reaps them; the number still
-    there at the deadline. A process whose /proc state is Z may still run threads (its leader exited
-    with SYS_exit): it is killed too, and waited for until /proc no longer lists it."""
+def kill_descendants(spare=None, deadline_s: float = 5.0) -> int:
+    """SIGKILLs every process below this one but the spare (a Spare, while it lives) and reaps them;
+    the number still there at the deadline. A process whose /proc state is Z may still run threads
+    (its leader exited with SYS_exit): it is killed too, and waited for until /proc no longer lists
+    it. A spare that died is reaped here like any child, and its pid is no longer spared: a
+    candidate's process that came to have it is killed too."""
     me = os.getpid()
     stop = time.monotonic() + deadline_s
     while True:
         _reap_children()
-        below = [pid for pid in _descendants(me) if pid != spare]
+        spared = spare.pid if spare is not None and spare.alive() else None
+        below = [pid for pid in _descendants(me) if pid != spared]
         if not below or time.monotonic() > stop:
             return len(below)
         for pid in below:
