@@ -29,6 +29,7 @@ import _thread
 import builtins
 import collections
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -50,6 +51,7 @@ import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import gpu_lock
 from . import verdict as v
 
 # ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
@@ -172,6 +174,8 @@ def install_launch_hooks(fmt: str) -> None:
         import triton.runtime.jit as jit
         _wrap(jit.JITFunction, "run", lambda f: _counting(
             f, lambda result, kwargs: not kwargs.get("warmup") and result is not None))
+        if hasattr(jit.JITFunction, "_do_compile"):  # Triton 3.3+: the compile at a first launch
+            _wrap(jit.JITFunction, "_do_compile", releasing_the_gpu)
         try:
             import triton.runtime.interpreter as interpreter
             _wrap(interpreter.InterpretedFunction, "run", lambda f: _counting(
@@ -182,6 +186,17 @@ def install_launch_hooks(fmt: str) -> None:
     elif fmt == "cuda-rtc":
         import kz_rtc
         _wrap(kz_rtc.Kernel, "__call__", _counting)
+        _wrap(kz_rtc, "compile", releasing_the_gpu)
+
+
+def releasing_the_gpu(compile_function):
+    """compile_function, run with the GPU lock let go of where a shared hold is under way: a compile
+    is CPU work, and one inside a forward would otherwise hold the GPU for seconds."""
+    @functools.wraps(compile_function)
+    def compiling(*args, **kwargs):
+        with gpu_lock.released():
+            return compile_function(*args, **kwargs)
+    return compiling
 
 
 def _wrap(cls, name, make):

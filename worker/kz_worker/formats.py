@@ -18,6 +18,7 @@ import subprocess
 
 import torch
 
+from . import gpu_lock
 from . import verdict as v
 
 _extension_builds = []  # names passed to load_inline in this process
@@ -52,6 +53,10 @@ def _count_extension_builds() -> None:
     original = cpp_extension.load_inline
 
     def load_inline(name, *args, **kwargs):
+        with gpu_lock.released():  # a build is CPU work: never inside a shared GPU hold (a forward's)
+            return build(name, *args, **kwargs)
+
+    def build(name, *args, **kwargs):
         _extension_builds.append(name)
         lighter = lighter_sources(original, args, kwargs)
         if lighter is not None:

@@ -51,6 +51,28 @@ class GpuLock:
         self._through_turnstile(fcntl.LOCK_EX)
         yield from self._held("exclusive")
 
+    @contextlib.contextmanager
+    def released(self):
+        """Inside a shared hold: lets go of the GPU for CPU work that needs none (a kernel compiled in
+        the middle of a forward: Triton's JIT, kz_rtc, load_inline), then takes it again, shared,
+        behind any timing that came meanwhile. A shared hold that lasts a compile would keep a
+        waiting timing, and every worker queued behind it, off the GPU. Elsewhere (no hold, an
+        exclusive one) it does nothing."""
+        if self.mode != "shared":
+            yield
+            return
+        self.mode = None
+        try:
+            if self.device is not None:  # this process's queued work must not run into a timing
+                torch.cuda.synchronize(self.device)
+        finally:
+            fcntl.flock(self.gpu_fd, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            self._through_turnstile(fcntl.LOCK_SH)
+            self.mode = "shared"
+
     def _through_turnstile(self, gpu_mode):
         """Takes the GPU lock in gpu_mode while holding the turnstile, so nobody arriving later
         gets ahead of a waiting timing."""
@@ -95,10 +117,28 @@ class NoLock:
     def exclusive(self):
         yield
 
+    @contextlib.contextmanager
+    def released(self):
+        yield
+
 
 def for_request(request: dict, device: torch.device):
+    """The request's lock, which also becomes this process's (released() below)."""
+    global _process_lock
     lock_dir = request.get("gpu_lock_dir") or ""
     if device.type != "cuda" or not lock_dir:
-        return NoLock()
-    props = torch.cuda.get_device_properties(device)
-    return GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}", device)
+        _process_lock = NoLock()
+    else:
+        props = torch.cuda.get_device_properties(device)
+        _process_lock = GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}", device)
+    return _process_lock
+
+
+# The evaluation's lock, set before the harness's identity snapshot (which then protects it): the
+# compile hooks (cheats.install_launch_hooks, formats' load_inline) reach it through released().
+_process_lock = NoLock()
+
+
+def released():
+    """This process's lock, let go of for the block where a shared hold is under way (GpuLock.released)."""
+    return _process_lock.released()

@@ -718,3 +718,24 @@ def test_snapshots_reserve_their_memory_before_the_hold(monkeypatch, budget, exp
     assert snapshots.used_bytes == 0, "reserving takes nothing from the budget"
     harness.Snapshots(torch.device("cpu")).reserve(8, torch.ones(1024), [torch.ones(1024)])
     assert len(allocated) == 1, "on the CPU there is no allocator cache to fill"
+
+
+def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
+    """Triton's JIT, kz_rtc.compile and load_inline, called inside a forward's shared hold, let go of
+    the GPU for the compile (GpuLock.released)."""
+    events = []
+
+    class Lock(RecordingLock):
+        @contextlib.contextmanager
+        def released(self):
+            events.append("released")
+            yield
+            events.append("taken again")
+
+    monkeypatch.setattr(harness.gpu_lock, "_process_lock", Lock(events))
+    compile_kernel = cheats.releasing_the_gpu(lambda source: events.append(f"compiling {source}") or "kernel")
+    assert compile_kernel("k") == "kernel"
+    assert events == ["released", "compiling k", "taken again"]
+    import triton.runtime.jit as jit
+    cheats.install_launch_hooks("triton")
+    assert jit.JITFunction._do_compile.__code__ is compile_kernel.__code__, "the same wrapper around the JIT's compile"

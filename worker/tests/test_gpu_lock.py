@@ -93,3 +93,33 @@ def test_report_counts_waiting_and_exclusive_holding(tmp_path):
     with lock.exclusive():
         time.sleep(0.1)
     assert 0.1 <= lock.report()["gpu_exclusive_s"] < 5, lock.report()
+
+
+def taken_exclusive(lock: GpuLock) -> bool:
+    """Whether `lock`'s GPU lock file could be taken exclusive now (by another open file description)."""
+    import fcntl
+    try:
+        fcntl.flock(lock.gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(lock.gpu_fd, fcntl.LOCK_UN)
+    return True
+
+
+def test_a_shared_hold_lets_go_of_the_gpu_while_released(tmp_path):
+    holder, timing = GpuLock(str(tmp_path), "GPU-test"), GpuLock(str(tmp_path), "GPU-test")
+    with holder.shared():
+        assert not taken_exclusive(timing)
+        with holder.released():
+            assert holder.mode is None and taken_exclusive(timing), "a timing may run during the compile"
+        assert holder.mode == "shared" and not taken_exclusive(timing), "held again after it"
+    assert taken_exclusive(timing)
+
+
+def test_released_does_nothing_outside_a_shared_hold(tmp_path):
+    holder, other = GpuLock(str(tmp_path), "GPU-test"), GpuLock(str(tmp_path), "GPU-test")
+    with holder.released():
+        assert holder.mode is None
+    with holder.exclusive():
+        with holder.released():  # a compile inside a timing is the candidate's own time
+            assert holder.mode == "exclusive" and not taken_exclusive(other)
