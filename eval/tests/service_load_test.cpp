@@ -42,9 +42,15 @@ struct ProcInfo {
   double started_s = 0;
 };
 
+// /proc's files through read(2): a process that exits while its file is read makes the read fail
+// with ESRCH, which std::ifstream's buffer turns into an exception (the test would abort).
+std::string proc_file(const fs::path& path) {
+  auto text = read_file(path);
+  return text.ok() ? *text : std::string();
+}
+
 std::optional<ProcInfo> proc_info(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::string text = proc_file("/proc/" + std::to_string(pid) + "/stat");
   auto close = text.rfind(')');  // the command name may hold spaces and parentheses
   if (close == std::string::npos) return std::nullopt;
   std::istringstream fields(text.substr(close + 2));
@@ -83,8 +89,7 @@ std::optional<pid_t> old_worker(double age_s) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     pid_t pid = std::atoi(entry.path().filename().c_str());
     if (pid <= 0) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    std::string args = proc_file(entry.path() / "cmdline");
     if (args.find("kz_worker") == std::string::npos || !is_descendant_of_us(pid)) continue;
     std::error_code ec;
     if (!fs::exists(entry.path() / "cwd" / "candidate.py", ec)) continue;
