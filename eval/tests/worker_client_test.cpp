@@ -52,6 +52,15 @@ def evaluate(request):
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
              "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at}
+    if action == "look_for":  # an earlier request left in this process: in a frame below, or anywhere the gc sees
+        import gc
+        frames, frame = [], sys._getframe()
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+        values = [v for f in frames for v in f.f_locals.values()] + gc.get_objects()
+        reply["found"] = any(isinstance(v, dict) and v.get("token") == request["look_for"] or
+                             isinstance(v, bytes) and request["look_for"].encode() in v for v in values)
     if action == "signal_siblings":  # the server's other children (a candidate can signal them)
         server, stopped, deadline = os.getppid(), [], time.monotonic() + 5
         while not stopped and time.monotonic() < deadline:
@@ -240,6 +249,16 @@ TEST_F(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
   EXPECT_EQ(second["ppid"], first["ppid"]);
   EXPECT_GE(second["requested_at"].get<double>() - second["prepared_at"].get<double>(), 0.5)
       << "prepared while the server waited, not after the request came";
+}
+
+// The spare for the next request is forked while this one runs, but after the server dropped it:
+// nothing of this request (its source, its seed) is an object in the next candidate's process.
+TEST_F(WorkerClientTest, TheNextChildHoldsNothingOfThePreviousRequest) {
+  auto first = result(setup(true), {{"token", "kz-previous-request"}});
+  auto second = result(setup(true), {{"action", "look_for"}, {"look_for", "kz-previous-request"}});
+  ASSERT_TRUE(second.contains("found")) << second.dump();
+  EXPECT_EQ(second["ppid"], first["ppid"]) << "the same server";
+  EXPECT_FALSE(second["found"].get<bool>());
 }
 
 // A spare child runs no candidate code, but a candidate can signal it (same uid, same process

@@ -71,8 +71,13 @@ def serve(device_name: str) -> int:
     spare = Spare.start_if_possible(device_name)
     try:
         while line := sys.stdin.buffer.readline():
-            if line.strip():
-                spare = serve_one(json.loads(line), spare, device_name)
+            if not line.strip():
+                continue
+            child = start_child(json.loads(line), spare)
+            del line  # the next spare, forked now, gets no object of this request
+            spare = Spare.start_if_possible(device_name, close_in_child=child.own_fds() if child else ())
+            if child is not None:
+                finish_child(child, spare)
     finally:
         if spare is not None:
             spare.discard()
@@ -90,9 +95,10 @@ def _refuse_if_cuda_initialized() -> None:
 class Spare:
     """A child forked ahead of its request, which prepares its device (the CUDA context, the profiler:
     ~1-2 s on the H200) while the server waits for the request or relays the previous child's. It
-    runs no candidate code until it gets its request, and until then it is not dumpable and holds
-    nothing of any request; a spare that a candidate stopped or killed (signals reach the whole
-    process group) is replaced, never handed a request."""
+    runs no candidate code until it gets its request, and until then it is not dumpable; it is
+    forked after the server dropped the previous request, so it holds no object of it (freed memory
+    may still hold its bytes, as in any process). A spare that a candidate stopped or killed
+    (signals reach the whole process group) is replaced, never handed a request."""
 
     def __init__(self, pid: int, device: str, request_fd: int, message_fd: int):
         self.pid, self.device, self.request_fd, self.message_fd = pid, device, request_fd, message_fd
@@ -175,6 +181,10 @@ class Spare:
             pass  # gone already (reaped by kill_descendants)
         self.close_pidfd()
 
+    def own_fds(self) -> list:
+        """The server's descriptors for this child, which a spare forked beside it must not keep."""
+        return [fd for fd in (self.request_fd, self.message_fd, self.pidfd) if fd is not None]
+
     def close_pidfd(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)
@@ -200,28 +210,31 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     run_child(json.loads(b"".join(chunks)))
 
 
-def serve_one(request: dict, spare, device_name: str):
-    """Runs one request on the spare (or a child forked now, where the spare is not ready for it),
-    forks the next spare as soon as this one has its request, relays, and returns the next spare."""
+def start_child(request: dict, spare):
+    """Hands the request to the spare, or to a child forked now where the spare is not ready for it;
+    the child, or None where none could be forked (no candidate code ran: the server says so)."""
     child = spare if spare is not None and spare.ready_for(request["device"]) else None
     if child is None or not child.hand_over(request):
         if spare is not None:
             spare.discard()
         try:
             child = Spare.start(request["device"])
-        except OSError as error:  # no child, no candidate code ran
+        except OSError as error:
             _send({"type": DONE, "error": f"fork server could not start a child: {error}", "leftovers": 0,
                    "retire": True})
             return None
         child.hand_over(request)  # a child forked just now: its failure to read shows as its exit
-    spare = Spare.start_if_possible(device_name, close_in_child=[fd for fd in (child.message_fd, child.pidfd)
-                                                                 if fd is not None])
+    return child
+
+
+def finish_child(child, spare) -> None:
+    """Relays the child's messages until it exits, kills what it left behind (never the spare) and
+    reports."""
     status, cpu_s = relay_until_exit(child.pid, child.message_fd)
     os.close(child.message_fd)
     child.close_pidfd()
     leftovers = kill_descendants(spare)
     _send(done_message(status, cpu_s, leftovers))
-    return spare
 
 
 def run_child(request: dict) -> None:

@@ -57,8 +57,9 @@ class GpuLock:
         the middle of a forward: Triton's JIT, kz_rtc, load_inline), then takes it again, shared,
         behind any timing that came meanwhile. A shared hold that lasts a compile would keep a
         waiting timing, and every worker queued behind it, off the GPU. Elsewhere (no hold, an
-        exclusive one) it does nothing."""
-        if self.mode != "shared":
+        exclusive one, or while the stream captures a CUDA graph, which a synchronize would break) it
+        does nothing."""
+        if self.mode != "shared" or (self.device is not None and torch.cuda.is_current_stream_capturing()):
             yield
             return
         self.mode = None
