@@ -739,3 +739,26 @@ def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
     import triton.runtime.jit as jit
     cheats.install_launch_hooks("triton")
     assert jit.JITFunction._do_compile.__code__ is compile_kernel.__code__, "the same wrapper around the JIT's compile"
+
+
+class CopiesTheHarnesssExpectedOutput(torch.nn.Module):
+    """Computes nothing: finds the harness's precomputed reference outputs in its own process (gc),
+    picks the one whose inputs equal its input, and returns a copy (copies are allowed in forward)."""
+
+    def forward(self, x):
+        for expected in (o for o in gc.get_objects() if type(o).__name__ == "Expected"):
+            for inputs, out in expected.sets.values():
+                if out is not None and inputs[0].shape == x.shape and torch.equal(inputs[0], x):
+                    return out.clone()
+        return torch.zeros_like(x)
+
+
+# Fails with pytest's "DID NOT RAISE" only: any other error is this test's own and fails it. Once the
+# hole is closed it passes, and strict=True turns that into a failure that says to drop the mark.
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="known hole: the reference outputs live in the candidate's own process; closing it "
+                          "needs a judge process (docs/evaluation.md, 'Holes that remain')")
+def test_a_copy_of_the_harnesss_expected_output_is_not_a_timed_result(tmp_path, monkeypatch):
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    with pytest.raises(v.Failure):
+        evaluation._time(ref_model, CopiesTheHarnesssExpectedOutput())
