@@ -162,8 +162,8 @@ READY_STARTUP_S = 3.0  # a child of a ready fork server answers in ~1-2 s on the
 def stage_parts(verdicts: list, key: str, label: str) -> list:
     """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
     worker's correctness_s (the audit forward under the profiler, the trials, the replay probe;
-    GPU-lock waits included), timing_s (the exclusive hold: inputs, warmup, timed, with new_round
-    and checks inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
+    GPU-lock waits included), timing_s (the exclusive hold: inputs, warmup, timed, with new_round,
+    guard and samples inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
     checks, the comparisons of the sampled outputs copied in the hold)."""
     lines = []
     for fmt in FORMATS:

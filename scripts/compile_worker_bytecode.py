@@ -10,7 +10,8 @@ that the supervisor hands to its workers (worker_client.cpp), which only read it
 bytecode, and the sandbox keeps OUTDIR read-only for them. Where torch has its own bytecode, OUTDIR
 is removed: a prefix makes Python ignore every __pycache__ directory, so it would only cost.
 
-Prints one line saying which, and exits non-zero only when compiling failed.
+Prints one line saying which (and a warning where some sources did not compile, which imports skip
+too); the exit status is 0 either way.
 """
 import compileall
 import importlib.util

@@ -29,7 +29,6 @@ import _thread
 import builtins
 import collections
 import contextlib
-import functools
 import gc
 import json
 import math
@@ -175,7 +174,7 @@ def install_launch_hooks(fmt: str) -> None:
         _wrap(jit.JITFunction, "run", lambda f: _counting(
             f, lambda result, kwargs: not kwargs.get("warmup") and result is not None))
         if hasattr(jit.JITFunction, "_do_compile"):  # Triton 3.3+: the compile at a first launch
-            _wrap(jit.JITFunction, "_do_compile", releasing_the_gpu)
+            _wrap(jit.JITFunction, "_do_compile", gpu_lock.releasing)
         try:
             import triton.runtime.interpreter as interpreter
             _wrap(interpreter.InterpretedFunction, "run", lambda f: _counting(
@@ -186,17 +185,7 @@ def install_launch_hooks(fmt: str) -> None:
     elif fmt == "cuda-rtc":
         import kz_rtc
         _wrap(kz_rtc.Kernel, "__call__", _counting)
-        _wrap(kz_rtc, "compile", releasing_the_gpu)
-
-
-def releasing_the_gpu(compile_function):
-    """compile_function, run with the GPU lock let go of where a shared hold is under way: a compile
-    is CPU work, and one inside a forward would otherwise hold the GPU for seconds."""
-    @functools.wraps(compile_function)
-    def compiling(*args, **kwargs):
-        with gpu_lock.released():
-            return compile_function(*args, **kwargs)
-    return compiling
+        _wrap(kz_rtc, "compile", gpu_lock.releasing)
 
 
 def _wrap(cls, name, make):

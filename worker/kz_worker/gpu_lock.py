@@ -15,6 +15,7 @@ only until its own stage deadline kills it (the kernel drops a dead process's lo
 """
 import contextlib
 import fcntl
+import functools
 import os
 import time
 
@@ -143,3 +144,13 @@ _process_lock = NoLock()
 def released():
     """This process's lock, let go of for the block where a shared hold is under way (GpuLock.released)."""
     return _process_lock.released()
+
+
+def releasing(compile_function):
+    """compile_function, run with this process's lock let go of where a shared hold is under way: a
+    compile is CPU work, and one inside a forward would otherwise hold the GPU for seconds."""
+    @functools.wraps(compile_function)
+    def compiling(*args, **kwargs):
+        with released():
+            return compile_function(*args, **kwargs)
+    return compiling

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from kz_worker import cheats, compare, harness, loading, timing
+from kz_worker import cheats, compare, gpu_lock, harness, loading, timing
 from kz_worker import verdict as v
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -732,8 +732,8 @@ def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
             yield
             events.append("taken again")
 
-    monkeypatch.setattr(harness.gpu_lock, "_process_lock", Lock(events))
-    compile_kernel = cheats.releasing_the_gpu(lambda source: events.append(f"compiling {source}") or "kernel")
+    monkeypatch.setattr(gpu_lock, "_process_lock", Lock(events))
+    compile_kernel = gpu_lock.releasing(lambda source: events.append(f"compiling {source}") or "kernel")
     assert compile_kernel("k") == "kernel"
     assert events == ["released", "compiling k", "taken again"]
     import triton.runtime.jit as jit

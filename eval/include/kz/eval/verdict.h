@@ -106,9 +106,9 @@ struct Verdict {
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> correctness_s;
-  // Where the timing's exclusive hold went (inputs, warmup, timed; new_round and checks inside the
-  // last two: the Guard after every run, the sampled outputs' live checks and copies), measured by
-  // the worker. Empty when not timed.
+  // Where the timing's exclusive hold went (inputs, warmup, timed; inside the last two new_round,
+  // guard: the Guard's verifies between runs, and samples: the sampled outputs' live checks and
+  // copies), measured by the worker. Empty when not timed.
   std::vector<std::pair<std::string, double>> timing_s;
   // The timing's work after its exclusive hold, under the shared lock and not in timing_s ("checks":
   // comparing the sampled outputs and inputs copied in the hold), measured by the worker. Empty when
