@@ -39,7 +39,7 @@ constexpr const char* kTranspose = "eval/tests/cheats/ref_transpose.py";
 struct Case {
   std::string candidate;            // relative to the source dir
   std::string reference;
-  EvalStatus status;
+  std::vector<EvalStatus> statuses;  // the verdict is one of these
   std::vector<Check> any_of;        // at least one of these fired
   std::string format = "auto";
 };
@@ -51,37 +51,39 @@ const std::vector<Case>& cheat_cases() {
   using S = EvalStatus;
   using C = Check;
   static const std::vector<Case> cases = {
-      {cheat("torch_compute_in_forward"), kRelu, S::cheat_detected, {C::torch_compute_in_forward}},
-      {cheat("torch_fallback_on_error"), kRelu, S::cheat_detected, {C::torch_compute_in_forward}},
-      {cheat("kernel_never_launched"), kRelu, S::cheat_detected, {C::no_custom_kernel}},
-      {cheat("inherits_reference"), kRelu, S::cheat_detected, {C::inherits_reference}},                   // static
-      {cheat("uninitialised_output"), kRelu, S::incorrect, {C::output_mismatch, C::output_not_finite}},
-      {cheat("partial_output"), kRelu, S::incorrect, {C::output_mismatch, C::output_not_finite}},
-      {cheat("aliases_input"), kTranspose, S::incorrect, {C::output_aliases_input}},
-      {cheat("mutates_inputs"), kRelu, S::incorrect, {C::input_mutated}},
-      {cheat("side_stream"), kRelu, S::cheat_detected, {C::side_stream}},                                 // static
-      {cheat("background_thread"), kRelu, S::cheat_detected, {C::background_thread}},                     // static
-      {cheat("background_thread_hidden"), kRelu, S::cheat_detected, {C::background_thread}},
-      {cheat("cache_by_pointer"), kRelu, S::cheat_detected, {C::replayed_output}},
-      {cheat("cache_by_shape"), kRelu, S::cheat_detected, {C::replayed_output}},
-      {cheat("replay_results"), kRelu, S::cheat_detected, {C::replayed_output}},
-      {cheat("patch_timers"), kRelu, S::cheat_detected, {C::harness_access}},                             // static
-      {cheat("patch_timers_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
-      {cheat("patch_harness"), kRelu, S::cheat_detected, {C::harness_access}},                            // static
-      {cheat("patch_harness_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
-      {cheat("lazy_tensor_subclass"), kRelu, S::cheat_detected, {C::tensor_subclass}},                    // static
-      {cheat("precision_fp16"), kRelu, S::incorrect, {C::output_mismatch}},
-      {cheat("degenerate_zeros"), kTiny, S::incorrect, {C::output_norm_mismatch}},
-      {cheat("degenerate_constant"), kMse, S::incorrect, {C::output_mismatch}},
-      {cheat("reference_tampered"), kRelu, S::cheat_detected, {C::reference_tampered}},
-      {cheat("steals_reference_output"), kRelu, S::cheat_detected, {C::output_aliases_reference}},
-      {cheat("tensor_methods_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
-      {cheat("function_mode_hidden"), kRelu, S::cheat_detected, {C::harness_patched}},
+      {cheat("torch_compute_in_forward"), kRelu, {S::cheat_detected}, {C::torch_compute_in_forward}},
+      {cheat("torch_fallback_on_error"), kRelu, {S::cheat_detected}, {C::torch_compute_in_forward}},
+      {cheat("kernel_never_launched"), kRelu, {S::cheat_detected}, {C::no_custom_kernel}},
+      {cheat("inherits_reference"), kRelu, {S::cheat_detected}, {C::inherits_reference}},                   // static
+      {cheat("uninitialised_output"), kRelu, {S::incorrect}, {C::output_mismatch, C::output_not_finite}},
+      {cheat("partial_output"), kRelu, {S::incorrect}, {C::output_mismatch, C::output_not_finite}},
+      {cheat("aliases_input"), kTranspose, {S::incorrect}, {C::output_aliases_input}},
+      {cheat("mutates_inputs"), kRelu, {S::incorrect}, {C::input_mutated}},
+      {cheat("side_stream"), kRelu, {S::cheat_detected}, {C::side_stream}},                                 // static
+      {cheat("background_thread"), kRelu, {S::cheat_detected}, {C::background_thread}},                     // static
+      {cheat("background_thread_hidden"), kRelu, {S::cheat_detected}, {C::background_thread}},
+      {cheat("cache_by_pointer"), kRelu, {S::cheat_detected}, {C::replayed_output}},
+      {cheat("cache_by_shape"), kRelu, {S::cheat_detected}, {C::replayed_output}},
+      {cheat("replay_results"), kRelu, {S::cheat_detected}, {C::replayed_output}},
+      {cheat("patch_timers"), kRelu, {S::cheat_detected}, {C::harness_access}},                             // static
+      {cheat("patch_timers_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
+      {cheat("patch_harness"), kRelu, {S::cheat_detected}, {C::harness_access}},                            // static
+      {cheat("patch_harness_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
+      {cheat("lazy_tensor_subclass"), kRelu, {S::cheat_detected}, {C::tensor_subclass}},                    // static
+      {cheat("precision_fp16"), kRelu, {S::incorrect}, {C::output_mismatch}},
+      {cheat("degenerate_zeros"), kTiny, {S::incorrect}, {C::output_norm_mismatch}},
+      // The constant is the loss's expected value: within tolerance for some seeds, then the same
+      // bits for a second input set give it away.
+      {cheat("degenerate_constant"), kMse, {S::incorrect, S::cheat_detected}, {C::output_mismatch, C::replayed_output}},
+      {cheat("reference_tampered"), kRelu, {S::cheat_detected}, {C::reference_tampered}},
+      {cheat("steals_reference_output"), kRelu, {S::cheat_detected}, {C::output_aliases_reference}},
+      {cheat("tensor_methods_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
+      {cheat("function_mode_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       // The colleague's four (eval/tests/fixtures/): the static scan refuses them as written.
-      {"eval/tests/fixtures/cheat_patches_tensor_methods.py", kRelu, S::cheat_detected, {C::harness_access}},
-      {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, S::cheat_detected, {C::harness_access}},
-      {"eval/tests/fixtures/cheat_torch_function_mode.py", kRelu, S::cheat_detected, {C::tensor_subclass}},
-      {"eval/tests/fixtures/cheat_forges_result.py", kRelu, S::cheat_detected, {C::harness_access}},
+      {"eval/tests/fixtures/cheat_patches_tensor_methods.py", kRelu, {S::cheat_detected}, {C::harness_access}},
+      {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, {S::cheat_detected}, {C::harness_access}},
+      {"eval/tests/fixtures/cheat_torch_function_mode.py", kRelu, {S::cheat_detected}, {C::tensor_subclass}},
+      {"eval/tests/fixtures/cheat_forges_result.py", kRelu, {S::cheat_detected}, {C::harness_access}},
   };
   return cases;
 }
@@ -95,13 +97,13 @@ const std::vector<Case>& honest_cases() {
       for (const auto& entry : fs::directory_iterator(source_dir() / "suite/kzbench" / level)) {
         std::string name = entry.path().filename().string();
         std::string reference = std::string("suite/kzbench/") + level + "/" + name;
-        list.push_back({"suite/examples/triton/" + name, reference, EvalStatus::ok, {}});
+        list.push_back({"suite/examples/triton/" + name, reference, {EvalStatus::ok}, {}});
       }
     }
     std::sort(list.begin(), list.end(), [](const Case& a, const Case& b) { return a.candidate < b.candidate; });
-    list.push_back({kRelu, kRelu, EvalStatus::ok, {}, "torch"});
+    list.push_back({kRelu, kRelu, {EvalStatus::ok}, {}, "torch"});
     list.push_back({"suite/kzbench/level2/18_add_layernorm.py", "suite/kzbench/level2/18_add_layernorm.py",
-                    EvalStatus::ok, {}, "torch"});
+                    {EvalStatus::ok}, {}, "torch"});
     return list;
   }();
   return cases;
@@ -189,7 +191,10 @@ TEST_P(CaughtTest, WithItsCheck) {
   const Case& c = GetParam();
   const Verdict* v = verdict_for(c);
   ASSERT_NE(v, nullptr);
-  EXPECT_EQ(status_name(v->status), std::string(status_name(c.status))) << dump(*v);
+  std::string statuses;
+  for (EvalStatus s : c.statuses) statuses += std::string(statuses.empty() ? "" : " or ") + status_name(s);
+  EXPECT_NE(std::find(c.statuses.begin(), c.statuses.end(), v->status), c.statuses.end())
+      << "expected " << statuses << "\n" << dump(*v);
   bool fired = std::any_of(c.any_of.begin(), c.any_of.end(), [&](Check k) { return v->has_check(k); });
   std::string expected;
   for (Check k : c.any_of) expected += std::string(expected.empty() ? "" : " or ") + check_name(k);
