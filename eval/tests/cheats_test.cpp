@@ -76,9 +76,10 @@ const std::vector<Case>& cheat_cases() {
       // bits for a second input set give it away.
       {cheat("degenerate_constant"), kMse, {S::incorrect, S::cheat_detected}, {C::output_mismatch, C::replayed_output}},
       {cheat("reference_tampered"), kRelu, {S::cheat_detected}, {C::reference_tampered}},
-      {cheat("steals_reference_output"), kRelu, {S::cheat_detected}, {C::output_aliases_reference}},
+      {cheat("steals_reference_output"), kRelu, {S::cheat_detected}, {C::harness_access}},
       {cheat("tensor_methods_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       {cheat("function_mode_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
+      {cheat("copies_expected_output_hidden"), kRelu, {S::cheat_detected}, {C::harness_access}},    // audit hook
       // The colleague's four (eval/tests/fixtures/): the static scan refuses them as written.
       {"eval/tests/fixtures/cheat_patches_tensor_methods.py", kRelu, {S::cheat_detected}, {C::harness_access}},
       {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, {S::cheat_detected}, {C::harness_access}},

@@ -16,9 +16,21 @@ Here, inside the worker process:
     records  processes the candidate's own code starts (os.fork, os.system,
              subprocess.Popen, os.posix_spawn, os.spawn*), without refusing them: they still run
              inside the OS-level limits and die with the process group               process_spawn
+    refuses  the audited ways into the worker's own objects (the precomputed reference outputs,
+             the evaluation's state), which the static scan can only see when they are spelled out:
+             the garbage collector's object graph (gc.get_objects / get_referrers / get_referents),
+             stack frames (sys._getframe, sys._current_frames, a traceback's tb_frame, a
+             generator's or coroutine's frame, inspect's and traceback.walk_*'s frames), trace and
+             profile hooks (sys.settrace / setprofile), and ctypes' raw memory and symbols
+             (dlopen, dlsym, from_address, string_at)                                  harness_access
+             (the verdict is then cheat_detected, not sandbox_violation)
   What torch and Triton start themselves (ninja, nvcc, ptxas, gcc, ldconfig) is not the candidate's:
   process events count as the candidate's only when the innermost Python frame outside the standard
-  library lies outside site-packages and this worker (the candidate's file, exec'd strings).
+  library lies outside site-packages and this worker (the candidate's file, exec'd strings). A frame
+  counts as handed to the candidate only when candidate code asked for it itself or through inspect
+  or traceback.walk_*: the standard library's own uses (collections.namedtuple, typing, logging,
+  traceback.format_exc) take a frame and give back names or text. The object graph is refused
+  whenever candidate code is on the stack.
 
   torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction) on a GPU, and SIGXFSZ back to its
   default action (Python ignores it), so a write past the file size limit kills the worker and the
@@ -28,7 +40,8 @@ A refused operation raises SandboxViolation (a PermissionError). Caught or not, 
 recorded, and apply() turns the verdict into sandbox_violation with its checks.
 
 Not a security boundary: the hook sees only what Python code does through audited APIs. C code (a
-load_inline extension, ctypes) bypasses it, os.open(..., dir_fd=) is not resolved, a symlink swapped
+load_inline extension; the CPython API reaches every object and frame) bypasses it, a signal
+handler is handed the interrupted frame without any audited call, os.open(..., dir_fd=) is not resolved, a symlink swapped
 between the check and the open races it, and a candidate in the same interpreter can reach the hook's
 state. The OS-level limits are what hold against those.
 """
@@ -72,7 +85,16 @@ _PATH_EVENTS = {
 _SOCKET_EVENTS = ("socket.connect", "socket.sendto", "socket.sendmsg")
 _SPAWN_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.posix_spawn", "os.spawn", "subprocess.Popen")
 _SIGNAL_EVENTS = ("os.kill", "os.killpg")
-_WATCHED = frozenset(("open", "os.exec") + tuple(_PATH_EVENTS) + _SOCKET_EVENTS + _SPAWN_EVENTS + _SIGNAL_EVENTS)
+# The audited ways into the worker's own objects (the module docstring says which count when).
+_OBJECT_GRAPH_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
+_FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
+_TRACE_EVENTS = ("sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
+                 "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer",
+                 "ctypes.string_at", "ctypes.wstring_at", "ctypes.call_function")
+# object.__getattr__ is left out: it comes for every function's __code__ (the Guard reads ~1,000 of
+# them per verify, inside the timing's exclusive hold), and only a frame attribute is looked at.
+_WATCHED = frozenset(("open", "os.exec", "sys._getframe") + tuple(_PATH_EVENTS) + _SOCKET_EVENTS + _SPAWN_EVENTS
+                     + _SIGNAL_EVENTS + _OBJECT_GRAPH_EVENTS + _TRACE_EVENTS)
 
 
 def install(request: dict) -> None:
@@ -117,23 +139,28 @@ def summary() -> str:
 
 def apply(result: dict) -> None:
     """Turns a verdict into sandbox_violation when anything was recorded (the sandbox's checks
-    replace the consequential ones, such as forward_failed for a refused connect)."""
+    replace the consequential ones, such as forward_failed for a refused connect), or into
+    cheat_detected when candidate code reached for the worker's own objects."""
     if not _violations:
         return
     checks = []
     for check, _ in _violations:
         if check not in checks:
             checks.append(check)
-    message = f"sandbox violation: {summary()}"
+    cheat = v.HARNESS_ACCESS in checks
+    message = f"{'cheat detected' if cheat else 'sandbox violation'}: {summary()}"
     if result.get("status") not in (None, v.OK) and result.get("message"):
         message += f"\nthe evaluation then ended with {result['status']}: {result['message']}"
-    result.update(status=v.SANDBOX_VIOLATION, correct=False, checks=checks, message=message)
+    result.update(status=v.CHEAT_DETECTED if cheat else v.SANDBOX_VIOLATION, correct=False, checks=checks,
+                  message=message)
 
 
 # ---- the hook --------------------------------------------------------------------------------------
 
 def _hook(event, args):
-    if event not in _WATCHED or getattr(_busy, "active", False):
+    if event not in _WATCHED and (event != "object.__getattr__" or args[1] not in _FRAME_ATTRIBUTES):
+        return
+    if getattr(_busy, "active", False):
         return
     _busy.active = True
     try:
@@ -175,6 +202,16 @@ def _check(event, args):
                     "os.posix_spawn": lambda: f"os.posix_spawn of {_show(args[0])}",
                     "os.spawn": lambda: f"os.spawn* of {_show(args[1])}"}.get(event, lambda: event)()
             _record(v.PROCESS_SPAWN, what, refuse=False)
+    elif event in _OBJECT_GRAPH_EVENTS:
+        if _candidate_on_stack():
+            _record(v.HARNESS_ACCESS, f"{event} (the garbage collector's object graph)", refuse=True)
+    elif event in ("sys._getframe", "object.__getattr__"):  # the latter only for a frame attribute (_hook)
+        if _frame_for_candidate():
+            what = event if event == "sys._getframe" else f"the {args[1]} of a {type(args[0]).__name__}"
+            _record(v.HARNESS_ACCESS, f"{what} (stack frames)", refuse=True)
+    elif event in _TRACE_EVENTS:
+        if _from_candidate():
+            _record(v.HARNESS_ACCESS, event, refuse=True)
     elif event in _SIGNAL_EVENTS:
         target, sig = args[0], args[1]
         if not _own_group(target, event == "os.killpg") and _from_candidate():
@@ -229,14 +266,44 @@ def _own_group(target: int, is_group: bool) -> bool:
         return True  # no such process: the signal goes nowhere
 
 
+def _origin(frame) -> str:
+    """Whose code `frame` runs: "hook" (this module), "stdlib", "library" (site-packages, this worker)
+    or "candidate" (anything else: the candidate's file, the reference's, exec'd strings)."""
+    name = frame.f_code.co_filename
+    if name == __file__:
+        return "hook"
+    if name.startswith("<frozen") or (name.startswith(_stdlib_dirs) and not name.startswith(_library_dirs)):
+        return "stdlib"
+    return "library" if name.startswith(_library_dirs) else "candidate"
+
+
 def _from_candidate() -> bool:
     """Whether the innermost frame outside the standard library (and this module) is candidate code."""
     frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if name == __file__ or name.startswith("<frozen") or (
-                name.startswith(_stdlib_dirs) and not name.startswith(_library_dirs)):
-            frame = frame.f_back
-            continue
-        return not name.startswith(_library_dirs)
-    return False  # only the standard library: the interpreter's own machinery
+    while frame is not None and _origin(frame) in ("hook", "stdlib"):
+        frame = frame.f_back
+    return frame is not None and _origin(frame) == "candidate"  # else the interpreter's own machinery
+
+
+def _candidate_on_stack() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None and _origin(frame) != "candidate":
+        frame = frame.f_back
+    return frame is not None
+
+
+def _hands_out_frames(frame) -> bool:
+    """The standard library's functions that give their caller frame objects."""
+    name = os.path.basename(frame.f_code.co_filename)
+    return name == "inspect.py" or (name == "traceback.py" and frame.f_code.co_name in ("walk_stack", "walk_tb"))
+
+
+def _frame_for_candidate() -> bool:
+    """Whether the frame being taken goes to candidate code: it takes it itself, or through
+    inspect or traceback.walk_* (a generator's f_back is the code that resumed it)."""
+    frame = sys._getframe(1)
+    while frame is not None and _origin(frame) == "hook":
+        frame = frame.f_back
+    while frame is not None and _origin(frame) == "stdlib" and _hands_out_frames(frame):
+        frame = frame.f_back
+    return frame is not None and _origin(frame) == "candidate"

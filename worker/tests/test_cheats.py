@@ -756,8 +756,9 @@ class CopiesTheHarnesssExpectedOutput(torch.nn.Module):
 # Fails with pytest's "DID NOT RAISE" only: any other error is this test's own and fails it. Once the
 # hole is closed it passes, and strict=True turns that into a failure that says to drop the mark.
 @pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="known hole: the reference outputs live in the candidate's own process; closing it "
-                          "needs a judge process (docs/evaluation.md, 'Holes that remain')")
+                   reason="known hole: the reference outputs live in the candidate's own process; the sandbox's "
+                          "audit hook refuses the audited ways to them (test_sandbox.py), not C code or a signal "
+                          "handler's frame; closing it needs a judge process (docs/evaluation.md, 'Holes that remain')")
 def test_a_copy_of_the_harnesss_expected_output_is_not_a_timed_result(tmp_path, monkeypatch):
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     with pytest.raises(v.Failure):

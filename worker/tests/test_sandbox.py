@@ -125,6 +125,81 @@ def test_signal_outside_the_group_is_refused_inside_is_not(tmp_path):
     assert result == {"error": None, "violations": []}
 
 
+# Each way into the worker's own objects, tried by candidate code; act() fails with the ones that got through.
+# (threading.settrace only reaches threads started later: the Guard's settings and the background-thread
+# check cover it.)
+REACHING_FOR_THE_HARNESS = {
+    "gc.get_objects, name built up": "getattr(__import__('gc'), 'get_' + 'objects')()",
+    "gc.get_referrers": "import gc; gc.get_referrers(REACHING)",
+    "gc.get_referents": "import gc; gc.get_referents(REACHING)",
+    "sys._getframe": "import sys; sys._getframe(0).f_back",
+    "inspect.currentframe": "import inspect; inspect.currentframe()",
+    "inspect.stack": "import inspect; inspect.stack()",
+    "traceback.walk_stack": "import traceback; next(traceback.walk_stack(None))",
+    "a traceback's frame": "try:\n    1 / 0\nexcept ZeroDivisionError as exc:\n    exc.__traceback__.tb_frame",
+    "traceback.walk_tb": "import sys, traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n"
+                         "    next(traceback.walk_tb(sys.exc_info()[2]))",
+    "a generator's frame": "(i for i in ()).gi_frame",
+    "sys._current_frames": "import sys; sys._current_frames()",
+    "sys.settrace": "import sys; sys.settrace(None)",
+    "sys.setprofile": "import sys; sys.setprofile(None)",
+    "ctypes.string_at": "import ctypes; ctypes.string_at(id(REACHING), 8)",
+    "ctypes from_address": "import ctypes; ctypes.c_int64.from_address(id(REACHING))",
+    "ctypes.pythonapi": "import ctypes; ctypes.pythonapi.PyEval_GetFrame",
+}
+
+# What the standard library does with frames for its own ends, for honest code: never refused.
+HONEST_USES_OF_FRAMES = """
+    import collections, enum, logging, traceback, typing, warnings, dataclasses
+    Point = collections.namedtuple("Point", "x y")
+    class Pair(typing.NamedTuple):
+        a: int
+    T = typing.TypeVar("T")
+    Color = enum.Enum("Color", "RED GREEN")
+    @dataclasses.dataclass
+    class Box:
+        w: int = 1
+    logging.getLogger("candidate").warning("a message with its caller's line")
+    warnings.warn("a warning")
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        text = traceback.format_exc()
+        logging.getLogger("candidate").exception("and its traceback")
+    traceback.extract_stack()
+    traceback.format_stack()
+    assert "ZeroDivisionError" in text and Point(1, 2).x == 1 and Box().w == 1
+"""
+
+
+def test_reaching_for_the_workers_objects_is_refused(tmp_path):
+    attempts = "".join(f"""
+        try:
+            exec({code!r}, {{"REACHING": object()}})
+            got_through.append({name!r})
+        except PermissionError:
+            pass
+    """ for name, code in REACHING_FOR_THE_HARNESS.items())
+    result = run_sandboxed(tmp_path, "got_through = []\n" + textwrap.dedent(attempts)
+                           + "\nif got_through:\n    raise RuntimeError('got through: ' + ', '.join(got_through))")
+    assert result["error"] is None
+    assert set(checks(result)) == {v.HARNESS_ACCESS}
+
+
+def test_the_standard_librarys_own_uses_of_frames_are_not_refused(tmp_path):
+    result = run_sandboxed(tmp_path, HONEST_USES_OF_FRAMES)
+    assert result == {"error": None, "violations": []}
+
+
+def test_library_code_may_walk_frames_and_the_object_graph_outside_the_candidate(tmp_path):
+    # torch's own code, called by the candidate, takes frames for its own ends (a library, not the candidate).
+    result = run_sandboxed(tmp_path, """
+        import torch
+        torch.fx.symbolic_trace(torch.nn.ReLU())
+    """)
+    assert result == {"error": None, "violations": []}
+
+
 def test_disabled_sandbox_installs_nothing(tmp_path):
     target = tmp_path / "outside.txt"
     result = run_sandboxed(tmp_path, f"open({str(target)!r}, 'w').write('fine')", enabled=False)
@@ -143,6 +218,19 @@ def test_apply_replaces_the_verdict():
     assert result["status"] == v.SANDBOX_VIOLATION
     assert result["checks"] == [v.NETWORK_ACCESS]
     assert "socket.connect" in result["message"] and "boom" in result["message"]
+
+
+def test_apply_makes_reaching_for_the_harness_a_cheat():
+    from kz_worker import sandbox
+    result = {"status": v.OK, "correct": True, "checks": [], "message": ""}
+    sandbox._violations[:] = [(v.FILESYSTEM_WRITE, "writing /etc/x"), (v.HARNESS_ACCESS, "gc.get_objects")]
+    try:
+        sandbox.apply(result)
+    finally:
+        sandbox._violations.clear()
+    assert result["status"] == v.CHEAT_DETECTED and not result["correct"]
+    assert result["checks"] == [v.FILESYSTEM_WRITE, v.HARNESS_ACCESS]
+    assert result["message"].startswith("cheat detected: ")
 
 
 @pytest.mark.parametrize("exc, expected", [

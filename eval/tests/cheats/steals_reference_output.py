@@ -1,5 +1,6 @@
 """Cheat: finds the harness's reference outputs through the garbage collector (reached with
-built-up names) and returns one of them. Reference: 02_relu. Caught by: output_aliases_reference."""
+built-up names) and returns one of them. Reference: 02_relu. Caught by: harness_access (the audit
+hook refuses the object graph to candidate code); with the sandbox off, output_aliases_reference."""
 import torch
 import torch.nn as nn
 import triton
