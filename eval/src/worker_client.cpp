@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
@@ -140,10 +141,17 @@ struct Supervised {
   bool server_failed = false;
 };
 
+// A fresh secret for one request: the harness puts it in every message it sends, and keeps it
+// where candidate code is refused (docs/evaluation.md, `forged_message` and "Holes that remain").
+std::string message_token() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", device(), device(), device(), device());
+}
+
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
 // (fork_server) relays its child's messages, then reports the child gone ("fork_server_done"); a
 // worker started for one request is killed once its result is in.
-Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server) {
+Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server, const std::string& token) {
   std::string stage = "startup";
   StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
@@ -180,6 +188,15 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
     std::string type = message.is_object() ? message.value("type", "") : "";
     if (result && type != "fork_server_done") continue;  // the verdict is in: only the server's word counts
     if (type != "fork_server_done") child_spoke = true;
+    if ((type == "stage" || type == "result") && message.value("token", nlohmann::json()) != token) {
+      worker.kill_and_reap();  // a candidate that forges one message may forge the next
+      return finish(failed(WorkerOutcome::Kind::forged, stage,
+                           fmt::format("a '{}' message without the request's token reached the supervisor: "
+                                       "written by candidate code, not by the harness: {}",
+                                       type, tail(line, 300))),
+                    false);
+    }
+    if (message.is_object()) message.erase("token");
     if (type == "stage") {
       clock.close(stage);
       stage = message.value("name", "?");
@@ -343,9 +360,11 @@ bool clear_scratch(const StartedWorker& server) {
 Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
                            const std::function<nlohmann::json(const fs::path&)>& make_request,
                            const StageDeadline& deadline_s) {
+  nlohmann::json request_json = make_request(request_scratch);
+  std::string token = message_token();
+  request_json["message_token"] = token;
   // Sources may hold any bytes.
-  std::string request =
-      make_request(request_scratch).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string request = request_json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   Process& process = worker.process;
   if (fork_server) {
     process.clear_output_tails();
@@ -353,7 +372,7 @@ Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratc
   } else {
     process.send_stdin(request);
   }
-  Supervised supervised = supervise(process, deadline_s, fork_server);
+  Supervised supervised = supervise(process, deadline_s, fork_server, token);
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
   outcome.sandbox = process.sandbox();

@@ -80,6 +80,7 @@ const std::vector<Case>& cheat_cases() {
       {cheat("tensor_methods_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       {cheat("function_mode_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       {cheat("copies_expected_output_hidden"), kRelu, {S::cheat_detected}, {C::harness_access}},    // audit hook
+      {cheat("forged_result_hidden"), kRelu, {S::cheat_detected}, {C::forged_message}},              // supervisor
       // The colleague's four (eval/tests/fixtures/): the static scan refuses them as written.
       {"eval/tests/fixtures/cheat_patches_tensor_methods.py", kRelu, {S::cheat_detected}, {C::harness_access}},
       {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, {S::cheat_detected}, {C::harness_access}},
@@ -220,7 +221,7 @@ TEST(CheatsTable, CoversEveryFixture) {
   for (const Case& c : cheat_cases()) listed.push_back(c.candidate);
   for (const auto& entry : fs::directory_iterator(source_dir() / "eval/tests/cheats")) {
     std::string name = entry.path().filename().string();
-    if (name.rfind("ref_", 0) == 0 || name == "forged_result_hidden.py") continue;  // references; the known hole
+    if (name.rfind("ref_", 0) == 0) continue;  // references
     // GPU-only fixtures (they need a run on a GPU: cuda / cuda-rtc candidates, timing).
     if (name.rfind("cuda_", 0) == 0 || name == "cache_by_pointer_late.py" || name == "side_stream_hidden.py")
       continue;
@@ -228,25 +229,6 @@ TEST(CheatsTable, CoversEveryFixture) {
         << name << " has no row in cheat_cases()";
   }
   EXPECT_EQ(honest_cases().size(), 22u);
-}
-
-// KNOWN HOLE (disabled; run with --gtest_also_run_disabled_tests): a candidate that reaches
-// os.write without naming it (getattr with built-up names) and finds the message pipe among its
-// file descriptors forges an ok verdict, because it runs in the process that reports the verdict.
-// Closing it needs the comparison out of the candidate's process (docs/evaluation.md, "Holes").
-TEST(CheatsKnownHole, DISABLED_HiddenForgedResultIsRejected) {
-  ASSERT_FALSE(source_dir().empty());
-  EvalOptions o;
-  o.trials = 2;
-  o.cache.enabled = false;
-  auto evaluator = Evaluator::create(o);
-  ASSERT_TRUE(evaluator.ok()) << evaluator.status().to_string();
-  auto task = load_task_file(source_dir() / kRelu);
-  ASSERT_TRUE(task.ok());
-  std::string path = cheat("forged_result_hidden");
-  auto v = evaluator->evaluate(*task, Candidate{path, *read_file(source_dir() / path)});
-  ASSERT_TRUE(v.ok()) << v.status().to_string();
-  EXPECT_NE(status_name(v->status), std::string("ok")) << dump(*v);
 }
 
 }  // namespace

@@ -42,7 +42,10 @@ def quietly(step, device):
 
 def evaluate(request):
     requested_at = time.time()
-    os.write(3, b'{"type": "stage", "name": "compile"}\n')  # as the harness does before candidate code
+    token = request.pop("message_token", None)
+    if request.get("action") == "forge_result":  # candidate code's verdict, without the token
+        os.write(3, b'{"type": "result", "status": "ok"}\n')
+    os.write(3, (json.dumps({"type": "stage", "name": "compile", "token": token}) + "\n").encode())  # as the harness does
     action = request.get("action", "")
     open("mine.txt", "w").write("x")
     sys.stderr.write("stderr of " + action + "\n")
@@ -51,7 +54,8 @@ def evaluate(request):
              "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
-             "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at}
+             "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at,
+             "token": token}
     if action == "look_for":  # an earlier request left in this process: in a frame below, or anywhere the gc sees
         import gc
         frames, frame = [], sys._getframe()
@@ -353,6 +357,19 @@ TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
   WorkerOutcome forged = run(setup(true), {{"action", "forge"}});
   EXPECT_EQ(forged.kind, WorkerOutcome::Kind::protocol_error) << forged.message;
   EXPECT_NE(forged.message.find("forged_message"), std::string::npos) << forged.message;
+}
+
+// Candidate code that writes a verdict of its own on the message pipe does not know the request's
+// token: the supervisor refuses the message, on a fork server and on a worker started for it.
+TEST_F(WorkerClientTest, AMessageWithoutTheRequestsTokenIsAForgery) {
+  for (bool fork_server : {true, false}) {
+    WorkerOutcome forged = run(setup(fork_server), {{"action", "forge_result"}});
+    EXPECT_EQ(forged.kind, WorkerOutcome::Kind::forged) << forged.message;
+    EXPECT_NE(forged.message.find("without the request's token"), std::string::npos) << forged.message;
+    EXPECT_EQ(forged.stage, "startup");
+  }
+  auto honest = result(setup(true));
+  EXPECT_FALSE(honest.contains("token")) << "the supervisor strips the token: " << honest.dump();
 }
 
 TEST_F(WorkerClientTest, TimeoutKillsTheServerAndTheNextRequestGetsANewOne) {

@@ -68,7 +68,7 @@ def quietly(step, device_name: str) -> None:
 def evaluate(request: dict) -> None:
     """Runs one request after its process is prepared; sends the result and exits."""
     from . import protocol, sandbox
-    channel = protocol.Channel()
+    channel = protocol.Channel(request.pop("message_token", None))  # before any candidate code
     protocol.silence_stdout()
     sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
     if request.get("mode") == "validate_module":  # a Proposer's module (validate.py)

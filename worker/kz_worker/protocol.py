@@ -6,6 +6,12 @@ each announced stage and kills the worker's process group when it passes.
 
   {"type": "stage", "name": "compile"}        a stage begins
   {"type": "result", "status": ..., ...}      the verdict (last message)
+
+Each carries "token": the request's "message_token", a secret the supervisor makes per request.
+It is taken out of the request before any reference or candidate code runs and lives only in the
+Channel, which candidate code can reach through no module (only through frames or the garbage
+collector, which the sandbox's audit hook refuses it); a message without it is a forgery
+(verdict cheat_detected, check forged_message).
 """
 import json
 import math
@@ -16,7 +22,8 @@ MESSAGE_FD = 3
 
 
 class Channel:
-    def __init__(self):
+    def __init__(self, token=None):
+        self._token = token
         try:
             os.fstat(MESSAGE_FD)
             self._out = os.fdopen(_relocate(MESSAGE_FD), "w", buffering=1, closefd=False)
@@ -24,6 +31,7 @@ class Channel:
             self._out = sys.__stdout__
 
     def send(self, message: dict) -> None:
+        message = {**message, "token": self._token}
         self._out.write(json.dumps(_finite(message), default=str, allow_nan=False) + "\n")
         self._out.flush()
 

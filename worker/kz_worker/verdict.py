@@ -47,7 +47,8 @@ BACKGROUND_THREAD = "background_thread"                # threads started by the 
 INHERITS_REFERENCE = "inherits_reference"              # static: ModelNew subclasses the reference's class
 SIDE_STREAM = "side_stream"                            # static: CUDA streams of its own
 TENSOR_SUBCLASS = "tensor_subclass"                    # static: Tensor subclasses, __torch_function__, modes
-HARNESS_ACCESS = "harness_access"                      # static: touches the harness, frames, fds, timers, builtins
+HARNESS_ACCESS = "harness_access"                      # static, and the audit hook: touches the harness, frames, gc...
+FORGED_MESSAGE = "forged_message"                      # supervisor: a message without the request's token
 # Sandbox checks (the supervisor's limits, and sandbox.py's audit hook in the worker).
 CPU_LIMIT = "cpu_limit"                # killed at its CPU-time limit (SIGXCPU)
 FILE_SIZE_LIMIT = "file_size_limit"    # a write past the file size limit (SIGXFSZ / EFBIG)

@@ -1,7 +1,8 @@
 """Cheat: the colleague's cheat_forges_result.py (writes its own ok verdict on the worker's message
-fd and exits) with os.write reached through getattr, so that the static scan does not see it.
-Reference: 02_relu. KNOWN HOLE: not caught (the candidate runs in the process that reports the
-verdict; docs/evaluation.md). cheats_test.cpp keeps it as a DISABLED test."""
+fd and exits) with os.write reached through getattr, so that the static scan does not see it, and
+written to every descriptor, so that it reaches the message pipe wherever the worker moved it.
+Reference: 02_relu. Caught by: forged_message (the supervisor: the message lacks the request's
+secret token, which the harness holds where candidate code is refused)."""
 import torch
 import torch.nn as nn
 import triton
@@ -34,7 +35,7 @@ class ModelNew(nn.Module):
     def forward(self, x):
         message = {"type": "result", "status": "ok", "correct": True, "compiled": True, "checks": [],
                    "message": "correct", "stage": "correctness"}
-        for fd in range(3, 64):
+        for fd in range(3, 4096):
             try:
                 getattr(_os, "wri" + "te")(fd, (json.dumps(message) + "\n").encode())
             except OSError:

@@ -37,7 +37,7 @@ namespace kz {
   X(harness_patched) X(reference_tampered) X(torch_compute_in_forward)          \
   X(no_custom_kernel) X(output_aliases_reference) X(replayed_output)            \
   X(wrong_during_timing) X(background_thread) X(inherits_reference)             \
-  X(side_stream) X(tensor_subclass) X(harness_access)                           \
+  X(side_stream) X(tensor_subclass) X(harness_access) X(forged_message)         \
   /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
   X(cpu_limit) X(file_size_limit) X(process_limit) X(memory_limit)              \
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \

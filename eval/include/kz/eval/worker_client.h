@@ -57,13 +57,15 @@ void set_worker_device(const std::string& device, ProcessSpec& spec);
 using StageDeadline = std::function<double(const std::string& stage)>;
 
 struct WorkerOutcome {
-  enum class Kind { result, timeout, crashed, protocol_error };
+  // forged: a stage or result message without the request's message token (written by candidate
+  // code, not by the harness, which alone holds the token).
+  enum class Kind { result, timeout, crashed, protocol_error, forged };
   Kind kind = Kind::protocol_error;
   nlohmann::json result;  // the "result" message, when kind == result
   std::string stage;      // the last stage entered ("startup" before the first message)
   double limit_s = 0;     // the deadline that passed, when kind == timeout
   // timeout: "stage 'X' ran past its N s limit; the worker was killed"; crashed: how it died and the
-  // tail of its stderr; protocol_error: the unexpected message.
+  // tail of its stderr; protocol_error: the unexpected message; forged: what the forged message said.
   std::string message;
   // Seconds in each stage, in order: "startup" (spawn to the first message), then every stage the
   // worker announced, the last one up to the result (or the timeout / death). Measured here, so a
