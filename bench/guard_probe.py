@@ -1,12 +1,13 @@
 """The harness Guard's cost per verify (it runs after every timed run, inside the timing's exclusive
 GPU hold), part by part, in a process prepared as a worker is (process.py). From the repository root:
 
-  python3 bench/guard_probe.py DEVICE [--no-freeze] [--evaluate FORMAT/TASK ...]
+  python3 bench/guard_probe.py DEVICE [--no-freeze] [--sandbox] [--evaluate FORMAT/TASK ...]
 
 cpu: with TRITON_INTERPRET=1. --no-freeze prepares without process.freeze_heap, as workers did
 before it. --evaluate first runs a real evaluation (untimed) of suite/examples/FORMAT/TASK.py against
 its kzbench task and probes the Guard that evaluation used, after the candidate's import, audit and
-trials; several may be given (each in the same process, one after the other)."""
+trials; several may be given (each in the same process, one after the other). --sandbox installs the
+sandbox's audit hook first, as every worker has it (it sees each function's __code__ the Guard reads)."""
 import argparse
 import pathlib
 import sys
@@ -77,15 +78,23 @@ def main() -> None:
     parser.add_argument("device", nargs="?", default="cpu")
     parser.add_argument("--no-freeze", action="store_true")
     parser.add_argument("--evaluate", action="append", default=[], metavar="FORMAT/TASK")
+    parser.add_argument("--sandbox", action="store_true")
     args = parser.parse_args()
     if args.no_freeze:
         process.freeze_heap = lambda: None
     process.prepare_host(args.device)
     process.prepare_device(args.device)
+    if args.sandbox:
+        from kz_worker import sandbox
+        scratch = pathlib.Path("/tmp") / "kz-guard-probe-sandbox"
+        scratch.mkdir(exist_ok=True)
+        sandbox.install({"device": args.device, "scratch_dir": str(scratch),
+                         "sandbox": {"enabled": True, "writable_dirs": [], "gpu_memory_fraction": 0}})
     if not args.evaluate:
         from kz_worker import cheats
         cheats.install_launch_hooks("cuda")
-        probe(f"{args.device}{' (heap not frozen)' if args.no_freeze else ''}", cheats.Guard("cuda"))
+        probe(f"{args.device}{' (heap not frozen)' if args.no_freeze else ''}"
+              f"{' (audit hook installed)' if args.sandbox else ''}", cheats.Guard("cuda"))
     for example in args.evaluate:
         probe(f"{args.device}, after evaluating {example}", evaluated_guard(args.device, example))
 

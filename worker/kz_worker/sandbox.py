@@ -20,9 +20,8 @@ Here, inside the worker process:
              the evaluation's state), which the static scan can only see when they are spelled out:
              the garbage collector's object graph (gc.get_objects / get_referrers / get_referents),
              stack frames (sys._getframe, sys._current_frames, a traceback's tb_frame, a
-             generator's or coroutine's frame, inspect's and traceback.walk_*'s frames), trace and
-             profile hooks (sys.settrace / setprofile), and ctypes' raw memory and symbols
-             (dlopen, dlsym, from_address, string_at)                                  harness_access
+             generator's or coroutine's frame, inspect's and traceback.walk_*'s frames), and trace
+             and profile hooks (sys.settrace / setprofile)                             harness_access
              (the verdict is then cheat_detected, not sandbox_violation)
   What torch and Triton start themselves (ninja, nvcc, ptxas, gcc, ldconfig) is not the candidate's:
   process events count as the candidate's only when the innermost Python frame outside the standard
@@ -40,7 +39,7 @@ A refused operation raises SandboxViolation (a PermissionError). Caught or not, 
 recorded, and apply() turns the verdict into sandbox_violation with its checks.
 
 Not a security boundary: the hook sees only what Python code does through audited APIs. C code (a
-load_inline extension; the CPython API reaches every object and frame) bypasses it, a signal
+load_inline extension, ctypes; the CPython API reaches every object and frame) bypasses it, a signal
 handler is handed the interrupted frame without any audited call, os.open(..., dir_fd=) is not resolved, a symlink swapped
 between the check and the open races it, and a candidate in the same interpreter can reach the hook's
 state. The OS-level limits are what hold against those.
@@ -88,9 +87,9 @@ _SIGNAL_EVENTS = ("os.kill", "os.killpg")
 # The audited ways into the worker's own objects (the module docstring says which count when).
 _OBJECT_GRAPH_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
 _FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
-_TRACE_EVENTS = ("sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-                 "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer",
-                 "ctypes.string_at", "ctypes.wstring_at", "ctypes.call_function")
+# Not ctypes: its casts read any address unaudited, so refusing its audited calls would be a speed
+# bump, and the sandbox's own tests use it to reach past this hook to the OS-level layer.
+_TRACE_EVENTS = ("sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile")
 # object.__getattr__ is left out: it comes for every function's __code__ (the Guard reads ~1,000 of
 # them per verify, inside the timing's exclusive hold), and only a frame attribute is looked at.
 _WATCHED = frozenset(("open", "os.exec", "sys._getframe") + tuple(_PATH_EVENTS) + _SOCKET_EVENTS + _SPAWN_EVENTS

@@ -143,9 +143,6 @@ REACHING_FOR_THE_HARNESS = {
     "sys._current_frames": "import sys; sys._current_frames()",
     "sys.settrace": "import sys; sys.settrace(None)",
     "sys.setprofile": "import sys; sys.setprofile(None)",
-    "ctypes.string_at": "import ctypes; ctypes.string_at(id(REACHING), 8)",
-    "ctypes from_address": "import ctypes; ctypes.c_int64.from_address(id(REACHING))",
-    "ctypes.pythonapi": "import ctypes; ctypes.pythonapi.PyEval_GetFrame",
 }
 
 # What the standard library does with frames for its own ends, for honest code: never refused.
