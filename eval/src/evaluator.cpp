@@ -65,13 +65,10 @@ Verdict verdict_from_outcome(const WorkerOutcome& outcome) {
   }
   if (outcome.kind == Kind::protocol_error)
     return make_verdict(EvalStatus::infra_error, {Check::worker_protocol}, outcome.message);
-  if (outcome.kind == Kind::forged) {
-    Verdict v = make_verdict(EvalStatus::cheat_detected, {Check::forged_message}, outcome.message);
-    v.stage = outcome.stage;
-    return v;
-  }
   Verdict v = outcome.kind == Kind::timeout
                   ? make_verdict(EvalStatus::timeout, {Check::stage_timeout}, outcome.message)
+              : outcome.kind == Kind::forged
+                  ? make_verdict(EvalStatus::cheat_detected, {Check::forged_message}, outcome.message)
                   : make_verdict(EvalStatus::runtime_error, {Check::worker_crashed}, outcome.message);
   v.stage = outcome.stage;
   return v;

@@ -36,13 +36,14 @@ Here, inside the worker process:
   supervisor can name the limit.
 
 A refused operation raises SandboxViolation (a PermissionError). Caught or not, every violation is
-recorded, and apply() turns the verdict into sandbox_violation with its checks.
+recorded, and apply() turns the verdict into sandbox_violation with its checks (cheat_detected when
+one is harness_access).
 
 Not a security boundary: the hook sees only what Python code does through audited APIs. C code (a
 load_inline extension, ctypes; the CPython API reaches every object and frame) bypasses it, a signal
-handler is handed the interrupted frame without any audited call, os.open(..., dir_fd=) is not resolved, a symlink swapped
-between the check and the open races it, and a candidate in the same interpreter can reach the hook's
-state. The OS-level limits are what hold against those.
+handler is handed the interrupted frame without any audited call, os.open(..., dir_fd=) is not
+resolved, a symlink swapped between the check and the open races it, and a candidate in the same
+interpreter can reach the hook's state. The OS-level limits are what hold against those.
 """
 import errno
 import os
@@ -276,19 +277,26 @@ def _origin(frame) -> str:
     return "library" if name.startswith(_library_dirs) else "candidate"
 
 
-def _from_candidate() -> bool:
-    """Whether the innermost frame outside the standard library (and this module) is candidate code."""
+def _first_frame_not(skipped):
+    """The innermost frame below this module's for which skipped(frame) is false, or None."""
     frame = sys._getframe(1)
-    while frame is not None and _origin(frame) in ("hook", "stdlib"):
+    while frame is not None and (_origin(frame) == "hook" or skipped(frame)):
         frame = frame.f_back
-    return frame is not None and _origin(frame) == "candidate"  # else the interpreter's own machinery
+    return frame
+
+
+def _is_candidate(frame) -> bool:
+    return frame is not None and _origin(frame) == "candidate"
+
+
+def _from_candidate() -> bool:
+    """Whether the innermost frame outside the standard library (and this module) is candidate code
+    (else the interpreter's own machinery, or a library's)."""
+    return _is_candidate(_first_frame_not(lambda frame: _origin(frame) == "stdlib"))
 
 
 def _candidate_on_stack() -> bool:
-    frame = sys._getframe(1)
-    while frame is not None and _origin(frame) != "candidate":
-        frame = frame.f_back
-    return frame is not None
+    return _first_frame_not(lambda frame: _origin(frame) != "candidate") is not None
 
 
 def _hands_out_frames(frame) -> bool:
@@ -300,9 +308,4 @@ def _hands_out_frames(frame) -> bool:
 def _frame_for_candidate() -> bool:
     """Whether the frame being taken goes to candidate code: it takes it itself, or through
     inspect or traceback.walk_* (a generator's f_back is the code that resumed it)."""
-    frame = sys._getframe(1)
-    while frame is not None and _origin(frame) == "hook":
-        frame = frame.f_back
-    while frame is not None and _origin(frame) == "stdlib" and _hands_out_frames(frame):
-        frame = frame.f_back
-    return frame is not None and _origin(frame) == "candidate"
+    return _is_candidate(_first_frame_not(lambda frame: _origin(frame) == "stdlib" and _hands_out_frames(frame)))
