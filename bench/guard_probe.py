@@ -7,7 +7,8 @@ cpu: with TRITON_INTERPRET=1. --no-freeze prepares without process.freeze_heap, 
 before it. --evaluate first runs a real evaluation (untimed) of suite/examples/FORMAT/TASK.py against
 its kzbench task and probes the Guard that evaluation used, after the candidate's import, audit and
 trials; several may be given (each in the same process, one after the other). --sandbox installs the
-sandbox's audit hook first, as every worker has it (it sees each function's __code__ the Guard reads)."""
+sandbox's audit hook first, as every worker has it: it sees each function's __code__ read, and with it the
+Guard leaves the functions' code to the hook, which refuses writes to it (the probe still times reading it)."""
 import argparse
 import pathlib
 import sys
@@ -62,7 +63,8 @@ def probe(label: str, guard) -> None:
             cheats._same(setting.get(), value)
 
     print(f"{label}: {len(guard.entries)} watched names, {len(guard.codes)} functions, "
-          f"{len(guard.class_keys)} classes, {len(guard.settings)} settings, {len(guard.modules)} modules")
+          f"{len(guard.class_keys)} classes, {len(guard.settings)} settings, {len(guard.modules)} modules"
+          + ("; functions' code guarded by the audit hook, not read by verify" if guard.codes_protected else ""))
     for name, function in [("verify, first calls", lambda: guard.verify("probe")),
                            ("verify", lambda: guard.verify("probe")),
                            ("names (identity check)", lambda: cheats._identities_unchanged(guard.identities)),

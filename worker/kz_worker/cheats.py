@@ -50,7 +50,7 @@ import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import gpu_lock
+from . import gpu_lock, sandbox
 from . import verdict as v
 
 # ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
@@ -452,6 +452,9 @@ class Guard:
                     self.codes.append((f"{label}.{key}", function, function.__code__, function.__defaults__,
                                        function.__kwdefaults__))
         self.identities = _identity_checks(self.entries)
+        # With the sandbox's audit hook, writes to these functions' code are refused as they happen,
+        # and verify reads none of them (~1,000 audited reads, ~1.5 ms a verify on the H200).
+        self.codes_protected = sandbox.protect_functions([function for _, function, *_ in self.codes])
         self.settings = [(s, s.get()) for s in _settings()]
         self.module_hooks = {name: dict(getattr(nn_module, name)) for name in _MODULE_HOOK_DICTS}
         self.modules = {name: module for name, module in sys.modules.items()
@@ -478,7 +481,7 @@ class Guard:
                     changed.append(f"{label}.{key}")
                     if restore:
                         _try(lambda: delattr(cls, key))
-        for label, function, code, defaults, kwdefaults in self.codes:
+        for label, function, code, defaults, kwdefaults in () if self.codes_protected else self.codes:
             if (function.__code__ is not code or function.__defaults__ is not defaults
                     or function.__kwdefaults__ is not kwdefaults):
                 changed.append(f"{label}.__code__")

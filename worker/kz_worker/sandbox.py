@@ -22,7 +22,10 @@ Here, inside the worker process:
              stack frames (sys._getframe, sys._current_frames, a traceback's tb_frame, a
              generator's or coroutine's frame, inspect's and traceback.walk_*'s frames), and trace
              and profile hooks (sys.settrace / setprofile)                             harness_access
-             (the verdict is then cheat_detected, not sandbox_violation)
+    refuses  writes to the __code__, __defaults__ or __kwdefaults__ of the functions the harness's
+             Guard watches (protect_functions), from any code: the Guard then need not read ~1,000
+             of them per verify, each read an audited event                            harness_patched
+             (either way the verdict is then cheat_detected, not sandbox_violation)
   What torch and Triton start themselves (ninja, nvcc, ptxas, gcc, ldconfig) is not the candidate's:
   process events count as the candidate's only when the innermost Python frame outside the standard
   library lies outside site-packages and this worker (the candidate's file, exec'd strings). A frame
@@ -37,7 +40,7 @@ Here, inside the worker process:
 
 A refused operation raises SandboxViolation (a PermissionError). Caught or not, every violation is
 recorded, and apply() turns the verdict into sandbox_violation with its checks (cheat_detected when
-one is harness_access).
+one is harness_access or harness_patched).
 
 Not a security boundary: the hook sees only what Python code does through audited APIs. C code (a
 load_inline extension, ctypes; the CPython API reaches every object and frame) bypasses it, a signal
@@ -66,6 +69,8 @@ _busy = threading.local()  # the hook's own calls (realpath, readlink) must not 
 _write_roots = ()  # realpaths of the directories writes may go to
 _library_dirs = ()  # site-packages and this worker: their process spawns are not the candidate's
 _stdlib_dirs = ()
+_installed = False
+_protected_functions = set()  # ids of the functions whose code writes are refused (protect_functions)
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/stdout", "/dev/stderr",
@@ -91,8 +96,11 @@ _FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
 # Not ctypes: its casts read any address unaudited, so refusing its audited calls would be a speed
 # bump, and the sandbox's own tests use it to reach past this hook to the OS-level layer.
 _TRACE_EVENTS = ("sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile")
-# object.__getattr__ is left out: it comes for every function's __code__ (the Guard reads ~1,000 of
-# them per verify, inside the timing's exclusive hold), and only a frame attribute is looked at.
+_FUNCTION_STATE = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+_FUNCTION_WRITES = ("object.__setattr__", "object.__delattr__")
+# object.__getattr__ and the writes are left out: the former comes for every function's __code__ read
+# (torch's own, inspect's), the latter for every class attribute set, and only a frame attribute or a
+# protected function is looked at (_hook).
 _WATCHED = frozenset(("open", "os.exec", "sys._getframe") + tuple(_PATH_EVENTS) + _SOCKET_EVENTS + _SPAWN_EVENTS
                      + _SIGNAL_EVENTS + _OBJECT_GRAPH_EVENTS + _TRACE_EVENTS)
 
@@ -121,7 +129,20 @@ def install(request: dict) -> None:
     stdlib = {paths.get("stdlib"), paths.get("platstdlib")}
     stdlib |= {os.path.realpath(p) for p in stdlib if p}
     _stdlib_dirs = tuple(_as_dir(p) for p in stdlib if p)
+    global _installed
     sys.addaudithook(_hook)
+    _installed = True
+
+
+def protect_functions(functions) -> bool:
+    """With the hook installed, refuses every later write to these functions' __code__, __defaults__
+    and __kwdefaults__ (harness_patched), whoever makes it: nothing of the worker's changes them, and
+    a library's frame is easy to fake (code compiled under its file name). The caller must keep the
+    functions alive (their ids are remembered). False without the hook: the caller must check them."""
+    if not _installed:
+        return False
+    _protected_functions.update(id(function) for function in functions)
+    return True
 
 
 def violations() -> list:
@@ -147,7 +168,7 @@ def apply(result: dict) -> None:
     for check, _ in _violations:
         if check not in checks:
             checks.append(check)
-    cheat = v.HARNESS_ACCESS in checks
+    cheat = v.HARNESS_ACCESS in checks or v.HARNESS_PATCHED in checks
     message = f"{'cheat detected' if cheat else 'sandbox violation'}: {summary()}"
     if result.get("status") not in (None, v.OK) and result.get("message"):
         message += f"\nthe evaluation then ended with {result['status']}: {result['message']}"
@@ -158,8 +179,12 @@ def apply(result: dict) -> None:
 # ---- the hook --------------------------------------------------------------------------------------
 
 def _hook(event, args):
-    if event not in _WATCHED and (event != "object.__getattr__" or args[1] not in _FRAME_ATTRIBUTES):
-        return
+    if event not in _WATCHED:  # then only a frame attribute read, or a protected function's code written
+        if event == "object.__getattr__":
+            if args[1] not in _FRAME_ATTRIBUTES:
+                return
+        elif event not in _FUNCTION_WRITES or args[1] not in _FUNCTION_STATE or id(args[0]) not in _protected_functions:
+            return
     if getattr(_busy, "active", False):
         return
     _busy.active = True
@@ -209,6 +234,10 @@ def _check(event, args):
         if _frame_for_candidate():
             what = event if event == "sys._getframe" else f"the {args[1]} of a {type(args[0]).__name__}"
             _record(v.HARNESS_ACCESS, f"{what} (stack frames)", refuse=True)
+    elif event in _FUNCTION_WRITES:  # a protected function's code (_hook)
+        function = args[0]
+        name = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', '?')}.{args[1]}"
+        _record(v.HARNESS_PATCHED, f"a write to {name} (a function the harness relies on)", refuse=True)
     elif event in _TRACE_EVENTS:
         if _from_candidate():
             _record(v.HARNESS_ACCESS, event, refuse=True)

@@ -197,6 +197,43 @@ def test_library_code_may_walk_frames_and_the_object_graph_outside_the_candidate
     assert result == {"error": None, "violations": []}
 
 
+def test_writes_to_the_guards_functions_are_refused_whoever_makes_them(tmp_path):
+    # With the hook the Guard reads none of its functions' code (each read an audited event): the hook
+    # refuses every write to it instead, also from code compiled under a library's file name.
+    result = run_sandboxed(tmp_path, """
+        import torch
+        from kz_worker import cheats, compare
+        guard = cheats.Guard("triton")
+        assert guard.codes_protected
+        function, code = compare.compare_outputs, compare.compare_outputs.__code__
+        agree = (lambda out, ref, settings: {}).__code__
+        library_file = torch.__file__  # the frame looks like torch's own
+        attempts = {
+            "__code__": lambda: setattr(function, "__code__", agree),
+            "__defaults__ via object.__setattr__": lambda: object.__setattr__(function, "__defaults__", (1,)),
+            "del __kwdefaults__": lambda: delattr(function, "__kwdefaults__"),
+            "from a library's file name": lambda: exec(compile("f.__code__ = c", library_file, "exec"),
+                                                         {"f": function, "c": agree}),
+        }
+        got_through = []
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+                got_through.append(name)
+            except PermissionError:
+                pass
+        def own(x=1):
+            return x
+        own.__defaults__ = (2,)  # the candidate's own functions are its own
+        assert own() == 2 and function.__code__ is code and guard.changes() == []
+        if got_through:
+            raise RuntimeError("got through: " + ", ".join(got_through))
+    """)
+    assert result["error"] is None
+    assert set(checks(result)) == {v.HARNESS_PATCHED}
+    assert any("kz_worker.compare.compare_outputs.__code__" in detail for _, detail in result["violations"])
+
+
 def test_disabled_sandbox_installs_nothing(tmp_path):
     target = tmp_path / "outside.txt"
     result = run_sandboxed(tmp_path, f"open({str(target)!r}, 'w').write('fine')", enabled=False)
@@ -217,16 +254,17 @@ def test_apply_replaces_the_verdict():
     assert "socket.connect" in result["message"] and "boom" in result["message"]
 
 
-def test_apply_makes_reaching_for_the_harness_a_cheat():
+@pytest.mark.parametrize("check", [v.HARNESS_ACCESS, v.HARNESS_PATCHED])
+def test_apply_makes_reaching_for_the_harness_a_cheat(check):
     from kz_worker import sandbox
     result = {"status": v.OK, "correct": True, "checks": [], "message": ""}
-    sandbox._violations[:] = [(v.FILESYSTEM_WRITE, "writing /etc/x"), (v.HARNESS_ACCESS, "gc.get_objects")]
+    sandbox._violations[:] = [(v.FILESYSTEM_WRITE, "writing /etc/x"), (check, "gc.get_objects")]
     try:
         sandbox.apply(result)
     finally:
         sandbox._violations.clear()
     assert result["status"] == v.CHEAT_DETECTED and not result["correct"]
-    assert result["checks"] == [v.FILESYSTEM_WRITE, v.HARNESS_ACCESS]
+    assert result["checks"] == [v.FILESYSTEM_WRITE, check]
     assert result["message"].startswith("cheat detected: ")
 
 

@@ -1,7 +1,7 @@
 """Cheat: swaps the code of the harness's comparison function (found through torch's own reference
 to sys, with built-up names) for one that always agrees, and returns a wrong output.
-Reference: 02_relu. Caught by: harness_patched (dynamic: the identity snapshot checks functions'
-__code__ too)."""
+Reference: 02_relu. Caught by: harness_patched (the sandbox's audit hook refuses the write; with the
+sandbox off, the identity snapshot checks functions' __code__ too)."""
 import torch
 import torch.nn as nn
 import triton
