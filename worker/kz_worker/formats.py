@@ -79,10 +79,10 @@ def _count_extension_builds() -> None:
 #    of ATen/Functions.h, ~2,500 headers) plus autograd's factories, and candidates add
 #    <torch/extension.h> (torch's whole C++ API and pybind11). What kernels' host code uses is the
 #    Tensor class with its methods, TORCH_CHECK, AT_DISPATCH, options and a few factories: kz puts
-#    ATen/ATen.h's headers but Functions.h (and the three that include it) ahead of them, the op
-#    headers of the names the sources mention (ATen/ops/<name>.h), and torch::'s aliases of at::.
-#    On the 07_softmax example nvcc takes ~8.7 s of CPU instead of ~16 s (torch/types.h) or ~40 s
-#    (torch/extension.h).
+#    ATen/ATen.h's headers but Functions.h (and the three that include it) and IValue's ahead of
+#    them, the op wrappers of the names the sources mention (op_wrappers), and torch::'s aliases of
+#    at::. On the 07_softmax example nvcc takes ~7.7 s of CPU instead of ~16 s (torch/types.h) or
+#    ~40 s (torch/extension.h).
 #  - main.cpp, which load_inline writes as `#include <torch/extension.h>`, the cpp_sources and the
 #    bindings: where the cpp_sources only declare functions over tensors, scalars, and vectors or
 #    tuples of them (KernelBench's `torch::Tensor f(torch::Tensor x);`), the bindings need pybind11
@@ -98,14 +98,24 @@ _LIGHT_MAIN_PRELUDE = [
 ]
 # ATen/ATen.h's own includes but ATen/Functions.h and those that include it (ScalarOps.h,
 # TensorIndexing.h, TensorOperators.h): tensors with their methods, options, devices, dispatch macros.
+# But for IValue too: ATen/core/ivalue.h, ATen/core/jit_type.h and ATen/DeviceGuard.h (which brings
+# ivalue.h through ATen/core/IListRef.h) are ~30% of nvcc's time on a kernel's host code (on the
+# 07_softmax example ~10.5 s of CPU with them, ~7.7 s without), for names kernels seldom use. A source
+# naming one of _ON_MENTION's names gets its header; any other name they held is a missing name, for
+# which the build is done again as written (may_need_the_full_header).
 _LIGHT_ATEN_HEADERS = [
-    "ATen/Context.h", "ATen/Device.h", "ATen/DeviceGuard.h", "ATen/DimVector.h", "ATen/Dispatch.h",
+    "ATen/Context.h", "ATen/Device.h", "ATen/DimVector.h", "ATen/Dispatch.h",
     "ATen/Formatting.h", "ATen/NamedTensor.h", "ATen/Tensor.h", "ATen/TensorGeometry.h", "ATen/Version.h",
     "ATen/core/ATenGeneral.h", "ATen/core/Generator.h", "ATen/core/Reduction.h", "ATen/core/Scalar.h",
-    "ATen/core/UnsafeFromTH.h", "ATen/core/ivalue.h", "ATen/core/jit_type.h", "c10/core/Allocator.h",
+    "ATen/core/UnsafeFromTH.h", "c10/core/Allocator.h",
     "c10/core/InferenceMode.h", "c10/core/Layout.h", "c10/core/Storage.h", "c10/core/TensorOptions.h",
     "c10/util/Exception.h",
+    # What every ATen/ops/<name>.h includes but ATen/DeviceGuard.h (op_wrappers).
+    "ATen/TensorUtils.h", "ATen/TracerMode.h", "c10/util/Deprecated.h", "optional", "string_view",
 ]
+_ON_MENTION = {"ATen/DeviceGuard.h": ("device_of", "DeviceGuard", "OptionalDeviceGuard")}
+# The includes of ATen/ops/<name>.h that the prelude does not have itself (op_wrappers).
+_OP_HEADER_INCLUDES = frozenset(("ATen/DeviceGuard.h", "ATen/core/Tensor.h", "c10/core/Scalar.h"))
 # What <torch/types.h> adds to namespace torch (its factories with autograd aside: torch::empty and the
 # like then resolve to at::'s, which are the same but for ignoring requires_grad in the options).
 _TORCH_ALIASES = """namespace torch {  // kz: what <torch/types.h> declares here
@@ -174,12 +184,35 @@ def lighter_sources(load_inline, args: tuple, kwargs: dict):
 
 def light_cuda_prelude(sources: list) -> str:
     """What kz puts ahead of the CUDA sources instead of load_inline's <torch/types.h>: the lighter
-    ATen headers, the op header of every name in the sources that is an ATen op (`at::zeros`,
-    `torch::empty_like`, an unqualified `addmm` under `using namespace torch`), torch::'s aliases."""
-    ops = _aten_op_names()
-    mentioned = sorted(ops.intersection(re.findall(r"[A-Za-z_]\w*", _COMMENT.sub(" ", "\n".join(sources)))))
-    includes = _LIGHT_ATEN_HEADERS + [f"ATen/ops/{name}.h" for name in mentioned]
-    return "\n".join(f"#include <{header}>" for header in includes) + "\n" + _TORCH_ALIASES
+    ATen headers (and _ON_MENTION's where the sources name them), the wrappers of every name in the
+    sources that is an ATen op (`at::zeros`, `torch::empty_like`, an unqualified `addmm` under `using
+    namespace torch`), torch::'s aliases."""
+    words = set(re.findall(r"[A-Za-z_]\w*", _COMMENT.sub(" ", "\n".join(sources))))
+    includes = _LIGHT_ATEN_HEADERS + [header for header, names in _ON_MENTION.items() if words.intersection(names)]
+    lines = [f"#include <{header}>" for header in includes]
+    lines += [op_wrappers(name) for name in sorted(_aten_op_names().intersection(words))]
+    return "\n".join(lines) + "\n" + _TORCH_ALIASES
+
+
+@functools.lru_cache(maxsize=None)  # not a module global: see _aten_op_names
+def op_wrappers(name: str) -> str:
+    """The prelude's text for ATen op `name`: its ATen/ops/<name>.h with that header's own includes
+    replaced by <ATen/ops/<name>_ops.h> (the prelude has the others, and leaves out ATen/DeviceGuard.h,
+    whose IValue the op wrappers do not need); the header itself where it includes anything else or
+    takes an I*ListRef (torch's list arguments, whose callers need ATen/core/IListRef.h)."""
+    import torch.utils.cpp_extension as cpp_extension
+    path = os.path.join(cpp_extension.include_paths()[0], "ATen", "ops", f"{name}.h")
+    plain = f"#include <ATen/ops/{name}.h>"
+    try:
+        with open(path) as header:
+            text = header.read()
+    except OSError:
+        return plain
+    includes = set(re.findall(r"^#include [<\"]([^>\"]+)[>\"]", text, re.M)) - {f"ATen/ops/{name}_ops.h"}
+    if not includes <= _OP_HEADER_INCLUDES.union(_LIGHT_ATEN_HEADERS) or "ListRef" in text:
+        return plain
+    body = "\n".join(line for line in text.split("\n") if not line.startswith(("#include", "#pragma once")))
+    return f"// kz: ATen/ops/{name}.h without its includes\n#include <ATen/ops/{name}_ops.h>\n{body.strip()}"
 
 
 # Cached by lru_cache, never in a module global: the Guard snapshots this module's globals before the

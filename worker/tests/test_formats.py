@@ -2,6 +2,8 @@
 do not share, and fight over, one build directory; identical sources do), and CUDA sources built
 with lighter headers where they compile so, as written where not."""
 import functools
+import os
+import re
 
 import pytest
 import torch
@@ -93,11 +95,27 @@ def test_the_cuda_prelude_brings_the_ops_the_sources_name():
     source = ("// at::addmm in a comment is not a use\n"
               "auto y = torch::zeros_like(x); auto z = at::empty({2}, x.options()); using namespace torch; sigmoid(x);")
     prelude = formats.light_cuda_prelude([source])
-    ops = {line[len("#include <ATen/ops/"):-len(".h>")] for line in prelude.splitlines()
+    ops = {re.fullmatch(r"#include <ATen/ops/(\w+?)(?:_ops)?\.h>", line)[1] for line in prelude.splitlines()
            if line.startswith("#include <ATen/ops/")}
     assert ops == {"zeros_like", "empty", "sigmoid"}, "op headers: the ATen ops named, not x, y or torch"
-    assert "#include <ATen/Functions.h>" not in prelude and "#include <ATen/core/ivalue.h>" in prelude
+    assert "inline at::Tensor zeros_like(" in prelude, "the op's wrappers, without its header's includes"
+    assert "#include <ATen/Functions.h>" not in prelude and "ivalue.h" not in prelude and "DeviceGuard" not in prelude
     assert prelude.splitlines()[-1].startswith("#line 4 "), "messages: the lines as load_inline's three includes give"
+
+
+def _op_header(op: str) -> str:
+    import torch.utils.cpp_extension as cpp_extension
+    with open(os.path.join(cpp_extension.include_paths()[0], "ATen", "ops", f"{op}.h")) as header:
+        return header.read()
+
+
+def test_the_cuda_prelude_brings_the_heavier_headers_only_where_named():
+    # ATen/DeviceGuard.h brings IValue (~30% of nvcc's time): only for a source that names what it holds.
+    guarded = formats.light_cuda_prelude(["const at::OptionalDeviceGuard guard(device_of(x));"])
+    assert "#include <ATen/DeviceGuard.h>" in guarded.splitlines()
+    # An op whose wrappers take torch's list references keeps its own header, which has what they need.
+    assert "ITensorListRef" in _op_header("cat")
+    assert "#include <ATen/ops/cat.h>" in formats.light_cuda_prelude(["at::cat({x, y}, 1);"]).splitlines()
 
 
 @pytest.mark.parametrize("cpp", [DEFINITION, CPP])  # main.cpp as written, and lightened
