@@ -69,6 +69,7 @@ const std::vector<Case>& cheat_cases() {
       {cheat("patch_timers_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       {cheat("patch_harness"), kRelu, {S::cheat_detected}, {C::harness_access}},                            // static
       {cheat("patch_harness_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
+      {cheat("patch_closure_hidden"), kRelu, {S::cheat_detected}, {C::harness_patched}},
       {cheat("lazy_tensor_subclass"), kRelu, {S::cheat_detected}, {C::tensor_subclass}},                    // static
       {cheat("precision_fp16"), kRelu, {S::incorrect}, {C::output_mismatch}},
       {cheat("degenerate_zeros"), kTiny, {S::incorrect}, {C::output_norm_mismatch}},

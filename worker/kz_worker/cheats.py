@@ -455,6 +455,12 @@ class Guard:
         # With the sandbox's audit hook, writes to these functions' code are refused as they happen,
         # and verify reads none of them (~1,000 audited reads, ~1.5 ms a verify on the H200).
         self.codes_protected = sandbox.protect_functions([function for _, function, *_ in self.codes])
+        # What the functions keep that is changed in place, with no audit event: their closure cells
+        # (a context manager's generator, a decorator's target) and their keyword defaults' dict.
+        self.cells = [(label, cell, _cell_contents(cell)) for label, function, *_ in self.codes
+                      for cell in function.__closure__ or ()]
+        self.kwdefaults = [(label, kwdefaults, dict(kwdefaults)) for label, _, _, _, kwdefaults in self.codes
+                           if kwdefaults]
         self.settings = [(s, s.get()) for s in _settings()]
         self.module_hooks = {name: dict(getattr(nn_module, name)) for name in _MODULE_HOOK_DICTS}
         self.modules = {name: module for name, module in sys.modules.items()
@@ -487,6 +493,18 @@ class Guard:
                 changed.append(f"{label}.__code__")
                 if restore:
                     function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
+        for label, cell, contents in self.cells:
+            if _cell_contents(cell) is not contents:
+                changed.append(f"{label} (a variable of its closure)")
+                if restore:
+                    _try(lambda: _set_cell_contents(cell, contents))
+        for label, kwdefaults, saved in self.kwdefaults:
+            if len(kwdefaults) != len(saved) or any(kwdefaults.get(key, _MISSING) is not value
+                                                    for key, value in saved.items()):
+                changed.append(f"{label}.__kwdefaults__ (changed in place)")
+                if restore:
+                    kwdefaults.clear()
+                    kwdefaults.update(saved)
         for setting, value in self.settings:
             if not _same(setting.get(), value):
                 changed.append(setting.name)
@@ -557,6 +575,20 @@ def _identities_unchanged(checks) -> bool:
         return all(all(map(operator.is_, getter(vars(obj)), snapshot)) for obj, getter, snapshot in checks)
     except KeyError:  # a watched name was deleted
         return False
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # not set yet
+        return _MISSING
+
+
+def _set_cell_contents(cell, contents) -> None:
+    if contents is _MISSING:
+        del cell.cell_contents
+    else:
+        cell.cell_contents = contents
 
 
 def _try(action):

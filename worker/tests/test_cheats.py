@@ -211,6 +211,24 @@ def test_guard_detects_and_restores_what_changed():
     handle.remove()
 
 
+def test_guard_sees_closures_and_keyword_defaults_changed_in_place():
+    """No audit event reports a closure cell's write or a dict's item set: the Guard compares them."""
+    from kz_worker import harness
+    guard = cheats.Guard("triton")
+    cell = harness._timed_run.__closure__[0]
+    generator = cell.cell_contents
+    kwdefaults = next(k for label, _, _, _, k in guard.codes if k)
+    key = next(iter(kwdefaults))
+    saved = kwdefaults[key]
+    cell.cell_contents = lambda run: iter([None])
+    kwdefaults[key] = object()
+    changed = guard.changes()
+    assert "kz_worker.harness._timed_run (a variable of its closure)" in changed
+    assert any(c.endswith(".__kwdefaults__ (changed in place)") for c in changed), changed
+    assert cell.cell_contents is generator and kwdefaults[key] is saved, "both restored"
+    assert guard.changes() == []
+
+
 def test_guards_fast_identity_check_misses_no_swap_deletion_or_lookalike():
     """The Guard first compares every watched entry by identity in C, and walks its entries only when
     that check fails: each of these must fail it."""
