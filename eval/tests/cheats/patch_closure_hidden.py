@@ -2,7 +2,10 @@
 context manager's generator (found through torch's own reference to sys, with built-up names) for one
 that swallows a failed check, then returns wrong outputs once its first 16 calls (the audit, the
 trials and the replay probe) are done, as the timed runs come. Reference: 02_relu. Caught by:
-harness_patched (the identity snapshot checks the watched functions' closure cells too)."""
+harness_patched (the identity snapshot checks the watched functions' closure cells too), at import.
+Before that check it passed on a CPU (nothing is timed there), and on the H200 the recheck of sampled
+outputs after the exclusive hold still failed it (incorrect, wrong_after_timing): the swap had only
+turned off the checks inside the timed runs."""
 import torch
 import torch.nn as nn
 import triton
