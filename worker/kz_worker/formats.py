@@ -280,29 +280,54 @@ def _full_header_names() -> frozenset:
     """Every identifier of torch/extension.h as the compiler sees it (preprocessed, with its macro
     definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
     torch's header tree (for code in branches the preprocessor left out). ~2.6 s of CPU, needed only
-    after a lightened build failed: computed once per installation and kept beside the builds
-    (_HEADER_NAMES_FILE in the extensions directory, named by the compiler, torch and the include
-    paths), so a failing build after the first reads it instead."""
+    after a lightened build failed: scripts/setup.sh computes it for the build's interpreter into the
+    directory the supervisor names in KZ_HEADER_NAMES_DIR (read-only for workers); elsewhere the
+    first failing build computes it and keeps it beside the builds (the extensions directory), so a
+    failing build after that reads it. Either file is named by the compiler, torch and the include
+    paths."""
+    command, key = _header_names_command()
+    name = _HEADER_NAMES_FILE.format(key=key)
+    import torch.utils.cpp_extension as cpp_extension
+    kept_dir = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    for directory in (os.environ.get("KZ_HEADER_NAMES_DIR"), kept_dir):
+        kept = _read_header_names(os.path.join(directory, name), key) if directory else None
+        if kept is not None:
+            return kept
+    names = _compute_header_names(command)
+    _write_header_names(os.path.join(kept_dir, name), key, names)
+    return frozenset(names)
+
+
+def keep_full_header_names(directory: str) -> str:
+    """Writes the full header's names (_full_header_names) into `directory` unless a complete list
+    for this installation is there already; its path (scripts/index_header_names.py, at setup)."""
+    command, key = _header_names_command()
+    path = os.path.join(directory, _HEADER_NAMES_FILE.format(key=key))
+    if _read_header_names(path, key) is None:
+        _write_header_names(path, key, _compute_header_names(command))
+    return path
+
+
+def _header_names_command():
+    """The preprocessor command behind the names, and the key naming them (the command and torch)."""
     import sysconfig
     import torch.utils.cpp_extension as cpp_extension
     includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
     command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
                "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
-    key = hashlib.sha256(repr((command, torch.__version__)).encode()).hexdigest()[:16]
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    path = os.path.join(root, _HEADER_NAMES_FILE.format(key=key))
-    kept = _read_header_names(path, key)
-    if kept is not None:
-        return kept
+    return command, hashlib.sha256(repr((command, torch.__version__)).encode()).hexdigest()[:16]
+
+
+def _compute_header_names(command: list) -> set:
     text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
                           timeout=120, check=True).stdout
     names = set(re.findall(r"[A-Za-z_]\w*", text))
-    for root_dir, _, files in os.walk(includes[0]):
+    torch_headers = next(arg[2:] for arg in command if arg.startswith("-I"))
+    for root_dir, _, files in os.walk(torch_headers):
         for file in files:
             with open(os.path.join(root_dir, file), errors="replace") as header:
                 names.update(re.findall(r"[A-Za-z_]\w*", header.read()))
-    _write_header_names(path, key, names)
-    return frozenset(names)
+    return names
 
 
 _HEADER_NAMES_FILE = "kz_full_header_names_{key}.txt"

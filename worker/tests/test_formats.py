@@ -305,6 +305,22 @@ def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
     assert not changed, changed
 
 
+def test_the_full_headers_names_indexed_at_setup_are_read_first(tmp_path, monkeypatch):
+    # scripts/index_header_names.py at setup; the supervisor names the directory (KZ_HEADER_NAMES_DIR).
+    setup_dir, extensions = tmp_path / "header-names", tmp_path / "extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    path = formats.keep_full_header_names(str(setup_dir))
+    assert os.path.dirname(path) == str(setup_dir) and formats.keep_full_header_names(str(setup_dir)) == path
+    formats._full_header_names.cache_clear()  # as a worker would start
+    monkeypatch.setenv("KZ_HEADER_NAMES_DIR", str(setup_dir))
+    monkeypatch.setattr(formats.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
+    try:
+        assert {"Tensor", "PyObject", "cout"} <= formats._full_header_names()
+    finally:
+        formats._full_header_names.cache_clear()
+    assert not extensions.exists(), "nothing written beside the builds"
+
+
 def test_the_full_headers_names_are_kept_for_the_next_process(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     formats._full_header_names.cache_clear()
