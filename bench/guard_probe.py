@@ -8,7 +8,8 @@ before it. --evaluate first runs a real evaluation (untimed) of suite/examples/F
 its kzbench task and probes the Guard that evaluation used, after the candidate's import, audit and
 trials; several may be given (each in the same process, one after the other). --sandbox installs the
 sandbox's audit hook first, as every worker has it: it sees each function's __code__ read, and with it the
-Guard leaves the functions' code to the hook, which refuses writes to it (the probe still times reading it)."""
+Guard leaves the functions' code to the hook inside the timing's exclusive hold, where the hook refuses
+writes to it (the probe still times reading it)."""
 import argparse
 import pathlib
 import sys
@@ -64,9 +65,11 @@ def probe(label: str, guard) -> None:
 
     print(f"{label}: {len(guard.entries)} watched names, {len(guard.codes)} functions, "
           f"{len(guard.class_keys)} classes, {len(guard.settings)} settings, {len(guard.modules)} modules"
-          + ("; functions' code guarded by the audit hook, not read by verify" if guard.codes_protected else ""))
+          + ("; functions' code guarded by the audit hook, not read by a verify in the hold"
+             if guard.codes_protected else ""))
     for name, function in [("verify, first calls", lambda: guard.verify("probe")),
                            ("verify", lambda: guard.verify("probe")),
+                           ("verify, in the hold", lambda: guard.verify("probe", in_hold=True)),
                            ("names (identity check)", lambda: cheats._identities_unchanged(guard.identities)),
                            ("functions' code", codes), ("classes' keys", classes), ("settings", settings),
                            ("modes", cheats.active_modes)]:

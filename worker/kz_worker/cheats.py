@@ -453,7 +453,10 @@ class Guard:
                                        function.__kwdefaults__))
         self.identities = _identity_checks(self.entries)
         # With the sandbox's audit hook, writes to these functions' code are refused as they happen,
-        # and verify reads none of them (~1,000 audited reads, ~1.5 ms a verify on the H200).
+        # and a verify inside the timing's exclusive hold reads none of them (~1,000 audited reads,
+        # ~1.5 ms a verify on the H200). Every other verify still reads them: the hook's own state is
+        # within a candidate's reach (sys.modules), and one that turned it off for a write is caught
+        # before its verdict, at the first verify after the hold at the latest.
         self.codes_protected = sandbox.protect_functions([function for _, function, *_ in self.codes])
         # What the functions keep that is changed in place, with no audit event: their closure cells
         # (a context manager's generator, a decorator's target) and their keyword defaults' dict.
@@ -470,8 +473,9 @@ class Guard:
         self.itimers = [getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
                         if hasattr(signal, n)]
 
-    def changes(self, restore: bool = True) -> list:
-        """What changed since the snapshot (restored unless restore=False)."""
+    def changes(self, restore: bool = True, in_hold: bool = False) -> list:
+        """What changed since the snapshot (restored unless restore=False); in_hold: the functions' code
+        is left to the audit hook where it guards it (above)."""
         changed = []
         if not _identities_unchanged(self.identities):  # the fast check; the loop names and restores
             for label, obj, key, value in self.entries:
@@ -487,12 +491,13 @@ class Guard:
                     changed.append(f"{label}.{key}")
                     if restore:
                         _try(lambda: delattr(cls, key))
-        for label, function, code, defaults, kwdefaults in () if self.codes_protected else self.codes:
+        for label, function, code, defaults, kwdefaults in () if in_hold and self.codes_protected else self.codes:
             if (function.__code__ is not code or function.__defaults__ is not defaults
                     or function.__kwdefaults__ is not kwdefaults):
                 changed.append(f"{label}.__code__")
                 if restore:
-                    function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
+                    with sandbox.unaudited():
+                        function.__code__, function.__defaults__, function.__kwdefaults__ = code, defaults, kwdefaults
         for label, cell, contents in self.cells:
             if _cell_contents(cell) is not contents:
                 changed.append(f"{label} (a variable of its closure)")
@@ -532,8 +537,8 @@ class Guard:
             pop_modes()
         return changed
 
-    def verify(self, where: str) -> None:
-        changed = self.changes()
+    def verify(self, where: str, in_hold: bool = False) -> None:
+        changed = self.changes(in_hold=in_hold)
         if changed:
             shown = ", ".join(changed[:12]) + (f" and {len(changed) - 12} more" if len(changed) > 12 else "")
             raise v.Failure(v.CHEAT_DETECTED, f"{where}: the candidate changed what the harness relies on: {shown}",
@@ -547,10 +552,10 @@ class Guard:
                             [v.BACKGROUND_THREAD])
 
     @contextlib.contextmanager
-    def comparing(self, where: str):
+    def comparing(self, where: str, in_hold: bool = False):
         """Verifies the snapshot, then runs the body with torch function handling and any dispatch mode
         disabled, so nothing left behind can reach the harness's own torch calls."""
-        self.verify(where)
+        self.verify(where, in_hold)
         with torch._C.DisableTorchFunction(), python_dispatch._disable_current_modes():
             yield
 

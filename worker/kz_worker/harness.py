@@ -372,7 +372,7 @@ class Evaluation:
         def after_candidate(k, out, run):
             if run is None or run in guarded or run in sampled:
                 with _seconds(parts, "guard"):
-                    self.guard.verify("after a timed forward")
+                    self.guard.verify("after a timed forward", in_hold=True)
             if run in sampled:
                 with _seconds(parts, "samples"):
                     self._check_timed(out, keys[holds[k]], buffers[k], run, snapshots)
@@ -386,7 +386,7 @@ class Evaluation:
         """A sampled run, in the hold: what must see the live output (its exact type before any of its
         methods runs, its structure before clone_output walks it, its storage), then a copy of it and
         of its inputs for _check_snapshots, or the comparison now where the copy does not fit."""
-        with _timed_run(run), self.guard.comparing("checking a timed output"):
+        with _timed_run(run), self.guard.comparing("checking a timed output", in_hold=True):
             expected = self.expected.output(key)
             cheats.check_output_types(out, expected)
             compare.check_structure(out, expected)

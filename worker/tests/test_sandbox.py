@@ -226,6 +226,14 @@ def test_writes_to_the_guards_functions_are_refused_whoever_makes_them(tmp_path)
             return x
         own.__defaults__ = (2,)  # the candidate's own functions are its own
         assert own() == 2 and function.__code__ is code and guard.changes() == []
+        # The hook's state is within reach: a write made with it turned off is left unread inside
+        # the timing's hold, and caught (and undone) by every other verify.
+        from kz_worker import sandbox
+        sandbox._busy.active = True
+        function.__code__ = agree
+        sandbox._busy.active = False
+        assert guard.changes(in_hold=True) == []
+        assert guard.changes() == ["kz_worker.compare.compare_outputs.__code__"] and function.__code__ is code
         if got_through:
             raise RuntimeError("got through: " + ", ".join(got_through))
     """)
