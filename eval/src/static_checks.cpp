@@ -71,6 +71,8 @@ const Rule kRules[] = {
     {Check::harness_access, Where::code,
      R"((^|;)[ \t]*[\w.]*\.\s*(elapsed_time|perf_counter|perf_counter_ns|synchronize|compare_outputs|launch_count|__code__)[ \t]*=(?!=))",
      "rebinding a timer, synchronize or the harness's comparison"},
+    {Check::harness_access, Where::code, R"(\b(__closure__|cell_contents|__kwdefaults__)\b)",
+     "a function's closure cells or keyword defaults (changed in place, no audit event sees it)"},
     {Check::harness_access, Where::code, R"(\bregister_module_\w+_hook\b)", "a global nn.Module hook"},
     {Check::harness_access, Where::code,
      R"(\bLibrary\s*\(|\b_dispatch_library\b|\btorch\s*\.\s*library\s*\.\s*(impl|Library)\b)",

@@ -142,6 +142,8 @@ TEST(StaticChecks, HarnessAccess) {
            "class A:\n    def __del__(self):\n        pass",
            "n = kz_rtc._launches",
            "triton.runtime.jit.JITFunction.run = f",
+           "f.__closure__[0].cell_contents = g",
+           "f.__kwdefaults__['k'] = 2",
            "SRC = 'PyRun_SimpleString(\"x\");'",
            "SRC = 'write(3, buf, n);'",
        }) {
@@ -157,6 +159,7 @@ TEST(StaticChecks, HarnessAccess) {
            "arg = ctypes.c_uint32(n)",
            "t0 = time.perf_counter()",
            "if torch.version.cuda == '12.4':\n    pass",
+           "def f(*, closure_size=4):\n    return closure_size",
        }) {
     EXPECT_FALSE(fires(body, Check::harness_access)) << body << "\n" << describe(body);
   }
