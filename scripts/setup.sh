@@ -4,7 +4,8 @@
 #   2. the worker's Python venv with pinned torch/triton/numpy (requirements.txt),
 #   3. the CMake build, which leaves the CLI at build/kz,
 #   4. bytecode for the worker interpreter if its packages carry none (build/pycache),
-#   5. the names the full torch header declares, for the workers' lighter builds (build/header-names).
+#   5. what the workers' lighter load_inline builds read: the full torch header's names and main.cpp's
+#      prelude precompiled (build/lighter-builds).
 # Re-running it only redoes what changed. Environment knobs:
 #   KZ_VENV        venv location (default ~/.cache/kernelzero/venv-<hash of requirements.txt>)
 #   KZ_BUILD_TYPE  CMake build type (default Release)
@@ -67,15 +68,15 @@ compile_worker_bytecode() {
   "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/compile_worker_bytecode.py build/pycache
 }
 
-# The names the full torch header declares, which a failed lighter load_inline build is checked
-# against: build/header-names, which kz hands its workers (scripts/index_header_names.py).
-index_header_names() {
-  "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/index_header_names.py build/header-names
+# What the workers' lighter load_inline builds read (the full torch header's names, main.cpp's prelude
+# precompiled): build/lighter-builds, which kz hands its workers (scripts/prepare_lighter_builds.py).
+prepare_lighter_builds() {
+  "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/prepare_lighter_builds.py build/lighter-builds
 }
 
 install_apt_packages
 install_venv
 build
 compile_worker_bytecode
-index_header_names
+prepare_lighter_builds
 echo "[setup] done: build/kz"

@@ -63,9 +63,9 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
-  // The full torch header's names, indexed at setup (scripts/index_header_names.py), read-only here.
-  if (fs::path names = env_or("KZ_HEADER_NAMES_DIR", KZ_DEFAULT_HEADER_NAMES_DIR); fs::is_directory(names))
-    env["KZ_HEADER_NAMES_DIR"] = names.string();
+  // What lighter load_inline builds read, prepared at setup (scripts/prepare_lighter_builds.py), read-only.
+  if (fs::path dir = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR); fs::is_directory(dir))
+    env["KZ_LIGHTER_BUILDS_DIR"] = dir.string();
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",

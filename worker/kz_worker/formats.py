@@ -90,12 +90,22 @@ def _count_extension_builds() -> None:
 #    compiler instead of ~14 s, and ~0.4 GB instead of ~1.5 GB.
 _FULL_TORCH_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.M)
 _LIGHTER_BUILD_FAILED = "kz_lighter_build_failed"
+_MAIN_PRELUDE_HEADERS = ["torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h"]
 _LIGHT_MAIN_PRELUDE = [
     "#include <torch/csrc/utils/pybind.h>  // kz: pybind11 and torch's casters, for the bindings below",
     "#include <torch/csrc/Exceptions.h>  // torch::wrap_pybind_function",
     "namespace torch { using namespace at; }  // torch::Tensor, as <torch/types.h> declares it",
     "#line 2  // kz: messages give main.cpp's line numbers as load_inline writes it (one include line)",
 ]
+# Those two headers, precompiled at setup (keep_main_prelude_pch): ~3 s of the host compiler on
+# main.cpp becomes ~1.6 s on this project's CPU. GCC ignores a precompiled header made with other
+# options and uses the header's text, so a mismatch costs time, never the build. One is made with
+# load_inline's own flags and one with -O3 too (candidates' usual extra_cflags), in the directory GCC
+# searches for either (<header>.gch/).
+_PCH_VARIANTS = {"default.gch": [], "O3.gch": ["-O3"]}
+_MAIN_PRELUDE_FILE = "kz_main_prelude.h"
+_PCH_MAIN_PRELUDE = [f'#include "{_MAIN_PRELUDE_FILE}"  // kz: pybind11 and torch\'s casters, precompiled at setup',
+                     *_LIGHT_MAIN_PRELUDE[2:]]
 # ATen/ATen.h's own includes but ATen/Functions.h and those that include it (ScalarOps.h,
 # TensorIndexing.h, TensorOperators.h): tensors with their methods, options, devices, dispatch macros.
 # But for IValue too: ATen/core/ivalue.h, ATen/core/jit_type.h and ATen/DeviceGuard.h (which brings
@@ -174,12 +184,59 @@ def lighter_sources(load_inline, args: tuple, kwargs: dict):
     light_cuda = [_FULL_TORCH_HEADER.sub("// <torch/extension.h>: kz builds with lighter headers", t) for t in cuda]
     light_main = declarations_only(cpp)
     light = {key: value for key, value in bound.items() if key != "name"}
+    precompiled = main_prelude_pch() if light_main else None
+    main_prelude = _PCH_MAIN_PRELUDE if precompiled else _LIGHT_MAIN_PRELUDE
     # New lists, never the candidate's: load_inline inserts its headers and appends the bindings to
     # the lists it gets, and the build as written after a failed lighter one must get them unchanged.
     light.update(no_implicit_headers=True,
-                 cpp_sources=(_LIGHT_MAIN_PRELUDE if light_main else ["#include <torch/extension.h>"]) + cpp,
+                 cpp_sources=(main_prelude if light_main else ["#include <torch/extension.h>"]) + cpp,
                  cuda_sources=[light_cuda_prelude(cpp + cuda)] + light_cuda)
+    if precompiled:
+        light["extra_include_paths"] = [*(bound.get("extra_include_paths") or []), precompiled]
     return light, light_main
+
+
+@functools.lru_cache(maxsize=None)  # not a module global: see _aten_op_names
+def main_prelude_pch():
+    """The directory with _MAIN_PRELUDE_FILE and its precompiled header for this installation, made at
+    setup in KZ_LIGHTER_BUILDS_DIR (keep_main_prelude_pch); None where there is none."""
+    root = os.environ.get("KZ_LIGHTER_BUILDS_DIR")
+    if not root:
+        return None
+    directory = os.path.join(root, f"main-prelude-{_main_prelude_command('-')[1]}")
+    return directory if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")) else None
+
+
+def keep_main_prelude_pch(root: str) -> str:
+    """Precompiles _MAIN_PRELUDE_HEADERS into root/main-prelude-<key>/ unless there already (key: the
+    compiler command and torch's version, so a new torch never reads an old one); the directory."""
+    command, key = _main_prelude_command("-")
+    directory = os.path.join(root, f"main-prelude-{key}")
+    if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")):
+        return directory
+    building = f"{directory}.{os.getpid()}.tmp"
+    header = os.path.join(building, _MAIN_PRELUDE_FILE)
+    os.makedirs(header + ".gch", exist_ok=True)
+    with open(header, "w") as f:
+        f.write("".join(f"#include <{h}>\n" for h in _MAIN_PRELUDE_HEADERS))
+    command, _ = _main_prelude_command(header)
+    for name, flags in _PCH_VARIANTS.items():
+        subprocess.run(command + flags + ["-o", os.path.join(header + ".gch", name)],
+                       capture_output=True, text=True, timeout=600, check=True)
+    os.replace(building, directory)  # whole, or not at all
+    return directory
+
+
+def _main_prelude_command(header: str):
+    """The compiler command that precompiles `header` as load_inline compiles main.cpp (its flags but
+    the extension's name, which the headers do not use), and a key naming it with torch's version."""
+    import sysconfig
+    import torch.utils.cpp_extension as cpp_extension
+    includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
+    command = [cpp_extension.get_cxx_compiler(), "-x", "c++-header", "-DTORCH_API_INCLUDE_EXTENSION_H",
+               *(arg for d in includes for arg in ("-isystem", d)), "-fPIC", "-std=c++17", header]
+    key = hashlib.sha256(repr((command[:-1], torch.__version__)).encode()).hexdigest()[:16]
+    return command, key
 
 
 def light_cuda_prelude(sources: list) -> str:
@@ -281,7 +338,7 @@ def _full_header_names() -> frozenset:
     definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
     torch's header tree (for code in branches the preprocessor left out). ~2.6 s of CPU, needed only
     after a lightened build failed: scripts/setup.sh computes it for the build's interpreter into the
-    directory the supervisor names in KZ_HEADER_NAMES_DIR (read-only for workers); elsewhere the
+    directory the supervisor names in KZ_LIGHTER_BUILDS_DIR (read-only for workers); elsewhere the
     first failing build computes it and keeps it beside the builds (the extensions directory), so a
     failing build after that reads it. Either file is named by the compiler, torch and the include
     paths."""
@@ -289,7 +346,7 @@ def _full_header_names() -> frozenset:
     name = _HEADER_NAMES_FILE.format(key=key)
     import torch.utils.cpp_extension as cpp_extension
     kept_dir = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    for directory in (os.environ.get("KZ_HEADER_NAMES_DIR"), kept_dir):
+    for directory in (os.environ.get("KZ_LIGHTER_BUILDS_DIR"), kept_dir):
         kept = _read_header_names(os.path.join(directory, name), key) if directory else None
         if kept is not None:
             return kept
@@ -300,7 +357,7 @@ def _full_header_names() -> frozenset:
 
 def keep_full_header_names(directory: str) -> str:
     """Writes the full header's names (_full_header_names) into `directory` unless a complete list
-    for this installation is there already; its path (scripts/index_header_names.py, at setup)."""
+    for this installation is there already; its path (scripts/prepare_lighter_builds.py, at setup)."""
     command, key = _header_names_command()
     path = os.path.join(directory, _HEADER_NAMES_FILE.format(key=key))
     if _read_header_names(path, key) is None:

@@ -281,6 +281,41 @@ def test_a_lightened_main_cpps_errors_count():
     assert formats.may_need_the_full_header(missing_python, main_lightened=True) is True
 
 
+@pytest.fixture(scope="module")
+def lighter_builds_dir(tmp_path_factory):
+    """What scripts/prepare_lighter_builds.py makes at setup: main.cpp's prelude precompiled."""
+    root = str(tmp_path_factory.mktemp("lighter-builds"))
+    return root, formats.keep_main_prelude_pch(root)
+
+
+@pytest.fixture
+def precompiled_prelude(lighter_builds_dir, monkeypatch):
+    root, directory = lighter_builds_dir
+    monkeypatch.setenv("KZ_LIGHTER_BUILDS_DIR", root)  # as the supervisor names it
+    formats.main_prelude_pch.cache_clear()
+    yield directory
+    formats.main_prelude_pch.cache_clear()
+
+
+def test_main_cpp_gets_its_prelude_precompiled_at_setup(lighter_builds_dir, precompiled_prelude):
+    root, directory = lighter_builds_dir
+    assert sorted(os.listdir(os.path.join(directory, "kz_main_prelude.h.gch"))) == ["O3.gch", "default.gch"]
+    assert formats.keep_main_prelude_pch(root) == directory, "kept, not made again"
+    kwargs, main_lightened = lighter(FULL_INCLUDE + CPP, CUDA, functions=["relu_cuda"])
+    assert main_lightened and kwargs["cpp_sources"][0].startswith('#include "kz_main_prelude.h"')
+    assert kwargs["cpp_sources"][-2].startswith("#line 2 ") and kwargs["extra_include_paths"] == [directory]
+    kwargs, main_lightened = lighter(DEFINITION, CUDA)
+    assert not main_lightened and "extra_include_paths" not in kwargs, "main.cpp as written: its own headers"
+
+
+def test_main_cpp_builds_with_its_prelude_precompiled(precompiled_prelude, recorded_builds):
+    load_inline, built, ext_dir = recorded_builds
+    module = load_inline("kz_precompiled", cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                         cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"], extra_cflags=["-O3"])
+    assert hasattr(module, "twice") and len(built) == 1, built
+    assert '#include "kz_main_prelude.h"' in (ext_dir / built[0] / "main.cpp").read_text()
+
+
 def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
     load_inline, built, ext_dir = recorded_builds
     broken = KERNEL.replace("auto y =", "int k = my_made_up_constant;\n    auto y =")
@@ -306,13 +341,13 @@ def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
 
 
 def test_the_full_headers_names_indexed_at_setup_are_read_first(tmp_path, monkeypatch):
-    # scripts/index_header_names.py at setup; the supervisor names the directory (KZ_HEADER_NAMES_DIR).
-    setup_dir, extensions = tmp_path / "header-names", tmp_path / "extensions"
+    # scripts/prepare_lighter_builds.py at setup; the supervisor names the directory (KZ_LIGHTER_BUILDS_DIR).
+    setup_dir, extensions = tmp_path / "lighter-builds", tmp_path / "extensions"
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
     path = formats.keep_full_header_names(str(setup_dir))
     assert os.path.dirname(path) == str(setup_dir) and formats.keep_full_header_names(str(setup_dir)) == path
     formats._full_header_names.cache_clear()  # as a worker would start
-    monkeypatch.setenv("KZ_HEADER_NAMES_DIR", str(setup_dir))
+    monkeypatch.setenv("KZ_LIGHTER_BUILDS_DIR", str(setup_dir))
     monkeypatch.setattr(formats.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
     try:
         assert {"Tensor", "PyObject", "cout"} <= formats._full_header_names()
