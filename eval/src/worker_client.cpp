@@ -63,9 +63,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
-  // What lighter load_inline builds read, prepared at setup (scripts/prepare_lighter_builds.py), read-only.
-  if (fs::path dir = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR); fs::is_directory(dir))
-    env["KZ_LIGHTER_BUILDS_DIR"] = dir.string();
+  if (!setup.lighter_builds_dir.empty()) env["KZ_LIGHTER_BUILDS_DIR"] = setup.lighter_builds_dir.string();
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -438,6 +436,9 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.keep_scratch = options.keep_scratch;
   setup.fork_server = uses_fork_server(options, device);
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
+  fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
+  std::error_code error;
+  if (fs::is_directory(lighter_builds, error)) setup.lighter_builds_dir = lighter_builds;
   return setup;
 }
 

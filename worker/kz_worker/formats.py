@@ -203,14 +203,14 @@ def main_prelude_pch():
     root = os.environ.get("KZ_LIGHTER_BUILDS_DIR")
     if not root:
         return None
-    directory = os.path.join(root, f"main-prelude-{_main_prelude_command('-')[1]}")
+    directory = os.path.join(root, f"main-prelude-{_main_prelude_command()[1]}")
     return directory if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")) else None
 
 
 def keep_main_prelude_pch(root: str) -> str:
     """Precompiles _MAIN_PRELUDE_HEADERS into root/main-prelude-<key>/ unless there already (key: the
     compiler command and torch's version, so a new torch never reads an old one); the directory."""
-    command, key = _main_prelude_command("-")
+    command, key = _main_prelude_command()
     directory = os.path.join(root, f"main-prelude-{key}")
     if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")):
         return directory
@@ -219,24 +219,28 @@ def keep_main_prelude_pch(root: str) -> str:
     os.makedirs(header + ".gch", exist_ok=True)
     with open(header, "w") as f:
         f.write("".join(f"#include <{h}>\n" for h in _MAIN_PRELUDE_HEADERS))
-    command, _ = _main_prelude_command(header)
     for name, flags in _PCH_VARIANTS.items():
-        subprocess.run(command + flags + ["-o", os.path.join(header + ".gch", name)],
+        subprocess.run(command + [header, *flags, "-o", os.path.join(header + ".gch", name)],
                        capture_output=True, text=True, timeout=600, check=True)
     os.replace(building, directory)  # whole, or not at all
     return directory
 
 
-def _main_prelude_command(header: str):
-    """The compiler command that precompiles `header` as load_inline compiles main.cpp (its flags but
-    the extension's name, which the headers do not use), and a key naming it with torch's version."""
+def _main_prelude_command():
+    """The compiler command (but the header) that precompiles main.cpp's prelude as load_inline compiles
+    main.cpp (its flags but the extension's name, which the headers do not use), and a key naming it
+    with torch's version."""
+    import torch.utils.cpp_extension as cpp_extension
+    command = [cpp_extension.get_cxx_compiler(), "-x", "c++-header", "-DTORCH_API_INCLUDE_EXTENSION_H",
+               *(arg for d in _extension_includes() for arg in ("-isystem", d)), "-fPIC", "-std=c++17"]
+    return command, hashlib.sha256(repr((command, torch.__version__)).encode()).hexdigest()[:16]
+
+
+def _extension_includes() -> list:
+    """The include directories load_inline compiles a CUDA extension with: torch's first."""
     import sysconfig
     import torch.utils.cpp_extension as cpp_extension
-    includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
-    command = [cpp_extension.get_cxx_compiler(), "-x", "c++-header", "-DTORCH_API_INCLUDE_EXTENSION_H",
-               *(arg for d in includes for arg in ("-isystem", d)), "-fPIC", "-std=c++17", header]
-    key = hashlib.sha256(repr((command[:-1], torch.__version__)).encode()).hexdigest()[:16]
-    return command, key
+    return [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
 
 
 def light_cuda_prelude(sources: list) -> str:
@@ -367,11 +371,9 @@ def keep_full_header_names(directory: str) -> str:
 
 def _header_names_command():
     """The preprocessor command behind the names, and the key naming them (the command and torch)."""
-    import sysconfig
     import torch.utils.cpp_extension as cpp_extension
-    includes = [*cpp_extension.include_paths(device_type="cuda"), sysconfig.get_paths()["include"]]
     command = [cpp_extension.get_cxx_compiler(), "-E", "-dD", "-x", "c++", "-std=c++17",
-               "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in includes), "-"]
+               "-DTORCH_API_INCLUDE_EXTENSION_H", *(f"-I{d}" for d in _extension_includes()), "-"]
     return command, hashlib.sha256(repr((command, torch.__version__)).encode()).hexdigest()[:16]
 
 
@@ -379,8 +381,7 @@ def _compute_header_names(command: list) -> set:
     text = subprocess.run(command, input="#include <torch/extension.h>\n", capture_output=True, text=True,
                           timeout=120, check=True).stdout
     names = set(re.findall(r"[A-Za-z_]\w*", text))
-    torch_headers = next(arg[2:] for arg in command if arg.startswith("-I"))
-    for root_dir, _, files in os.walk(torch_headers):
+    for root_dir, _, files in os.walk(_extension_includes()[0]):
         for file in files:
             with open(os.path.join(root_dir, file), errors="replace") as header:
                 names.update(re.findall(r"[A-Za-z_]\w*", header.read()))

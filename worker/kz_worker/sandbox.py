@@ -148,7 +148,8 @@ def protect_functions(functions) -> bool:
 
 @contextlib.contextmanager
 def unaudited():
-    """The harness's own writes the hook would refuse (the Guard restoring a function's code)."""
+    """The block with the hook off in this thread: the hook's own calls (realpath, readlink), and the
+    harness's own writes it would refuse (the Guard restoring a function's code)."""
     previous = getattr(_busy, "active", False)
     _busy.active = True
     try:
@@ -199,11 +200,8 @@ def _hook(event, args):
             return
     if getattr(_busy, "active", False):
         return
-    _busy.active = True
-    try:
+    with unaudited():
         _check(event, args)
-    finally:
-        _busy.active = False
 
 
 def _record(check: str, detail: str, refuse: bool) -> None:

@@ -35,13 +35,17 @@ struct WorkerSetup {
   // Workers' PYTHONPYCACHEPREFIX: the bytecode scripts/setup.sh compiled for an interpreter whose
   // installation carries none (scripts/compile_worker_bytecode.py), read-only for them. Empty: none.
   std::filesystem::path bytecode_prefix;
+  // Workers' KZ_LIGHTER_BUILDS_DIR: what scripts/prepare_lighter_builds.py prepared at setup for the
+  // lighter load_inline builds (named there per installation), read-only for them. Empty: none.
+  std::filesystem::path lighter_builds_dir;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
 // (option, else $KZ_WORKER_DIR, else the source tree's worker/), cache_dir (option, else
 // $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero), fork_server for requests on `device`
 // (uses_fork_server), bytecode_prefix (for the build's interpreter only: $KZ_BYTECODE_PREFIX, else
-// build/pycache, where scripts/setup.sh finished it). not_found when the worker or Python is missing.
+// build/pycache, where scripts/setup.sh finished it), lighter_builds_dir ($KZ_LIGHTER_BUILDS_DIR,
+// else build/lighter-builds, where it exists). not_found when the worker or Python is missing.
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
 
 // Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
