@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "kz/core/files.h"
@@ -62,6 +63,22 @@ class Statement {
   int rc_ = SQLITE_OK;
 };
 
+bool is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
+
+// Runs kSetupSql, retrying while another connection holds the lock. The busy timeout alone is not
+// enough here: when several processes create the file at once, switching it to WAL or creating
+// the table can fail with SQLITE_BUSY at once, without calling the busy handler (SQLite refuses
+// to wait where two lock upgrades could deadlock). Such a failure is retried until the timeout.
+int run_setup(sqlite3* db) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
+  std::minstd_rand jitter(std::random_device{}());
+  for (;;) {
+    int rc = sqlite3_exec(db, kSetupSql, nullptr, nullptr, nullptr);
+    if (!is_busy(rc) || std::chrono::steady_clock::now() >= deadline) return rc;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + jitter() % 20));
+  }
+}
+
 // A connection with the schema in place, or the SQLite result code and message of the failure.
 struct Connection {
   sqlite3* db = nullptr;
@@ -75,7 +92,7 @@ Connection connect(const fs::path& path) {
                          nullptr);
   if (c.rc == SQLITE_OK) {
     sqlite3_busy_timeout(c.db, kBusyTimeoutMs);  // before the setup: another process may be writing
-    c.rc = sqlite3_exec(c.db, kSetupSql, nullptr, nullptr, nullptr);
+    c.rc = run_setup(c.db);
   }
   if (c.rc != SQLITE_OK) {
     c.error = c.db ? sqlite3_errmsg(c.db) : sqlite3_errstr(c.rc);
