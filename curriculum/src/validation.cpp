@@ -106,6 +106,8 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
     case WorkerOutcome::Kind::timeout: return supervisor_verdict("stage_timeout", outcome->message);
     case WorkerOutcome::Kind::crashed: return supervisor_verdict("worker_crashed", outcome->message);
     case WorkerOutcome::Kind::protocol_error: return supervisor_verdict("worker_protocol", outcome->message);
+    // The module wrote a message of its own on the worker's pipe: rejected, like a candidate that does.
+    case WorkerOutcome::Kind::forged: return supervisor_verdict("forged_message", outcome->message);
   }
   return internal_error("module validation: unknown worker outcome");
 }

@@ -100,6 +100,22 @@ TEST(ValidateModule, ModuleReachingOutOfTheSandboxIsRejected) {
   EXPECT_FALSE(std::filesystem::exists("/tmp/kz-proposer-was-here"));
 }
 
+// A module that writes its own "valid" result on the worker's message pipe and exits: the message
+// lacks the request's token, so the module is rejected (before, an internal error: no verdict).
+TEST(ValidateModule, ModuleForgingItsResultIsRejected) {
+  auto verdict = validate(module_with_forward(
+      "        import json, os\n"
+      "        line = json.dumps({'type': 'result', 'valid': True, 'reason': 'valid'}) + '\\n'\n"
+      "        for fd in range(3, 4096):\n"
+      "            try:\n"
+      "                os.write(fd, line.encode())\n"
+      "            except OSError:\n"
+      "                pass\n"
+      "        os._exit(0)"));
+  EXPECT_FALSE(verdict.valid) << verdict.reason;
+  EXPECT_EQ(verdict.failed_check, "forged_message") << verdict.reason;
+}
+
 TEST(ValidateModule, HangingModuleIsKilledAtTheDeadline) {
   ModuleValidationOptions options;
   options.check_s = 3;
