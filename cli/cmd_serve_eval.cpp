@@ -75,10 +75,10 @@ int run(const ServeArgs& args) {
   auto service = EvalService::start(*options, args.service);
   if (!service.ok()) return report_error(service.status());
   const VerdictCache* cache = (*service)->cache();
-  std::cerr << fmt::format("kz: serving evaluations on http://{}:{}/v1 (device {}, {} workers, cache {}); "
-                           "Ctrl-C stops\n",
+  std::cerr << fmt::format("kz: serving evaluations on http://{}:{}/v1 (device {}, {} workers, {} cuda pre-builds "
+                           "at once, cache {}); Ctrl-C stops\n",
                            args.service.host, (*service)->port(), options->device, (*service)->workers(),
-                           cache ? cache->path().string() : "off");
+                           (*service)->compile_jobs(), cache ? cache->path().string() : "off");
   if (cache && cache->rebuilt())
     std::cerr << fmt::format("kz: the verdict cache was corrupt: moved to {}.corrupt, started afresh\n",
                              cache->path().string());
@@ -102,6 +102,12 @@ Action add_serve_eval_command(CLI::App& app) {
   command->add_option("--host", args->service.host, "address to listen on (default 127.0.0.1: this machine only)");
   command->add_option("--workers", args->service.workers,
                       "evaluations at once (default: cores on cpu, [timing] gpu_jobs on a GPU)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--prebuild", args->service.prebuild,
+                      "pre-build `cuda` candidates beside the evaluations: gpu (on a GPU only), always, never "
+                      "(default gpu)")
+      ->check(CLI::IsMember({"gpu", "always", "never"}));
+  command->add_option("--compile-jobs", args->service.compile_jobs, "pre-builds at once (default: the CPU's cores)")
       ->check(CLI::NonNegativeNumber);
   add_eval_flags(*command, args->flags);
   return [args] { return run(*args); };

@@ -130,6 +130,13 @@ std::string Evaluator::cache_key(const Task& task, const Candidate& candidate, F
   return verdict_cache_key(options_, {task.source, candidate.source, format, gpu_name_, code_version_});
 }
 
+bool Evaluator::has_cached_verdict(const Task& task, const Candidate& candidate) const {
+  auto format = resolve_format(options_.format, candidate.source);
+  if (!cache_ || !format) return false;
+  auto hit = cache_->lookup(cache_key(task, candidate, *format));
+  return hit.ok() && hit->has_value();
+}
+
 Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate, EvalMode mode) const {
   auto started = Clock::now();
   auto finish = [&](Verdict v, const std::string& format, uint64_t seed) {

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "kz/core/http_server.h"
+#include "kz/core/parallel.h"
 #include "kz/eval/evaluator.h"
 #include "kz/eval/format.h"
 #include "kz/eval/suite.h"
@@ -31,11 +33,14 @@ constexpr size_t kMaxRequestBytes = size_t(256) << 20;
 // How long a stream waits for the next verdict before checking the connection and the service.
 constexpr auto kStreamPoll = std::chrono::milliseconds(500);
 
-enum class JobState { queued, running, done };
+// queued -> running -> done; a job to pre-build first: queued -> building -> queued (for its
+// evaluation) -> running -> done, or building -> done where its build failed.
+enum class JobState { queued, building, running, done };
 
 const char* state_name(JobState state) {
   switch (state) {
     case JobState::queued: return "queued";
+    case JobState::building: return "building";
     case JobState::running: return "running";
     case JobState::done: return "done";
   }
@@ -49,11 +54,28 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 // The client's id as text (labels in verdicts).
 std::string id_text(const json& id) { return id.is_string() ? id.get<std::string>() : id.dump(); }
 
+Task task_of(const ServiceItem& item) {
+  Task task;
+  task.id = item.task_id.empty() ? id_text(item.id) : item.task_id;
+  task.source = item.reference;
+  task.origin = "service item " + id_text(item.id);
+  return task;
+}
+
+Candidate candidate_of(const ServiceItem& item) { return Candidate{id_text(item.id), item.candidate}; }
+
+// A finished pre-build: when it started (seconds from its batch's submission) and its seconds.
+struct PreBuild {
+  double started_s = 0, seconds = 0;
+};
+
 struct Job {
   std::string batch;
   ServiceItem item;
+  Clock::time_point submitted;  // the batch's submission: the origin of the verdict's started_s
   JobState state = JobState::queued;
-  json verdict;  // set once, when done
+  std::optional<PreBuild> prebuild;  // set once its pre-build succeeded
+  json verdict;                      // set once, when done
 };
 
 struct Batch {
@@ -62,10 +84,13 @@ struct Batch {
   bool complete() const { return finished.size() == jobs.size(); }
 };
 
-// What an evaluation thread takes from the board.
+// What an evaluation or build thread takes from the board.
 struct Ticket {
   std::string job;
   ServiceItem item;
+  Clock::time_point submitted;
+  std::optional<PreBuild> prebuild;
+  double since_submitted() const { return std::chrono::duration<double>(Clock::now() - submitted).count(); }
 };
 
 // A stream's next lines: the batch's jobs finished since the client's last read.
@@ -74,52 +99,60 @@ struct StreamChunk {
   bool complete = false;
 };
 
-// Jobs and batches, the FIFO queue, and the one place where a job becomes done (exactly once).
+// Jobs and batches, the two FIFO queues (to evaluate, to pre-build), and the one place where a
+// job becomes done (exactly once).
 class JobBoard {
  public:
   JobBoard(std::string id_prefix, double retention_s) : id_prefix_(std::move(id_prefix)), retention_(retention_s) {}
 
-  // Queues every item; answers {"batch", "jobs": [{"id", "job"}]}.
-  json submit(std::vector<ServiceItem> items) {
+  // Queues every item: those `needs_prebuild` picks to be built first, the others to be evaluated.
+  // Answers {"batch", "jobs": [{"id", "job"}]}.
+  json submit(std::vector<ServiceItem> items, const std::function<bool(const ServiceItem&)>& needs_prebuild) {
     std::lock_guard lock(mutex_);
     forget_old_batches();
     std::string batch_id = fmt::format("{}-b{}", id_prefix_, ++next_id_);
     Batch& batch = batches_[batch_id];
     json answer = {{"batch", batch_id}, {"jobs", json::array()}};
+    auto now = Clock::now();
     for (auto& item : items) {
       std::string job_id = fmt::format("{}-j{}", id_prefix_, ++next_id_);
       answer["jobs"].push_back({{"id", item.id}, {"job", job_id}});
       batch.jobs.push_back(job_id);
-      queue_.push_back(job_id);
-      jobs_.emplace(job_id, Job{batch_id, std::move(item), JobState::queued, json()});
+      (needs_prebuild(item) ? build_queue_ : queue_).push_back(job_id);
+      jobs_.emplace(job_id, Job{batch_id, std::move(item), now, JobState::queued, std::nullopt, json()});
     }
     submitted_ += items.size();
     work_ready_.notify_all();
     return answer;
   }
 
-  // The next queued job, now running; nullopt once stop() was called.
-  std::optional<Ticket> take() {
-    std::unique_lock lock(mutex_);
-    work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (stopping_) return std::nullopt;
-    std::string id = queue_.front();
-    queue_.pop_front();
-    Job& job = jobs_.at(id);
-    job.state = JobState::running;
-    ++running_;
-    return Ticket{id, job.item};
+  // The next job to evaluate, now running; nullopt once stop() was called.
+  std::optional<Ticket> take() { return take_from(queue_, JobState::running, running_); }
+  // The next job to pre-build, now building; nullopt once stop() was called.
+  std::optional<Ticket> take_build() { return take_from(build_queue_, JobState::building, building_); }
+
+  // A building job whose pre-build succeeded: queued for its evaluation.
+  void built(const std::string& id, PreBuild prebuild) {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.state != JobState::building) return;
+    it->second.state = JobState::queued;
+    it->second.prebuild = prebuild;
+    --building_;
+    queue_.push_back(id);
+    work_ready_.notify_all();
   }
 
-  // Records the verdict of a running job; a second answer for the same job is ignored.
+  // Records the verdict of a running job, or of a building one whose pre-build is its verdict; a
+  // second answer for the same job is ignored.
   void finish(const std::string& id, json verdict) {
     std::lock_guard lock(mutex_);
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.state != JobState::running) return;
+    if (it == jobs_.end() || (it->second.state != JobState::running && it->second.state != JobState::building)) return;
     Job& job = it->second;
+    --(job.state == JobState::running ? running_ : building_);
     job.state = JobState::done;
     job.verdict = std::move(verdict);
-    --running_;
     ++done_;
     Batch& batch = batches_.at(job.batch);
     batch.finished.push_back(id);
@@ -139,7 +172,7 @@ class JobBoard {
     auto it = batches_.find(id);
     if (it == batches_.end()) return std::nullopt;
     json jobs = json::array();
-    std::map<std::string, int> counts = {{"queued", 0}, {"running", 0}, {"done", 0}};
+    std::map<std::string, int> counts = {{"queued", 0}, {"building", 0}, {"running", 0}, {"done", 0}};
     for (const auto& job_id : it->second.jobs) {
       const Job& job = jobs_.at(job_id);
       ++counts[state_name(job.state)];
@@ -171,10 +204,10 @@ class JobBoard {
 
   EvalService::Counts counts() const {
     std::lock_guard lock(mutex_);
-    return {queue_.size(), running_, done_, submitted_};
+    return {queue_.size() + build_queue_.size(), building_, running_, done_, submitted_};
   }
 
-  // take() returns nullopt from now on; queued jobs are dropped with the service.
+  // take() and take_build() return nullopt from now on; queued jobs are dropped with the service.
   void stop() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -183,6 +216,18 @@ class JobBoard {
   }
 
  private:
+  std::optional<Ticket> take_from(std::deque<std::string>& queue, JobState state, size_t& count) {
+    std::unique_lock lock(mutex_);
+    work_ready_.wait(lock, [&] { return stopping_ || !queue.empty(); });
+    if (stopping_) return std::nullopt;
+    std::string id = queue.front();
+    queue.pop_front();
+    Job& job = jobs_.at(id);
+    job.state = state;
+    ++count;
+    return Ticket{id, job.item, job.submitted, job.prebuild};
+  }
+
   static json job_json(const std::string& id, const Job& job) {
     json j = {{"job", id}, {"id", job.item.id}, {"batch", job.batch}, {"state", state_name(job.state)}};
     if (job.state == JobState::done) j["verdict"] = job.verdict;
@@ -206,9 +251,10 @@ class JobBoard {
   std::condition_variable work_ready_, job_done_;
   std::map<std::string, Job> jobs_;
   std::map<std::string, Batch> batches_;
-  std::deque<std::string> queue_;
+  std::deque<std::string> queue_;        // to evaluate
+  std::deque<std::string> build_queue_;  // to pre-build, then evaluate
   std::deque<std::pair<Clock::time_point, std::string>> finished_batches_;  // oldest first
-  size_t running_ = 0, done_ = 0, submitted_ = 0;
+  size_t building_ = 0, running_ = 0, done_ = 0, submitted_ = 0;
   uint64_t next_id_ = 0;
   bool stopping_ = false;
 };
@@ -290,19 +336,24 @@ struct EvalService::Impl {
   std::thread listener;
   int port = 0;
   int workers = 1;
+  int compile_jobs = 0;  // pre-build threads; 0 where nothing is pre-built
   std::mutex gpu_mutex;  // [timing] exclusive = false: one evaluation at a time on the GPU
   std::atomic<bool> stopped{false};
 
   Impl(const EvalOptions& e, const ServiceOptions& o, std::map<std::string, Evaluator> by_format)
       : eval(e), options(o), evaluators(std::move(by_format)), board(random_prefix(), o.retention_s) {
     workers = options.workers > 0 ? options.workers : default_jobs(eval);
+    if (options.prebuild == "always" || (options.prebuild == "gpu" && eval.device != "cpu"))
+      compile_jobs = options.compile_jobs > 0 ? options.compile_jobs : cpu_cores();
   }
 
   Status listen();
   void start_threads();
   void stop();
   void work();
-  Verdict evaluate(const Ticket& ticket);
+  void build();
+  bool needs_prebuild(const ServiceItem& item) const;
+  Verdict evaluate(const Ticket& ticket, EvalMode mode);
   void add_routes();
   void on_submit(const httplib::Request& req, httplib::Response& res);
   void on_stream(const std::string& batch, httplib::Response& res);
@@ -320,6 +371,7 @@ Status EvalService::Impl::listen() {
 void EvalService::Impl::start_threads() {
   listener = http.serve_in_background();
   for (int i = 0; i < workers; ++i) threads.emplace_back([this] { work(); });
+  for (int i = 0; i < compile_jobs; ++i) threads.emplace_back([this] { build(); });
 }
 
 void EvalService::Impl::stop() {
@@ -331,17 +383,46 @@ void EvalService::Impl::stop() {
 }
 
 void EvalService::Impl::work() {
-  while (auto ticket = board.take()) board.finish(ticket->job, to_json(evaluate(*ticket)));
+  while (auto ticket = board.take()) {
+    double started_s = ticket->since_submitted();
+    Verdict verdict = evaluate(*ticket, EvalMode::full);
+    verdict.started_s = started_s;
+    if (ticket->prebuild) {
+      verdict.prebuild_started_s = ticket->prebuild->started_s;
+      verdict.prebuild_s = ticket->prebuild->seconds;
+    }
+    board.finish(ticket->job, to_json(verdict));
+  }
+}
+
+// The `cuda` pre-builds, as in kz eval-suite (suite.h): compile-only, beside the evaluations, so a
+// slow load_inline build holds a CPU core and not an evaluation's turn. A failed build is the
+// job's verdict; any other pre-build result sends the job on to its evaluation, which decides.
+void EvalService::Impl::build() {
+  while (auto ticket = board.take_build()) {
+    double started_s = ticket->since_submitted();
+    Verdict verdict = evaluate(*ticket, EvalMode::compile_only);
+    if (verdict.status == EvalStatus::compile_error) {
+      verdict.started_s = started_s;
+      board.finish(ticket->job, to_json(verdict));
+    } else {
+      board.built(ticket->job, PreBuild{started_s, verdict.wall_s});
+    }
+  }
+}
+
+// Only `cuda` candidates (their nvcc builds take seconds of CPU each), and not one whose verdict
+// is cached: its evaluation is a lookup.
+bool EvalService::Impl::needs_prebuild(const ServiceItem& item) const {
+  if (compile_jobs == 0 || resolve_format(item.format, item.candidate) != Format::cuda) return false;
+  return !evaluators.at(item.format).has_cached_verdict(task_of(item), candidate_of(item));
 }
 
 // Always a verdict: the job must be answered whatever happens here.
-Verdict EvalService::Impl::evaluate(const Ticket& ticket) {
+Verdict EvalService::Impl::evaluate(const Ticket& ticket, EvalMode mode) {
   const ServiceItem& item = ticket.item;
-  Task task;
-  task.id = item.task_id.empty() ? id_text(item.id) : item.task_id;
-  task.source = item.reference;
-  task.origin = "service item " + id_text(item.id);
-  Candidate candidate{id_text(item.id), item.candidate};
+  Task task = task_of(item);
+  Candidate candidate = candidate_of(item);
   auto failed = [&](std::vector<Check> checks, std::string message) {
     Verdict v = make_verdict(EvalStatus::infra_error, std::move(checks), std::move(message));
     v.task_id = task.id;
@@ -353,10 +434,10 @@ Verdict EvalService::Impl::evaluate(const Ticket& ticket) {
   if (Status reference = check_reference_source(task); !reference.is_ok())
     return failed({Check::reference_failed}, reference.message());
   std::unique_lock<std::mutex> gpu_turn;
-  if (eval.device != "cpu" && !eval.timing.exclusive) gpu_turn = std::unique_lock(gpu_mutex);
+  if (mode == EvalMode::full && eval.device != "cpu" && !eval.timing.exclusive) gpu_turn = std::unique_lock(gpu_mutex);
   if (stopped) return failed({}, "the evaluation service stopped before this evaluation started");
   try {
-    auto verdict = evaluators.at(item.format).evaluate(task, candidate);
+    auto verdict = evaluators.at(item.format).evaluate(task, candidate, mode);
     if (verdict.ok()) return *verdict;
     return failed({}, verdict.status().message());
   } catch (const std::exception& error) {
@@ -393,7 +474,7 @@ void EvalService::Impl::add_routes() {
 void EvalService::Impl::on_submit(const httplib::Request& req, httplib::Response& res) {
   auto items = parse_submission(req.body, eval.format);
   if (!items.ok()) return reply_error(res, 400, items.status().message());
-  reply(res, 202, board.submit(std::move(*items)));
+  reply(res, 202, board.submit(std::move(*items), [this](const ServiceItem& item) { return needs_prebuild(item); }));
 }
 
 void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& res) {
@@ -416,8 +497,9 @@ void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& r
 json EvalService::Impl::health() const {
   Counts c = board.counts();
   const VerdictCache* cache = evaluators.at("auto").cache();
-  return {{"status", "ok"},      {"device", eval.device}, {"workers", workers},      {"queued", c.queued},
-          {"running", c.running}, {"done", c.done},        {"submitted", c.submitted},
+  return {{"status", "ok"},       {"device", eval.device},      {"workers", workers},
+          {"compile_jobs", compile_jobs}, {"queued", c.queued},     {"building", c.building},
+          {"running", c.running},  {"done", c.done},             {"submitted", c.submitted},
           {"cache", cache ? json(cache->path().string()) : json(nullptr)}};
 }
 
@@ -445,6 +527,7 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
 
 int EvalService::port() const { return impl_->port; }
 int EvalService::workers() const { return impl_->workers; }
+int EvalService::compile_jobs() const { return impl_->compile_jobs; }
 const VerdictCache* EvalService::cache() const { return impl_->evaluators.at("auto").cache(); }
 void EvalService::stop() { impl_->stop(); }
 EvalService::Counts EvalService::counts() const { return impl_->board.counts(); }

@@ -22,16 +22,14 @@
 #include "kz/eval/cache.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  const char* dir = std::getenv("KZ_SOURCE_DIR");
-  return dir && *dir ? fs::path(dir) : fs::path();
-}
+using test::source_dir;
 
 // A fresh folder per test, removed afterwards.
 class CacheTest : public ::testing::Test {

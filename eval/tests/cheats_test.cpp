@@ -20,16 +20,14 @@
 #include "kz/core/files.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  const char* dir = std::getenv("KZ_SOURCE_DIR");
-  return dir && *dir ? fs::path(dir) : fs::path();
-}
+using test::source_dir;
 
 constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
 constexpr const char* kMse = "suite/kzbench/level2/20_mse_loss.py";

@@ -22,16 +22,15 @@
 #include "kz/core/files.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  const char* dir = std::getenv("KZ_SOURCE_DIR");
-  return dir && *dir ? fs::path(dir) : fs::path();
-}
+using test::have_nvcc;
+using test::source_dir;
 
 class EvaluatorTest : public ::testing::Test {
  protected:
@@ -460,12 +459,6 @@ TEST_F(EvaluatorTest, CudaRtcThatCompilesNothingIsFormatError) {
 }
 
 #else  // KZ_CUDA_COMPILE_TESTS: eval_cuda_compile_test, slow (nvcc through load_inline)
-
-bool have_nvcc() {
-  const char* cuda_home = std::getenv("CUDA_HOME");
-  if (cuda_home && fs::exists(fs::path(cuda_home) / "bin" / "nvcc")) return true;
-  return fs::exists("/usr/local/cuda/bin/nvcc") || std::system("command -v nvcc > /dev/null 2>&1") == 0;
-}
 
 // A fresh compile cache, so load_inline really runs nvcc instead of loading an earlier build.
 class FreshCacheEvaluatorTest : public EvaluatorTest {

@@ -27,6 +27,7 @@
 #include "kz/core/subprocess.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
@@ -34,10 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-fs::path source_dir() {
-  const char* dir = std::getenv("KZ_SOURCE_DIR");
-  return dir && *dir ? fs::path(dir) : fs::path();
-}
+using test::source_dir;
 
 constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
 constexpr const char* kTritonRelu = "suite/examples/triton/02_relu.py";

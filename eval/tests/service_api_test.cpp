@@ -34,6 +34,8 @@ TEST_F(ServiceTest, HealthReportsTheService) {
   EXPECT_EQ((*health)["status"], "ok");
   EXPECT_EQ((*health)["device"], "cpu");
   EXPECT_EQ((*health)["workers"], 2);
+  EXPECT_EQ((*health)["compile_jobs"], 0) << "no `cuda` pre-builds on the CPU by default";
+  EXPECT_EQ((*health)["building"], 0);
   EXPECT_EQ((*health)["cache"], (dir_ / "verdicts.sqlite").string());
 }
 
@@ -61,6 +63,11 @@ TEST_F(ServiceTest, SubmitPollAndFetchJobs) {
   }
   EXPECT_EQ((*results)[0].verdict->status, EvalStatus::ok) << to_json(*(*results)[0].verdict).dump(2);
   EXPECT_EQ((*results)[0].verdict->task_id, "good") << "the client id labels the verdict without a task_id";
+  for (const auto& result : *results) {
+    ASSERT_TRUE(result.verdict->started_s.has_value()) << "from the batch's submission";
+    EXPECT_GE(*result.verdict->started_s, 0);
+    EXPECT_FALSE(result.verdict->prebuild_s.has_value()) << "torch candidates are never pre-built";
+  }
   EXPECT_EQ((*results)[1].verdict->status, EvalStatus::incorrect);
   EXPECT_EQ((*results)[2].verdict->status, EvalStatus::runtime_error);
 

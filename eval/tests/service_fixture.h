@@ -72,8 +72,9 @@ class ServiceTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ignored);
   }
 
-  // `adjust` may change the evaluation options before the service starts.
-  void start(int workers = 2, const std::function<void(EvalOptions&)>& adjust = {}) {
+  // `adjust` may change the evaluation options, and `adjust_service` the service's, before it starts.
+  void start(int workers = 2, const std::function<void(EvalOptions&)>& adjust = {},
+             const std::function<void(ServiceOptions&)>& adjust_service = {}) {
     EvalOptions eval;
     eval.format = "torch";
     eval.trials = 1;
@@ -81,6 +82,7 @@ class ServiceTest : public ::testing::Test {
     if (adjust) adjust(eval);
     ServiceOptions options;
     options.workers = workers;
+    if (adjust_service) adjust_service(options);
     auto service = EvalService::start(eval, options);
     ASSERT_TRUE(service.ok()) << service.status().to_string();
     service_ = std::move(*service);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kz/core/files.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
@@ -185,10 +186,7 @@ TEST(StaticChecks, VerdictNamesEveryCheckOnceWithLines) {
 
 // ---- no false alarm on the honest examples ------------------------------------------------------
 
-fs::path source_dir() {
-  const char* dir = std::getenv("KZ_SOURCE_DIR");
-  return dir && *dir ? fs::path(dir) : fs::path();
-}
+using test::source_dir;
 
 std::string reference_for(const std::string& task_file) {
   for (const char* level : {"level1", "level2"}) {

@@ -46,6 +46,10 @@ class Evaluator {
   // true) without a worker, and a new cacheable verdict is stored; compile_only never touches it.
   Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
 
+  // Whether evaluate(task, candidate) would be a cache hit (false with the cache off): no point in
+  // pre-building such a candidate.
+  bool has_cached_verdict(const Task& task, const Candidate& candidate) const;
+
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;

@@ -2,22 +2,28 @@
 //
 // Clients submit batches of (reference, candidate) items; each item becomes a job in one FIFO
 // queue; N evaluation threads take jobs and run them through an Evaluator (one worker process per
-// evaluation, the verdict cache in front). Every accepted item is answered exactly once: a worker
-// that crashes or is killed (by anyone) becomes that job's runtime_error/worker_crashed verdict, a
-// failure to start one becomes infra_error, and the service goes on.
+// evaluation, the verdict cache in front). On a GPU, `cuda` jobs are pre-built first, as kz
+// eval-suite does: compile-only, by `compile_jobs` build threads beside the evaluations, so the
+// nvcc builds use the CPU's cores while the GPU evaluates other jobs; a failed build is the job's
+// verdict. Every accepted item is answered exactly once: a worker that crashes or is killed (by
+// anyone) becomes that job's runtime_error/worker_crashed verdict, a failure to start one becomes
+// infra_error, and the service goes on.
 //
 // API (JSON bodies; an error is {"error": message} with status 400, or 404 for unknown ids/paths):
 //   POST /v1/evaluations   {"items": [{"id": client id (string or integer), "reference": source,
 //                          "candidate": source, "format": "auto"|"cuda"|"triton"|"cuda-rtc"|"torch"
 //                          (optional: the server's --format), "task_id": optional label}]}
 //                          -> 202 {"batch": B, "jobs": [{"id": client id, "job": J}, ...]}
-//   GET /v1/jobs/J         -> {"job", "id", "batch", "state": "queued"|"running"|"done", "verdict" when done}
-//   GET /v1/batches/B      -> {"batch", "done": bool, "counts": {"queued", "running", "done"}, "jobs": [job, ...]}
+//   GET /v1/jobs/J         -> {"job", "id", "batch", "state": "queued"|"building"|"running"|"done",
+//                          "verdict" when done}
+//   GET /v1/batches/B      -> {"batch", "done": bool, "counts": {"queued", "building", "running", "done"},
+//                          "jobs": [job, ...]}
 //   GET /v1/batches/B/stream -> chunked application/x-ndjson: one {"id", "job", "verdict"} line per job
 //                          as it finishes (those already finished first); ends when the batch is done
-//   GET /v1/health         -> {"status": "ok", "device", "workers", "queued", "running", "done",
-//                          "submitted", "cache": path or null}
-// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits.
+//   GET /v1/health         -> {"status": "ok", "device", "workers", "compile_jobs", "queued", "building",
+//                          "running", "done", "submitted", "cache": path or null}
+// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; started_s
+// (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
 //
 // On a GPU, timings must not overlap: one evaluation at a time runs on the device, whatever the
 // number of threads. Finished batches are forgotten `retention_s` after their last verdict.
@@ -53,6 +59,11 @@ struct ServiceOptions {
   std::string host = "127.0.0.1";  // loopback: the service runs any code it is sent
   int port = 0;                    // 0: any free port (port() says which)
   int workers = 0;                 // evaluation threads; 0: default_jobs (cores on cpu, 1 on a GPU)
+  // The `cuda` pre-builds (as in kz eval-suite): "gpu" on a GPU only; "always", on the CPU too, where
+  // a `cuda` evaluation is a build anyway and the pre-build only moves it ahead (for tests);
+  // "never": every build in its evaluation, holding an evaluation's turn.
+  std::string prebuild = "gpu";
+  int compile_jobs = 0;            // pre-builds at once, beside the evaluations; 0: the CPU's cores
   int http_threads = 64;           // connections served at once (a client waiting on a stream holds one)
   double retention_s = 3600;       // finished batches are forgotten this long after their last verdict
 };
@@ -65,13 +76,14 @@ class EvalService {
 
   int port() const;
   int workers() const;
+  int compile_jobs() const;  // cuda pre-builds at once; 0 where nothing is pre-built
   const VerdictCache* cache() const;  // null when disabled
   // Stops accepting requests, drops queued jobs, and waits for running evaluations to finish
   // (each has its stage deadlines). Idempotent.
   void stop();
 
   struct Counts {
-    size_t queued = 0, running = 0, done = 0, submitted = 0;
+    size_t queued = 0, building = 0, running = 0, done = 0, submitted = 0;
   };
   Counts counts() const;
 

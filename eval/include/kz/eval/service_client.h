@@ -35,7 +35,7 @@ struct JobResult {
   nlohmann::json id;               // the client id given with the item
   std::string job;
   std::string batch;               // empty in stream lines
-  std::string state;               // queued | running | done
+  std::string state;               // queued | building | running | done
   std::optional<Verdict> verdict;  // when done
 };
 

@@ -90,13 +90,14 @@ struct Verdict {
   std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
-  // A `cuda` candidate pre-built by kz eval-suite on a GPU: the wall_s of its compile-only pre-build,
-  // which ran before this evaluation and is not in wall_s. Unset otherwise, and where the build
-  // failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
+  // A `cuda` candidate pre-built by kz eval-suite or kz serve-eval on a GPU: the wall_s of its
+  // compile-only pre-build, which ran before this evaluation and is not in wall_s. Unset otherwise,
+  // and where the build failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
   std::optional<double> prebuild_s;
-  // Where kz eval-suite ran it, in seconds from the batch's start: this evaluation's start, and its
-  // pre-build's (with prebuild_s: the batch's timeline, the builds' critical path). Unset outside
-  // eval-suite; a final pre-build verdict has started_s only.
+  // When kz eval-suite or kz serve-eval ran it, in seconds from the batch's start (its submission,
+  // in the service): this evaluation's start, and its pre-build's (with prebuild_s: the batch's
+  // timeline, the builds' critical path). Unset from kz eval; a final pre-build verdict has
+  // started_s only.
   std::optional<double> started_s;
   std::optional<double> prebuild_started_s;
   // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),

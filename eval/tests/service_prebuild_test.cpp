@@ -1,0 +1,85 @@
+// The evaluation service's `cuda` pre-builds through the real thing: load_inline and this machine's
+// nvcc, on the CPU. There a `cuda` evaluation is a build and no more (compiled_not_run), so the
+// service pre-builds only with prebuild = "always"; the build then moves ahead of the evaluation,
+// which loads it. Slow (nvcc on a small CPU): label "slow", beside eval_cuda_compile_test.
+#include <gtest/gtest.h>
+
+#include "kz/core/files.h"
+#include "service_fixture.h"
+#include "test_support.h"
+
+namespace kz {
+namespace {
+
+using test::ServiceTest;
+
+std::string source(const std::string& relative) {
+  auto text = read_file(test::source_dir() / relative);
+  if (!text.ok()) ADD_FAILURE() << "read_file(" << relative << "): " << text.status().to_string();
+  return text.ok() ? *text : std::string();
+}
+
+ServiceItem relu_item(const std::string& id, const std::string& candidate) {
+  return ServiceItem{id, source("suite/kzbench/level1/02_relu.py"), source(candidate), "auto", "02_relu"};
+}
+
+TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
+  if (test::source_dir().empty()) GTEST_FAIL() << "KZ_SOURCE_DIR is not set (run through ctest)";
+  if (!test::have_nvcc()) GTEST_SKIP() << "nvcc not found";
+  start(
+      2,
+      [&](EvalOptions& eval) {
+        eval.format = "auto";
+        eval.worker.cache_dir = dir_ / "compile-cache";  // fresh: nvcc really runs
+      },
+      [](ServiceOptions& service) {
+        service.prebuild = "always";
+        service.compile_jobs = 2;
+      });
+  EXPECT_EQ(service_->compile_jobs(), 2);
+  auto health = client().health();
+  ASSERT_TRUE(health.ok()) << health.status().to_string();
+  EXPECT_EQ((*health)["compile_jobs"], 2);
+
+  ServiceClient c = client();
+  auto submission = c.submit({relu_item("cuda", "suite/examples/cuda/02_relu.py"),
+                              relu_item("broken", "eval/tests/fixtures/cuda_compile_error.py"),
+                              relu_item("triton", "suite/examples/triton/02_relu.py")});
+  ASSERT_TRUE(submission.ok()) << submission.status().to_string();
+  auto results = c.wait(submission->batch, std::chrono::minutes(15));
+  ASSERT_TRUE(results.ok()) << results.status().to_string();
+  ASSERT_EQ(results->size(), 3u);
+  for (const auto& result : *results) ASSERT_TRUE(result.verdict.has_value()) << result.job;
+  const Verdict& cuda = *(*results)[0].verdict;
+  const Verdict& broken = *(*results)[1].verdict;
+  const Verdict& triton = *(*results)[2].verdict;
+
+  // Built ahead (prebuild_s, from the batch's submission), then evaluated: the build is loaded.
+  EXPECT_EQ(status_name(cuda.status), std::string("compiled_not_run")) << to_json(cuda).dump(2);
+  ASSERT_TRUE(cuda.prebuild_s && cuda.prebuild_started_s && cuda.started_s) << to_json(cuda).dump(2);
+  EXPECT_GT(*cuda.prebuild_s, 0);
+  EXPECT_GE(*cuda.started_s, *cuda.prebuild_started_s + *cuda.prebuild_s - 0.5) << "evaluated after its build";
+  EXPECT_LT(cuda.wall_s, *cuda.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
+
+  // A failed build is the verdict: no evaluation follows it.
+  EXPECT_EQ(status_name(broken.status), std::string("compile_error")) << to_json(broken).dump(2);
+  EXPECT_TRUE(broken.has_check(Check::kernel_compile));
+  EXPECT_TRUE(broken.started_s.has_value());
+  EXPECT_FALSE(broken.prebuild_s.has_value()) << "the pre-build's own verdict";
+
+  // Other formats are never pre-built.
+  EXPECT_EQ(triton.status, EvalStatus::ok) << to_json(triton).dump(2);
+  EXPECT_FALSE(triton.prebuild_s.has_value());
+  EXPECT_TRUE(triton.started_s.has_value());
+
+  // A cached verdict is not built again: the repeat is a lookup.
+  auto again = c.submit({relu_item("cuda", "suite/examples/cuda/02_relu.py")});
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  auto repeat = c.wait(again->batch, std::chrono::minutes(5));
+  ASSERT_TRUE(repeat.ok() && repeat->size() == 1u && (*repeat)[0].verdict);
+  EXPECT_TRUE((*repeat)[0].verdict->cached) << to_json(*(*repeat)[0].verdict).dump(2);
+  EXPECT_FALSE((*repeat)[0].verdict->prebuild_s.has_value()) << "no pre-build for a cache hit";
+}
+
+}  // namespace
+}  // namespace kz
