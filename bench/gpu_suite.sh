@@ -29,9 +29,14 @@
 #                   first N cuda candidates (default all 10: its parallel pre-build ~55-65 s whatever
 #                   the count, then ~5 s per sample, ~13 s for one that fails to compile, which it
 #                   rebuilds; ~115 s in all). Fewer flatter kz: the pre-build is spread over fewer.
+#                   Then, with KZ_SERVICE_ROUNDS=N (default 0), the same batch N times through one
+#                   `kz serve-eval` (bench/service_batch.py, ~30 s a round), its rates against this
+#                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
+#   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
+#                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, timing, startup, multigpu or model}
+PART=${1:?rtc, others, checks, compare, service, timing, startup, multigpu or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -43,7 +48,7 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
-[[ $PART == multigpu ]] && export KZ_BUILD_TARGETS=kz
+[[ $PART == multigpu || $PART == service ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -88,6 +93,19 @@ elif [[ $PART == compare ]]; then
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   echo "full report: compare/report.txt in $FINAL/results-$PART.tgz"
   python3 bench/kernelbench_compare.py --report-only "$OUT/compare/compare.json" --short
+  if (( ${KZ_SERVICE_ROUNDS:-0} > 0 )); then
+    echo "== the batch through kz serve-eval, ${KZ_SERVICE_ROUNDS} rounds =="
+    timeout -k 10 $((60 * KZ_SERVICE_ROUNDS + 60)) python3 bench/service_batch.py --out "$OUT/service" \
+      --device cuda:0 --rounds "$KZ_SERVICE_ROUNDS" --kb-from "$OUT/compare/compare.json" \
+      > "$OUT/service.txt" 2> "$OUT/service.err"
+    echo "service_batch.py exit $?"; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
+    tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  fi
+elif [[ $PART == service ]]; then
+  python3 bench/service_batch.py --out "$OUT/service" --device "${KZ_SERVICE_DEVICE:-cuda:0}" \
+    --rounds "${KZ_SERVICE_ROUNDS:-2}" ${KB_FROM:+--kb-from "$KB_FROM"} > "$OUT/service.txt" 2> "$OUT/service.err"
+  echo "service_batch.py exit $?"; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == timing ]]; then
   mkdir -p "$OUT/probe-candidates"
   cp suite/examples/cuda-rtc/{02_relu,07_softmax,10_rmsnorm,19_scale_residual_gelu}.py "$OUT/probe-candidates/"

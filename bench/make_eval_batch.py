@@ -70,10 +70,10 @@ def reference_paths(suite: pathlib.Path) -> dict:
     return {p.stem: p for p in sorted(suite.rglob("*.py"))}
 
 
-def candidate_entry(fmt, task, kind, references, examples, root) -> tuple:
-    """(manifest row, source) for one batch entry."""
+def candidate_entry(fmt, task, kind, references, examples, root, salt="") -> tuple:
+    """(manifest row, source) for one batch entry. `salt` makes other bytes (other builds)."""
     cid = f"{task}/{fmt}__{kind}"
-    source = make_variant((examples / fmt / f"{task}.py").read_text(), kind, fmt, salt=cid)
+    source = make_variant((examples / fmt / f"{task}.py").read_text(), kind, fmt, salt=f"{cid} {salt}".strip())
     row = {"id": cid, "task": task, "format": fmt, "kind": kind, "expected": EXPECTED[kind],
            "path": f"candidates/{cid}.py", "reference": _relative(references[task], root),
            "example": _relative(examples / fmt / f"{task}.py", root)}
@@ -88,14 +88,15 @@ def _relative(path: pathlib.Path, root: pathlib.Path) -> str:
 
 
 def write_batch(out: pathlib.Path, formats=FORMATS, suite=ROOT / "suite" / "kzbench",
-                examples=ROOT / "suite" / "examples") -> list:
-    """Writes the batch (only `formats`) into `out`; returns the manifest rows."""
+                examples=ROOT / "suite" / "examples", salt="") -> list:
+    """Writes the batch (only `formats`) into `out`; returns the manifest rows. A `salt` gives the
+    same batch in other bytes (bench/service_batch.py: a second round with nothing compiled yet)."""
     references = reference_paths(suite)
     rows = []
     for fmt, task, kind in BATCH:
         if fmt not in formats:
             continue
-        row, source = candidate_entry(fmt, task, kind, references, examples, ROOT)
+        row, source = candidate_entry(fmt, task, kind, references, examples, ROOT, salt)
         path = out / row["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)

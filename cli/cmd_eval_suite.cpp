@@ -22,13 +22,9 @@ struct SuiteArgs {
 int run(const SuiteArgs& args) {
   // Several GPUs (--device cuda:0,cuda:1 or cuda:all): one pool of workers per device.
   EvalFlags flags = args.flags;
-  std::vector<std::string> devices;
-  if (flags.device.find(',') != std::string::npos || flags.device == "cuda:all") {
-    auto parsed = parse_devices(flags.device);
-    if (!parsed.ok()) return report_error(parsed.status());
-    devices = *parsed;
-    flags.device = devices.front();
-  }
+  auto device_list = take_device_list(flags);
+  if (!device_list.ok()) return report_error(device_list.status());
+  const std::vector<std::string>& devices = *device_list;
   auto options = resolve_eval_options(flags);
   if (!options.ok()) return report_error(options.status());
   auto tasks = load_tasks(args.suite);

@@ -1,5 +1,6 @@
 // `kz serve-eval --port P`: the evaluation service (kz/eval/service.h) until SIGINT or SIGTERM.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -69,16 +70,24 @@ void stop_now(EvalService& service) {
 }
 
 int run(const ServeArgs& args) {
-  auto options = resolve_eval_options(args.flags);
+  EvalFlags flags = args.flags;
+  ServiceOptions service_options = args.service;
+  auto devices = take_device_list(flags);  // several GPUs: a pool of workers on each
+  if (!devices.ok()) return report_error(devices.status());
+  service_options.devices = *devices;
+  auto options = resolve_eval_options(flags);
   if (!options.ok()) return report_error(options.status());
   sigset_t stop_signals = block_stop_signals();
-  auto service = EvalService::start(*options, args.service);
+  auto service = EvalService::start(*options, service_options);
   if (!service.ok()) return report_error(service.status());
   const VerdictCache* cache = (*service)->cache();
-  std::cerr << fmt::format("kz: serving evaluations on http://{}:{}/v1 (device {}, {} workers, {} cuda pre-builds "
-                           "at once, cache {}); Ctrl-C stops\n",
-                           args.service.host, (*service)->port(), options->device, (*service)->workers(),
-                           (*service)->compile_jobs(), cache ? cache->path().string() : "off");
+  std::string where = devices->size() > 1
+                          ? fmt::format("devices {}, {} workers each", fmt::join(*devices, ","), (*service)->workers())
+                          : fmt::format("device {}, {} workers", options->device, (*service)->workers());
+  std::cerr << fmt::format("kz: serving evaluations on http://{}:{}/v1 ({}, {} cuda pre-builds at once, cache {}); "
+                           "Ctrl-C stops\n",
+                           service_options.host, (*service)->port(), where, (*service)->compile_jobs(),
+                           cache ? cache->path().string() : "off");
   if (cache && cache->rebuilt())
     std::cerr << fmt::format("kz: the verdict cache was corrupt: moved to {}.corrupt, started afresh\n",
                              cache->path().string());
@@ -101,7 +110,7 @@ Action add_serve_eval_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   command->add_option("--host", args->service.host, "address to listen on (default 127.0.0.1: this machine only)");
   command->add_option("--workers", args->service.workers,
-                      "evaluations at once (default: cores on cpu, [timing] gpu_jobs on a GPU)")
+                      "evaluations at once, per device (default: cores on cpu, [timing] gpu_jobs on a GPU)")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--prebuild", args->service.prebuild,
                       "pre-build `cuda` candidates beside the evaluations: gpu (on a GPU only), always, never "

@@ -44,6 +44,9 @@ struct EvalFlags {
 void add_eval_flags(CLI::App& command, EvalFlags& flags);
 // Defaults <- configs file (if given) <- flags. Errors name the flag or config key.
 Result<EvalOptions> resolve_eval_options(const EvalFlags& flags);
+// Several GPUs (--device cuda:0,cuda:1 or cuda:all): the list, with flags.device set to its first
+// (the evaluation options' device); one device: an empty list.
+Result<std::vector<std::string>> take_device_list(EvalFlags& flags);
 
 // Prints "kz: <message>" on stderr and returns the exit code for the status.
 int report_error(const Status& status);

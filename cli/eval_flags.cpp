@@ -4,13 +4,14 @@
 #include <iostream>
 
 #include "commands.h"
+#include "kz/eval/suite.h"
 
 namespace kz::cli {
 
 void add_eval_flags(CLI::App& command, EvalFlags& flags) {
   command.add_option("--config", flags.config_path, "TOML file overriding the defaults (see configs/eval.toml)");
   command.add_option("--device", flags.device,
-                     "cpu or cuda:N (default cpu); eval-suite also takes cuda:0,cuda:1,... or cuda:all (a pool per GPU)");
+                     "cpu or cuda:N (default cpu); eval-suite and serve-eval also take cuda:0,cuda:1,... or cuda:all (a pool per GPU)");
   command.add_option("--format", flags.format, "auto, cuda, triton, cuda-rtc or torch (default auto)");
   command.add_option("--trials", flags.trials, "correctness trials, each on fresh inputs (default 5)");
   command.add_option("--seed", flags.seed, "fixed evaluation seed (default: a fresh secret seed per evaluation)");
@@ -45,6 +46,14 @@ Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {
   }
   KZ_RETURN_IF_ERROR(options.validate());
   return options;
+}
+
+Result<std::vector<std::string>> take_device_list(EvalFlags& flags) {
+  if (flags.device.find(',') == std::string::npos && flags.device != "cuda:all") return std::vector<std::string>{};
+  auto devices = parse_devices(flags.device);
+  if (!devices.ok()) return devices.status();
+  flags.device = devices->front();
+  return devices;
 }
 
 int report_error(const Status& status) {

@@ -329,19 +329,28 @@ Result<ServiceItem> service_item_from_json(const nlohmann::json& j) {
 struct EvalService::Impl {
   EvalOptions eval;
   ServiceOptions options;
-  std::map<std::string, Evaluator> evaluators;  // one per format, sharing the verdict cache
+  // Per device (pool): one Evaluator per format, all sharing the verdict cache. Pre-builds use pool 0's.
+  std::vector<std::map<std::string, Evaluator>> evaluators;
+  DevicePools pools;  // which device the next evaluation goes to
   JobBoard board;
   HttpServer http;
   std::vector<std::thread> threads;
   std::thread listener;
   int port = 0;
-  int workers = 1;
+  int workers = 1;       // evaluation threads per device
   int compile_jobs = 0;  // pre-build threads; 0 where nothing is pre-built
-  std::mutex gpu_mutex;  // [timing] exclusive = false: one evaluation at a time on the GPU
+  // [timing] exclusive = false: one evaluation at a time on each GPU.
+  std::unique_ptr<std::mutex[]> gpu_mutexes;
   std::atomic<bool> stopped{false};
 
-  Impl(const EvalOptions& e, const ServiceOptions& o, std::map<std::string, Evaluator> by_format)
-      : eval(e), options(o), evaluators(std::move(by_format)), board(random_prefix(), o.retention_s) {
+  Impl(const EvalOptions& e, const ServiceOptions& o, std::vector<std::map<std::string, Evaluator>> by_device,
+       DevicePools device_pools)
+      : eval(e),
+        options(o),
+        evaluators(std::move(by_device)),
+        pools(std::move(device_pools)),
+        board(random_prefix(), o.retention_s),
+        gpu_mutexes(std::make_unique<std::mutex[]>(evaluators.size())) {
     workers = options.workers > 0 ? options.workers : default_jobs(eval);
     if (options.prebuild == "always" || (options.prebuild == "gpu" && eval.device != "cpu"))
       compile_jobs = options.compile_jobs > 0 ? options.compile_jobs : cpu_cores();
@@ -370,7 +379,7 @@ Status EvalService::Impl::listen() {
 
 void EvalService::Impl::start_threads() {
   listener = http.serve_in_background();
-  for (int i = 0; i < workers; ++i) threads.emplace_back([this] { work(); });
+  for (size_t i = 0; i < workers * pools.size(); ++i) threads.emplace_back([this] { work(); });
   for (int i = 0; i < compile_jobs; ++i) threads.emplace_back([this] { build(); });
 }
 
@@ -415,7 +424,7 @@ void EvalService::Impl::build() {
 // is cached: its evaluation is a lookup.
 bool EvalService::Impl::needs_prebuild(const ServiceItem& item) const {
   if (compile_jobs == 0 || resolve_format(item.format, item.candidate) != Format::cuda) return false;
-  return !evaluators.at(item.format).has_cached_verdict(task_of(item), candidate_of(item));
+  return !evaluators[0].at(item.format).has_cached_verdict(task_of(item), candidate_of(item));
 }
 
 // Always a verdict: the job must be answered whatever happens here.
@@ -428,16 +437,22 @@ Verdict EvalService::Impl::evaluate(const Ticket& ticket, EvalMode mode) {
     v.task_id = task.id;
     v.candidate = candidate.label;
     v.format = item.format;
-    v.device = eval.device;
+    v.device = evaluators[0].at("auto").options().device;
     return v;
   };
   if (Status reference = check_reference_source(task); !reference.is_ok())
     return failed({Check::reference_failed}, reference.message());
+  // An evaluation takes the device with the fewest in flight; a pre-build needs none (pool 0's options).
+  std::optional<DevicePools::Lease> lease;
+  if (mode == EvalMode::full) lease.emplace(pools);
+  size_t pool = lease ? lease->pool() : 0;
+  const Evaluator& evaluator = evaluators[pool].at(item.format);
   std::unique_lock<std::mutex> gpu_turn;
-  if (mode == EvalMode::full && eval.device != "cpu" && !eval.timing.exclusive) gpu_turn = std::unique_lock(gpu_mutex);
+  if (mode == EvalMode::full && eval.device != "cpu" && !eval.timing.exclusive)
+    gpu_turn = std::unique_lock(gpu_mutexes[pool]);
   if (stopped) return failed({}, "the evaluation service stopped before this evaluation started");
   try {
-    auto verdict = evaluators.at(item.format).evaluate(task, candidate, mode);
+    auto verdict = evaluator.evaluate(task, candidate, mode);
     if (verdict.ok()) return *verdict;
     return failed({}, verdict.status().message());
   } catch (const std::exception& error) {
@@ -496,8 +511,10 @@ void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& r
 
 json EvalService::Impl::health() const {
   Counts c = board.counts();
-  const VerdictCache* cache = evaluators.at("auto").cache();
-  return {{"status", "ok"},       {"device", eval.device},      {"workers", workers},
+  const VerdictCache* cache = evaluators[0].at("auto").cache();
+  json devices = json::array();
+  for (const auto& by_format : evaluators) devices.push_back(by_format.at("auto").options().device);
+  return {{"status", "ok"},       {"device", devices[0]},       {"devices", devices}, {"workers", workers},
           {"compile_jobs", compile_jobs}, {"queued", c.queued},     {"building", c.building},
           {"running", c.running},  {"done", c.done},             {"submitted", c.submitted},
           {"cache", cache ? json(cache->path().string()) : json(nullptr)}};
@@ -509,17 +526,21 @@ EvalService::~EvalService() { stop(); }
 Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval, const ServiceOptions& options) {
   auto base = Evaluator::create(eval);
   if (!base.ok()) return base.status();
-  std::map<std::string, Evaluator> evaluators;
-  for (const char* format : {"auto", "cuda", "triton", "cuda-rtc", "torch"}) {
-    auto evaluator = base->with_format(format);
-    if (!evaluator.ok()) return evaluator.status();
-    evaluators.emplace(format, std::move(*evaluator));
-  }
+  auto pools = DevicePools::create(*base, options.devices);
+  if (!pools.ok()) return pools.status();
+  std::vector<std::map<std::string, Evaluator>> evaluators(pools->size());
+  for (size_t pool = 0; pool < pools->size(); ++pool)
+    for (const char* format : {"auto", "cuda", "triton", "cuda-rtc", "torch"}) {
+      auto evaluator = pools->at(pool).with_format(format);
+      if (!evaluator.ok()) return evaluator.status();
+      evaluators[pool].emplace(format, std::move(*evaluator));
+    }
   ignore_sigpipe();
-  auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators));
+  auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators), std::move(*pools));
   // The workers' first evaluations find prepared fork servers (every format's evaluator makes the same kind).
-  if (auto started = impl->evaluators.at("auto").start_fork_servers(impl->workers); !started.is_ok())
-    std::fprintf(stderr, "kz: %s (evaluations start their own workers)\n", started.to_string().c_str());
+  for (size_t pool = 0; pool < impl->pools.size(); ++pool)
+    if (auto started = impl->pools.at(pool).start_fork_servers(impl->workers); !started.is_ok())
+      std::fprintf(stderr, "kz: %s (evaluations start their own workers)\n", started.to_string().c_str());
   KZ_RETURN_IF_ERROR(impl->listen());
   impl->start_threads();
   return std::unique_ptr<EvalService>(new EvalService(std::move(impl)));
@@ -528,7 +549,7 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
 int EvalService::port() const { return impl_->port; }
 int EvalService::workers() const { return impl_->workers; }
 int EvalService::compile_jobs() const { return impl_->compile_jobs; }
-const VerdictCache* EvalService::cache() const { return impl_->evaluators.at("auto").cache(); }
+const VerdictCache* EvalService::cache() const { return impl_->evaluators[0].at("auto").cache(); }
 void EvalService::stop() { impl_->stop(); }
 EvalService::Counts EvalService::counts() const { return impl_->board.counts(); }
 

@@ -155,43 +155,29 @@ Result<std::vector<std::string>> parse_devices(const std::string& devices) {
   return list;
 }
 
-namespace {
-
-// One Evaluator per device, and the device with the fewest evaluations in flight for the next one:
-// with `jobs` threads per device in all, no device ever runs more than `jobs` at once.
-class DevicePools {
- public:
-  static Result<DevicePools> create(const Evaluator& base, const std::vector<std::string>& devices) {
-    DevicePools pools;
-    if (devices.empty()) pools.evaluators_.push_back(base);
-    for (const auto& device : devices) {
-      auto evaluator = base.with_device(device);
-      if (!evaluator.ok()) return evaluator.status();
-      pools.evaluators_.push_back(std::move(*evaluator));
-    }
-    pools.in_flight_.assign(pools.evaluators_.size(), 0);
-    return pools;
+Result<DevicePools> DevicePools::create(const Evaluator& base, const std::vector<std::string>& devices) {
+  DevicePools pools;
+  if (devices.empty()) pools.evaluators_.push_back(base);
+  for (const auto& device : devices) {
+    auto evaluator = base.with_device(device);
+    if (!evaluator.ok()) return evaluator.status();
+    pools.evaluators_.push_back(std::move(*evaluator));
   }
-  size_t size() const { return evaluators_.size(); }
-  size_t acquire() {
-    std::lock_guard lock(*mutex_);
-    size_t best = std::min_element(in_flight_.begin(), in_flight_.end()) - in_flight_.begin();
-    ++in_flight_[best];
-    return best;
-  }
-  void release(size_t k) {
-    std::lock_guard lock(*mutex_);
-    --in_flight_[k];
-  }
-  const Evaluator& at(size_t k) const { return evaluators_[k]; }
+  pools.in_flight_.assign(pools.evaluators_.size(), 0);
+  return pools;
+}
 
- private:
-  std::vector<Evaluator> evaluators_;
-  std::vector<int> in_flight_;
-  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
-};
+size_t DevicePools::acquire() {
+  std::lock_guard lock(*mutex_);
+  size_t best = std::min_element(in_flight_.begin(), in_flight_.end()) - in_flight_.begin();
+  ++in_flight_[best];
+  return best;
+}
 
-}  // namespace
+void DevicePools::release(size_t k) {
+  std::lock_guard lock(*mutex_);
+  --in_flight_[k];
+}
 
 Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::vector<Task>& tasks,
                                        const std::vector<SuiteEntry>& entries, const SuiteRunOptions& options,
@@ -227,10 +213,11 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   };
   auto evaluate = [&](size_t i) -> Status {
     const auto& entry = entries[i];
-    size_t pool = pools->acquire();
     double started_s = since_start();
-    auto verdict = pools->at(pool).evaluate(tasks[entry.task_index], entry.candidate);
-    pools->release(pool);
+    auto verdict = [&] {
+      DevicePools::Lease lease(*pools);
+      return pools->at(lease.pool()).evaluate(tasks[entry.task_index], entry.candidate);
+    }();
     if (!verdict.ok()) return verdict.status();
     verdict->started_s = started_s;
     if (const auto& prebuild = prebuilds[i]) {

@@ -20,13 +20,16 @@
 //                          "jobs": [job, ...]}
 //   GET /v1/batches/B/stream -> chunked application/x-ndjson: one {"id", "job", "verdict"} line per job
 //                          as it finishes (those already finished first); ends when the batch is done
-//   GET /v1/health         -> {"status": "ok", "device", "workers", "compile_jobs", "queued", "building",
+//   GET /v1/health         -> {"status": "ok", "device" (the first), "devices", "workers" (per device),
+//                          "compile_jobs", "queued", "building",
 //                          "running", "done", "submitted", "cache": path or null}
 // Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; started_s
 // (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
 //
-// On a GPU, timings must not overlap: one evaluation at a time runs on the device, whatever the
-// number of threads. Finished batches are forgotten `retention_s` after their last verdict.
+// On a GPU, timings never overlap on a device: each holds the device's GPU lock alone ([timing]
+// exclusive), or, without it, one evaluation at a time runs on each device. With several devices
+// each evaluation goes to the one with the fewest in flight. Finished batches are forgotten
+// `retention_s` after their last verdict.
 // The process ignores SIGPIPE from the first EvalService on (a client that disconnects must not
 // kill the server; cpp-httplib writes to sockets without MSG_NOSIGNAL); worker processes reset it.
 #pragma once
@@ -58,7 +61,10 @@ Result<ServiceItem> service_item_from_json(const nlohmann::json& json);
 struct ServiceOptions {
   std::string host = "127.0.0.1";  // loopback: the service runs any code it is sent
   int port = 0;                    // 0: any free port (port() says which)
-  int workers = 0;                 // evaluation threads; 0: default_jobs (cores on cpu, 1 on a GPU)
+  int workers = 0;                 // evaluation threads per device; 0: default_jobs (cores on cpu, [timing] gpu_jobs on a GPU)
+  // Several GPUs of one model (parse_devices): a pool of `workers` evaluations on each, every
+  // evaluation on the one with the fewest in flight. Empty: the evaluation options' device alone.
+  std::vector<std::string> devices;
   // The `cuda` pre-builds (as in kz eval-suite): "gpu" on a GPU only; "always", on the CPU too, where
   // a `cuda` evaluation is a build anyway and the pre-build only moves it ahead (for tests);
   // "never": every build in its evaluation, holding an evaluation's turn.
@@ -75,7 +81,7 @@ class EvalService {
   ~EvalService();  // stop()
 
   int port() const;
-  int workers() const;
+  int workers() const;       // per device
   int compile_jobs() const;  // cuda pre-builds at once; 0 where nothing is pre-built
   const VerdictCache* cache() const;  // null when disabled
   // Stops accepting requests, drops queued jobs, and waits for running evaluations to finish

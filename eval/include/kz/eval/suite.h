@@ -3,6 +3,8 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -51,6 +53,40 @@ int default_jobs(const EvalOptions& options);
 
 // "cuda:0,cuda:1" -> {"cuda:0", "cuda:1"}; "cuda:all" -> every GPU nvidia-smi lists.
 Result<std::vector<std::string>> parse_devices(const std::string& devices);
+
+// One Evaluator per device, and the device with the fewest evaluations in flight for the next one:
+// with `jobs` threads per device in all, no device ever runs more than `jobs` at once. Used by
+// run_suite and the evaluation service. Thread-safe.
+class DevicePools {
+ public:
+  // One pool per device (base's own device where `devices` is empty), sharing base's verdict cache.
+  static Result<DevicePools> create(const Evaluator& base, const std::vector<std::string>& devices);
+  size_t size() const { return evaluators_.size(); }
+  const Evaluator& at(size_t pool) const { return evaluators_[pool]; }
+
+  // The pool with the fewest evaluations in flight, for one evaluation: counted in flight until the
+  // lease ends.
+  class Lease {
+   public:
+    explicit Lease(DevicePools& pools) : pools_(&pools), pool_(pools.acquire()) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { pools_->release(pool_); }
+    size_t pool() const { return pool_; }
+
+   private:
+    DevicePools* pools_;
+    size_t pool_;
+  };
+
+ private:
+  size_t acquire();
+  void release(size_t pool);
+
+  std::vector<Evaluator> evaluators_;
+  std::vector<int> in_flight_;
+  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
+};
 
 struct SuiteRunOptions {
   int jobs = 1;                      // evaluations at once on each device
