@@ -33,6 +33,7 @@ TEST_F(ServiceTest, HealthReportsTheService) {
   ASSERT_TRUE(health.ok()) << health.status().to_string();
   EXPECT_EQ((*health)["status"], "ok");
   EXPECT_EQ((*health)["device"], "cpu");
+  EXPECT_EQ((*health)["devices"], nlohmann::json::array({"cpu"}));
   EXPECT_EQ((*health)["workers"], 2);
   EXPECT_EQ((*health)["compile_jobs"], 0) << "no `cuda` pre-builds on the CPU by default";
   EXPECT_EQ((*health)["building"], 0);
