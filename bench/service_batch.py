@@ -143,6 +143,17 @@ def agreement(run: dict, manifest: dict, on_cpu: bool) -> str:
         "; " + "; ".join(wrong) if wrong else "")
 
 
+def prebuild_note(run: dict) -> str:
+    """How many `cuda` verdicts came from a pre-build (the service's build threads), and when they ran."""
+    cuda = [v for v in run["verdicts"] if v["format"] == "cuda"]
+    built = [v for v in cuda if v.get("prebuild_s") is not None]
+    if not built:
+        return f"{len(cuda)} cuda, none pre-built" if cuda else "no cuda candidates"
+    ends = [v["prebuild_started_s"] + v["prebuild_s"] for v in built if v.get("prebuild_started_s") is not None]
+    return (f"{len(built)} of {len(cuda)} cuda pre-built (the others' builds failed there, or no build ran)"
+            + (f", the last build done {max(ends):.1f} s after the submission" if ends else ""))
+
+
 def render(result: dict) -> str:
     kb, kb_where = result["kb_rate"], result["kb_where"]
     rows = []
@@ -155,7 +166,7 @@ def render(result: dict) -> str:
     lines.append(f"  rates against {kb_where}" if kb else "  no KernelBench rate given (--kb-from compare.json)")
     for i, run in enumerate(result["rounds"], 1):
         lines.append(f"round {i}: submitted {run['submitted_s']:.1f} s after the service's start; verdicts "
-                     f"{run['agreement']}")
+                     f"{run['agreement']}; {prebuild_note(run)}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -105,20 +104,21 @@ class JobBoard {
  public:
   JobBoard(std::string id_prefix, double retention_s) : id_prefix_(std::move(id_prefix)), retention_(retention_s) {}
 
-  // Queues every item: those `needs_prebuild` picks to be built first, the others to be evaluated.
+  // Queues every item: item i to be built first where prebuild[i], else to be evaluated.
   // Answers {"batch", "jobs": [{"id", "job"}]}.
-  json submit(std::vector<ServiceItem> items, const std::function<bool(const ServiceItem&)>& needs_prebuild) {
+  json submit(std::vector<ServiceItem> items, const std::vector<bool>& prebuild) {
     std::lock_guard lock(mutex_);
     forget_old_batches();
     std::string batch_id = fmt::format("{}-b{}", id_prefix_, ++next_id_);
     Batch& batch = batches_[batch_id];
     json answer = {{"batch", batch_id}, {"jobs", json::array()}};
     auto now = Clock::now();
-    for (auto& item : items) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      ServiceItem& item = items[i];
       std::string job_id = fmt::format("{}-j{}", id_prefix_, ++next_id_);
       answer["jobs"].push_back({{"id", item.id}, {"job", job_id}});
       batch.jobs.push_back(job_id);
-      (needs_prebuild(item) ? build_queue_ : queue_).push_back(job_id);
+      (prebuild[i] ? build_queue_ : queue_).push_back(job_id);
       jobs_.emplace(job_id, Job{batch_id, std::move(item), now, JobState::queued, std::nullopt, json()});
     }
     submitted_ += items.size();
@@ -489,7 +489,9 @@ void EvalService::Impl::add_routes() {
 void EvalService::Impl::on_submit(const httplib::Request& req, httplib::Response& res) {
   auto items = parse_submission(req.body, eval.format);
   if (!items.ok()) return reply_error(res, 400, items.status().message());
-  reply(res, 202, board.submit(std::move(*items), [this](const ServiceItem& item) { return needs_prebuild(item); }));
+  std::vector<bool> prebuild;  // decided before the board's lock: a cache lookup per `cuda` item
+  for (const auto& item : *items) prebuild.push_back(needs_prebuild(item));
+  reply(res, 202, board.submit(std::move(*items), prebuild));
 }
 
 void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& res) {
