@@ -329,8 +329,9 @@ TEST_F(WorkerClientTest, ThreadGroupWhoseLeaderExitedIsKilledToo) {
 TEST_F(WorkerClientTest, ProcessCapCrossedInOneRequestIsNotChargedToTheNext) {
   auto capped = [](ProcessSpec& spec) { spec.limits.max_processes = 8; };
   WorkerOutcome burst = run(setup(true), {{"action", "fork_burst"}}, "kz-test-", 30, capped);
-  if (burst.sandbox.process_cap == "cgroup")  // it counts the forks it refused; polling may miss a burst
+  if (burst.sandbox.process_cap == "cgroup") {  // it counts the forks it refused; polling may miss a burst
     EXPECT_EQ(burst.limit_hit, LimitHit::processes) << "the burst is charged to its own request: " << burst.message;
+  }
   WorkerOutcome next = run(setup(true), {{"action", "linger"}}, "kz-test-", 30, capped);
   EXPECT_EQ(next.kind, WorkerOutcome::Kind::result) << next.message;
   EXPECT_EQ(next.limit_hit, LimitHit::none) << "the previous request's burst is not this one's";
