@@ -526,6 +526,8 @@ EvalService::EvalService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EvalService::~EvalService() { stop(); }
 
 Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval, const ServiceOptions& options) {
+  if (options.prebuild != "gpu" && options.prebuild != "always" && options.prebuild != "never")
+    return invalid_argument(fmt::format("service prebuild \"{}\": expected gpu, always or never", options.prebuild));
   auto base = Evaluator::create(eval);
   if (!base.ok()) return base.status();
   auto pools = DevicePools::create(*base, options.devices);

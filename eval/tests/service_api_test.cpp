@@ -40,6 +40,17 @@ TEST_F(ServiceTest, HealthReportsTheService) {
   EXPECT_EQ((*health)["cache"], (dir_ / "verdicts.sqlite").string());
 }
 
+TEST_F(ServiceTest, UnknownPrebuildSettingIsRefusedAtStart) {
+  EvalOptions eval;
+  eval.cache.enabled = false;
+  ServiceOptions options;
+  options.prebuild = "sometimes";
+  auto service = EvalService::start(eval, options);
+  ASSERT_FALSE(service.ok());
+  EXPECT_NE(service.status().message().find("expected gpu, always or never"), std::string::npos)
+      << service.status().message();
+}
+
 TEST_F(ServiceTest, SubmitPollAndFetchJobs) {
   start();
   ServiceClient c = client();
