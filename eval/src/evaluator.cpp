@@ -11,6 +11,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/hash.h"
+#include "kz/core/parallel.h"
 #include "kz/core/subprocess.h"
 #include "kz/eval/sandbox.h"
 #include "kz/eval/static_checks.h"
@@ -177,12 +178,12 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   return done;
 }
 
-WorkerSetup Evaluator::worker_setup() const {
+WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   WorkerSetup setup = setup_;
   setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
-  // As many idle servers of a kind as evaluations run at once on this device: the cuda pre-build's
-  // extra ones (one per core) end with it.
-  setup.max_idle_servers = default_jobs(options_);
+  // As many idle servers of a kind as run at once: evaluations on this device, or `cuda` pre-builds
+  // (one per core), so that the next batch's first wave finds them all prepared.
+  setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores() : default_jobs(options_);
   return setup;
 }
 
@@ -192,15 +193,15 @@ void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   apply_sandbox(options_.sandbox, options_.device, setup_.cache_dir, spec);
 }
 
-Status Evaluator::start_fork_servers(int count) const {
-  return kz::start_fork_servers(worker_setup(), kScratchPrefix,
-                                [this](ProcessSpec& spec) { customize_worker(spec, EvalMode::full); }, count);
+Status Evaluator::start_fork_servers(int count, EvalMode mode) const {
+  return kz::start_fork_servers(worker_setup(mode), kScratchPrefix,
+                                [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); }, count);
 }
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
   auto outcome = run_worker_request(
-      worker_setup(), kScratchPrefix,
+      worker_setup(mode), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
         request["sandbox"] = sandbox_request_json(options_.sandbox, setup_.cache_dir);

@@ -53,9 +53,10 @@ class Evaluator {
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;
-  // Starts `count` fork servers ahead of the first evaluations ([worker] fork_server; nothing where
-  // it is off), so that a batch's first wave finds them prepared.
-  Status start_fork_servers(int count) const;
+  // Starts `count` fork servers ahead of the first requests of `mode` ([worker] fork_server; nothing
+  // where it is off), so that a batch's first wave finds them prepared: evaluation servers, or build
+  // servers for the `cuda` pre-builds (compile_only).
+  Status start_fork_servers(int count, EvalMode mode = EvalMode::full) const;
   // A copy that evaluates on `device` (another GPU of the same model), sharing the cache.
   Result<Evaluator> with_device(const std::string& device) const;
 
@@ -68,7 +69,7 @@ class Evaluator {
   std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                              EvalMode mode) const;
-  WorkerSetup worker_setup() const;
+  WorkerSetup worker_setup(EvalMode mode) const;
   // Environment and sandbox of this evaluator's workers for `mode`: compile-only requests (the `cuda`
   // pre-builds) run on fork servers of their own kind (KZ_WORKER_ROLE=build), which skip what only
   // running a candidate needs, and never take a server prepared for an evaluation.
