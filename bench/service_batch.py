@@ -118,7 +118,10 @@ def kb_rate(path) -> tuple:
     """(KernelBench's cands/min, what it was measured on) from a compare.json; (None, "") without."""
     if not path:
         return None, ""
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # a compare run that did not finish: rates without ratios
+        return None, f"no KernelBench rate: {path} unreadable ({error})"
     totals = compare_report.kb_totals(data)
     rate = compare_report.per_minute(totals["count"], totals["seconds"])
     return rate, f"KernelBench's cold batch in {path.name}: {totals['count']} cuda samples, {compare_report.fmt_num(rate)}/min"
@@ -166,7 +169,7 @@ def render(result: dict) -> str:
              f"each in new bytes (nothing cached or compiled before it)",
              f"service: {result['command']}", f"listening {result['listening_s']:.1f} s after its start",
              compare_report.table(["round", "format", "candidates", "wall s", "cands/min", "vs KernelBench cuda"], rows)]
-    lines.append(f"  rates against {kb_where}" if kb else "  no KernelBench rate given (--kb-from compare.json)")
+    lines.append(f"  rates against {kb_where}" if kb else f"  {kb_where or 'no KernelBench rate given (--kb-from compare.json)'}")
     for i, run in enumerate(result["rounds"], 1):
         lines.append(f"round {i}: submitted {run['submitted_s']:.1f} s after the service's start; verdicts "
                      f"{run['agreement']}; {prebuild_note(run)}")

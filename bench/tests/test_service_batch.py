@@ -40,8 +40,10 @@ def test_rates_are_set_against_the_compare_runs_kernelbench(tmp_path):
     assert "last build done 8.5 s after" in service_batch.prebuild_note(run)
 
 
-def test_without_a_compare_run_there_is_no_ratio():
+def test_without_a_compare_run_there_is_no_ratio(tmp_path):
     assert service_batch.kb_rate(None) == (None, "")
+    rate, where = service_batch.kb_rate(tmp_path / "missing.json")
+    assert rate is None and "unreadable" in where
     run = {"wall_s": 2.0, "submitted_s": 0.1, "agreement": "1/1 as expected",
            "verdicts": [verdict("c/triton__correct", "triton", 1.0)]}
     text = service_batch.render({"device": "cpu", "command": "kz serve-eval", "listening_s": 0.1, "candidates": 1,
