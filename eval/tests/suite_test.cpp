@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "kz/core/files.h"
 #include "kz/eval/suite.h"
@@ -84,6 +85,27 @@ TEST(SuiteDevices, GpuJobsFollowTheTimingLock) {
   EXPECT_EQ(default_jobs(o), 1);
   o.jobs = 3;
   EXPECT_EQ(default_jobs(o), 3);
+}
+
+// Each evaluation leases the device with the fewest in flight; a lease's end frees its place. (Two
+// pools on the CPU stand in for two GPUs: the choice does not look at the device.)
+TEST(SuiteDevices, LeasesGoToTheLeastBusyDevice) {
+  EvalOptions o;
+  o.cache.enabled = false;
+  auto base = Evaluator::create(o);
+  ASSERT_TRUE(base.ok()) << base.status().to_string();
+  auto pools = DevicePools::create(*base, {"cpu", "cpu"});
+  ASSERT_TRUE(pools.ok()) << pools.status().to_string();
+  ASSERT_EQ(pools->size(), 2u);
+  std::optional<DevicePools::Lease> first(std::in_place, *pools);
+  DevicePools::Lease second(*pools);
+  EXPECT_NE(first->pool(), second.pool()) << "the idle device first";
+  size_t freed = first->pool();
+  first.reset();
+  DevicePools::Lease third(*pools);
+  EXPECT_EQ(third.pool(), freed) << "the device whose evaluation ended";
+  DevicePools::Lease fourth(*pools);
+  EXPECT_EQ(fourth.pool(), 0u) << "a tie goes to the first device";
 }
 
 }  // namespace
