@@ -464,19 +464,6 @@ class Guard:
                       for cell in function.__closure__ or ()]
         self.kwdefaults = [(label, kwdefaults, dict(kwdefaults)) for label, _, _, _, kwdefaults in self.codes
                            if kwdefaults]
-        # Their attribute dicts, where torch keeps flags it reads (`_disable_dynamo`'s): neither a write
-        # into one nor a new one is an audit event. ~35 us a verify on this project's CPU: sizes and
-        # identities first, items only of the few that hold any.
-        self.function_dicts = [(label, function, function.__dict__, dict(function.__dict__))
-                               for label, function, *_ in self.codes]
-        self.dict_sizes = [(function, attributes, len(saved)) for _, function, attributes, saved in self.function_dicts]
-        self.dict_items = [(attributes, saved) for _, _, attributes, saved in self.function_dicts if saved]
-        # The mutable objects their defaults and closure cells refer to (a dataclass __repr__'s set of
-        # objects being printed, say): what those hold, one level deep.
-        self.held = [(label, value, _held_copy(value)) for label, function, _, defaults, kwdefaults in self.codes
-                     for value in (*(defaults or ()), *(kwdefaults or {}).values(),
-                                   *(_cell_contents(cell) for cell in function.__closure__ or ()))
-                     if isinstance(value, _MUTABLE_HELD)]
         self.settings = [(s, s.get()) for s in _settings()]
         self.module_hooks = {name: dict(getattr(nn_module, name)) for name in _MODULE_HOOK_DICTS}
         self.modules = {name: module for name, module in sys.modules.items()
@@ -523,16 +510,6 @@ class Guard:
                 if restore:
                     kwdefaults.clear()
                     kwdefaults.update(saved)
-        for label, value, saved in self.held:
-            if not _same_held(value, saved):
-                changed.append(f"{label} (what a default or closure variable holds)")
-                if restore:
-                    _restore_held(value, saved)
-        if (any(function.__dict__ is not attributes or len(attributes) != size
-                for function, attributes, size in self.dict_sizes)
-                or any(attributes.get(key, _MISSING) is not value
-                       for attributes, saved in self.dict_items for key, value in saved.items())):
-            changed += self._function_dict_changes(restore)
         for setting, value in self.settings:
             if not _same(setting.get(), value):
                 changed.append(setting.name)
@@ -558,19 +535,6 @@ class Guard:
         changed += [f"{kind} left active: {mode}" for kind, mode in active_modes()]
         if restore:
             pop_modes()
-        return changed
-
-    def _function_dict_changes(self, restore: bool) -> list:
-        """The watched functions whose attribute dict was replaced or changed (restored unless not)."""
-        changed = []
-        for label, function, attributes, saved in self.function_dicts:
-            if (function.__dict__ is not attributes or len(attributes) != len(saved)
-                    or any(attributes.get(key, _MISSING) is not value for key, value in saved.items())):
-                changed.append(f"{label}.__dict__ (its attributes)")
-                if restore:
-                    attributes.clear()
-                    attributes.update(saved)
-                    _try(lambda: setattr(function, "__dict__", attributes))
         return changed
 
     def verify(self, where: str, in_hold: bool = False) -> None:
@@ -616,28 +580,6 @@ def _identities_unchanged(checks) -> bool:
         return all(all(map(operator.is_, getter(vars(obj)), snapshot)) for obj, getter, snapshot in checks)
     except KeyError:  # a watched name was deleted
         return False
-
-
-_MUTABLE_HELD = (list, dict, set, bytearray)
-
-
-def _held_copy(value):
-    """A shallow copy of a mutable object a watched function holds (_MUTABLE_HELD), to compare with."""
-    return dict(value) if isinstance(value, dict) else bytes(value) if isinstance(value, bytearray) else type(value)(value)
-
-
-def _same_held(value, saved) -> bool:
-    if isinstance(value, (list, dict)):
-        return _same(type(saved)(value) if isinstance(value, list) else dict(value), saved)
-    return value == saved
-
-
-def _restore_held(value, saved) -> None:
-    if isinstance(value, (list, bytearray)):
-        value[:] = saved
-    else:
-        value.clear()
-        value.update(saved)
 
 
 def _cell_contents(cell):

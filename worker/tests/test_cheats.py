@@ -190,6 +190,7 @@ def test_audit_failure_names_no_custom_kernel_and_compute():
 
 
 def test_guard_detects_and_restores_what_changed():
+    from kz_worker import compare
     guard = cheats.Guard("triton")
     assert guard.changes() == []
     relu, norm, code = torch.relu, torch.Tensor.norm, compare.compare_outputs.__code__
@@ -225,37 +226,6 @@ def test_guard_sees_closures_and_keyword_defaults_changed_in_place():
     assert "kz_worker.harness._timed_run (a variable of its closure)" in changed
     assert any(c.endswith(".__kwdefaults__ (changed in place)") for c in changed), changed
     assert cell.cell_contents is generator and kwdefaults[key] is saved, "both restored"
-    assert guard.changes() == []
-
-
-def test_guard_sees_a_functions_attributes_changed_or_replaced():
-    """torch keeps flags in function attributes; no audit event reports a write there."""
-    guard = cheats.Guard("triton")
-    label, function, attributes, saved = next(entry for entry in guard.function_dicts if entry[3])
-    key = next(iter(saved))
-    attributes[key] = object()
-    _, other, other_attributes, _ = next(entry for entry in guard.function_dicts if entry[1] is not function)
-    other.__dict__ = {"__dynamo_disable": True}
-    changed = guard.changes()
-    assert f"{label}.__dict__ (its attributes)" in changed, changed
-    assert sum(c.endswith(".__dict__ (its attributes)") for c in changed) == 2, changed
-    assert attributes[key] is saved[key] and other.__dict__ is other_attributes, "both restored"
-    assert guard.changes() == []
-
-
-def test_guard_sees_what_a_closure_variable_holds_changed_in_place():
-    """A dataclass's generated __repr__ keeps, in a closure cell, the set of objects being printed
-    (reprlib.recursive_repr): one put there prints as "...". The cell is the same object after the
-    write, so the Guard compares what it holds."""
-    guard = cheats.Guard("triton")
-    label = "kz_worker.compare.Tolerance.__repr__"
-    running = next(value for held_label, value, _ in guard.held if held_label == label)
-    assert isinstance(running, set) and not running
-    tolerance = compare.Tolerance(1e-3, 1e-3, 1e-3)
-    running.add((id(tolerance), threading.get_ident()))  # repr(tolerance) would now print "..."
-    changed = guard.changes()
-    assert f"{label} (what a default or closure variable holds)" in changed, changed
-    assert not running, "restored"
     assert guard.changes() == []
 
 
