@@ -3,11 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -158,6 +160,28 @@ class JobBoard {
     batch.finished.push_back(id);
     if (batch.complete()) finished_batches_.emplace_back(Clock::now(), job.batch);
     job_done_.notify_all();
+  }
+
+  // Answers every job of the batch that has not started (queued, to evaluate or to pre-build) with
+  // cancelled_verdict(item) now; started ones go on. The number answered; nullopt: no such batch.
+  std::optional<size_t> cancel(const std::string& batch_id, const std::function<json(const ServiceItem&)>& cancelled_verdict) {
+    std::lock_guard lock(mutex_);
+    auto batch = batches_.find(batch_id);
+    if (batch == batches_.end()) return std::nullopt;
+    size_t cancelled = 0;
+    for (const auto& id : batch->second.jobs) {
+      Job& job = jobs_.at(id);
+      if (job.state != JobState::queued) continue;
+      for (auto* queue : {&queue_, &build_queue_}) queue->erase(std::remove(queue->begin(), queue->end(), id), queue->end());
+      job.state = JobState::done;
+      job.verdict = cancelled_verdict(job.item);
+      ++done_;
+      ++cancelled;
+      batch->second.finished.push_back(id);
+    }
+    if (cancelled > 0 && batch->second.complete()) finished_batches_.emplace_back(Clock::now(), batch_id);
+    job_done_.notify_all();
+    return cancelled;
   }
 
   std::optional<json> job(const std::string& id) const {
@@ -363,6 +387,9 @@ struct EvalService::Impl {
   void build();
   bool needs_prebuild(const ServiceItem& item) const;
   Verdict evaluate(const Ticket& ticket, EvalMode mode);
+  // An infra_error verdict for an item that was not evaluated (a bad reference, a failure, a cancel).
+  Verdict not_evaluated(const ServiceItem& item, std::vector<Check> checks, std::string message) const;
+  Verdict cancelled_verdict(const ServiceItem& item) const;
   void add_routes();
   void on_submit(const httplib::Request& req, httplib::Response& res);
   void on_stream(const std::string& batch, httplib::Response& res);
@@ -427,18 +454,26 @@ bool EvalService::Impl::needs_prebuild(const ServiceItem& item) const {
   return !evaluators[0].at(item.format).has_cached_verdict(task_of(item), candidate_of(item));
 }
 
+Verdict EvalService::Impl::not_evaluated(const ServiceItem& item, std::vector<Check> checks, std::string message) const {
+  Verdict v = make_verdict(EvalStatus::infra_error, std::move(checks), std::move(message));
+  v.task_id = task_of(item).id;
+  v.candidate = candidate_of(item).label;
+  v.format = item.format;
+  v.device = eval.device;
+  return v;
+}
+
+Verdict EvalService::Impl::cancelled_verdict(const ServiceItem& item) const {
+  return not_evaluated(item, {}, "cancelled by the client (DELETE /v1/batches/B) before its evaluation started");
+}
+
 // Always a verdict: the job must be answered whatever happens here.
 Verdict EvalService::Impl::evaluate(const Ticket& ticket, EvalMode mode) {
   const ServiceItem& item = ticket.item;
   Task task = task_of(item);
   Candidate candidate = candidate_of(item);
   auto failed = [&](std::vector<Check> checks, std::string message) {
-    Verdict v = make_verdict(EvalStatus::infra_error, std::move(checks), std::move(message));
-    v.task_id = task.id;
-    v.candidate = candidate.label;
-    v.format = item.format;
-    v.device = evaluators[0].at("auto").options().device;
-    return v;
+    return not_evaluated(item, std::move(checks), std::move(message));
   };
   if (Status reference = check_reference_source(task); !reference.is_ok())
     return failed({Check::reference_failed}, reference.message());
@@ -470,6 +505,11 @@ void EvalService::Impl::add_routes() {
   http.Get(R"(/v1/batches/([^/]+))", [this](const Request& req, Response& res) {
     auto batch = board.batch(req.matches[1]);
     batch ? reply(res, 200, *batch) : reply_error(res, 404, fmt::format("no batch \"{}\"", req.matches[1].str()));
+  });
+  http.Delete(R"(/v1/batches/([^/]+))", [this](const Request& req, Response& res) {
+    auto cancelled = board.cancel(req.matches[1], [this](const ServiceItem& item) { return to_json(cancelled_verdict(item)); });
+    cancelled ? reply(res, 200, json{{"batch", req.matches[1].str()}, {"cancelled", *cancelled}})
+              : reply_error(res, 404, fmt::format("no batch \"{}\"", req.matches[1].str()));
   });
   http.Get(R"(/v1/batches/([^/]+)/stream)",
            [this](const Request& req, Response& res) { on_stream(req.matches[1], res); });

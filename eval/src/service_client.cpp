@@ -71,7 +71,9 @@ struct ServiceClient::Impl {
 
   // One request; the answer's JSON, or the Status of whatever went wrong.
   Result<json> call(const std::string& method, const std::string& path, const std::string& body = "") {
-    httplib::Result res = method == "POST" ? http.Post(path, body, "application/json") : http.Get(path);
+    httplib::Result res = method == "POST"     ? http.Post(path, body, "application/json")
+                          : method == "DELETE" ? http.Delete(path)
+                                               : http.Get(path);
     std::string what = fmt::format("evaluation service {}: {} {}", where, method, path);
     if (!res) return io_error(fmt::format("{}: {}", what, httplib::to_string(res.error())));
     if (res->status >= 300) return http_error(res->status, res->body, what);
@@ -109,6 +111,14 @@ Result<BatchStatus> ServiceClient::poll(const std::string& batch) {
   auto answer = impl_->call("GET", "/v1/batches/" + batch);
   if (!answer.ok()) return answer.status();
   return batch_from_json(*answer);
+}
+
+Result<size_t> ServiceClient::cancel(const std::string& batch) {
+  auto answer = impl_->call("DELETE", "/v1/batches/" + batch);
+  if (!answer.ok()) return answer.status();
+  if (!answer->contains("cancelled") || !(*answer)["cancelled"].is_number_unsigned())
+    return parse_error("cancel answer without a count");
+  return (*answer)["cancelled"].get<size_t>();
 }
 
 Result<JobResult> ServiceClient::job(const std::string& job) {

@@ -193,6 +193,43 @@ TEST_F(ServiceTest, BadReferenceIsAnsweredNotRefused) {
 
 // stop() ends open streams instead of waiting for their batches (here: a sleeper that only its
 // 3 s correctness deadline ends).
+// One worker: the sleeper runs (until its 3 s deadline), the three behind it are cancelled and
+// answered at once; the batch then completes when the sleeper's verdict comes.
+TEST_F(ServiceTest, CancelAnswersTheJobsNotStartedAndLetsTheRunningOneFinish) {
+  start(1, [](EvalOptions& o) { o.timeouts.correctness_s = 3; });
+  ServiceClient c = client();
+  auto submission = c.submit({item("sleeper", kSleeperCandidate), item("a", correct_candidate(11)),
+                              item("b", correct_candidate(12)), item("c", correct_candidate(13))});
+  ASSERT_TRUE(submission.ok()) << submission.status().to_string();
+  for (int i = 0; i < 200; ++i) {  // until the sleeper has started
+    auto job = c.job(submission->jobs[0].job);
+    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    if (job->state == "running") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto cancelled = c.cancel(submission->batch);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status().to_string();
+  EXPECT_EQ(*cancelled, 3u);
+  auto again = c.cancel(submission->batch);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0u) << "nothing is answered twice";
+  auto results = c.wait(submission->batch, std::chrono::minutes(2));
+  ASSERT_TRUE(results.ok()) << results.status().to_string();
+  ASSERT_EQ(results->size(), 4u);
+  EXPECT_EQ((*results)[0].verdict->status, EvalStatus::timeout) << to_json(*(*results)[0].verdict).dump(2);
+  for (size_t i = 1; i < 4; ++i) {
+    const Verdict& v = *(*results)[i].verdict;
+    EXPECT_EQ(v.status, EvalStatus::infra_error) << to_json(v).dump(2);
+    EXPECT_NE(v.message.find("cancelled by the client"), std::string::npos) << v.message;
+    EXPECT_EQ(v.task_id, (*results)[i].id.get<std::string>());
+  }
+  EXPECT_EQ(service_->counts().done, 4u);
+  EXPECT_EQ(service_->counts().queued, 0u);
+  auto unknown = c.cancel("no-such-batch");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("404"), std::string::npos) << unknown.status().message();
+}
+
 TEST_F(ServiceTest, StopEndsOpenStreams) {
   start(1, [](EvalOptions& o) { o.timeouts.correctness_s = 3; });
   ServiceClient c = client();

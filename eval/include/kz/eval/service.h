@@ -20,6 +20,9 @@
 //                          "jobs": [job, ...]}
 //   GET /v1/batches/B/stream -> chunked application/x-ndjson: one {"id", "job", "verdict"} line per job
 //                          as it finishes (those already finished first); ends when the batch is done
+//   DELETE /v1/batches/B   -> {"batch", "cancelled": N}: the batch's jobs not yet started are answered
+//                          now (infra_error, "cancelled by the client"); started ones finish. For a
+//                          trainer that gives up on a step's stragglers, or restarts.
 //   GET /v1/health         -> {"status": "ok", "device" (the first), "devices", "workers" (per device),
 //                          "compile_jobs", "queued", "building",
 //                          "running", "done", "submitted", "cache": path or null}

@@ -56,6 +56,9 @@ class ServiceClient {
   Result<Submission> submit(const std::vector<ServiceItem>& items);
   Result<BatchStatus> poll(const std::string& batch);
   Result<JobResult> job(const std::string& job);
+  // Answers the batch's jobs that have not started with a cancellation (infra_error); started ones
+  // finish. The number cancelled.
+  Result<size_t> cancel(const std::string& batch);
   // Polls (every 20 ms at first, backing off to 500 ms) until every job of the batch is done, and
   // returns them in submission order; a timeout Status when `timeout` passes first.
   Result<std::vector<JobResult>> wait(const std::string& batch, std::chrono::milliseconds timeout);
