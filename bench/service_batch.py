@@ -173,6 +173,9 @@ def render(result: dict) -> str:
     for i, run in enumerate(result["rounds"], 1):
         lines.append(f"round {i}: submitted {run['submitted_s']:.1f} s after the service's start; verdicts "
                      f"{run['agreement']}; {prebuild_note(run)}")
+    for i, run in enumerate(result["rounds"], 1):  # where the time went, as kernelbench_compare.py says it
+        lines += ["", f"round {i}, where the time went (from the submission) -- "
+                  + compare_report.stage_section({"kz_batch": run})]
     return "\n".join(lines)
 
 

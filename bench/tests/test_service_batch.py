@@ -33,6 +33,7 @@ def test_rates_are_set_against_the_compare_runs_kernelbench(tmp_path):
     text = service_batch.render({"device": "cuda:0", "command": "kz serve-eval", "listening_s": 0.1, "candidates": 3,
                                  "kb_rate": rate, "kb_where": where, "rounds": [run, run]})
     assert "round 1 (cold)" in text and "round 2 (warm)" in text and "rates against KernelBench" in text
+    assert "round 2, where the time went (from the submission) -- kz: seconds per stage" in text
     from_start = next(line for line in text.splitlines() if line.startswith("round 1, from the start") and " all " in line)
     assert "6.2" in from_start.split(), from_start  # 0.2 s to the submission, then 6 s
     run["verdicts"][0].update(prebuild_started_s=0.5)
