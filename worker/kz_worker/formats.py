@@ -203,16 +203,16 @@ def main_prelude_pch():
     root = os.environ.get("KZ_LIGHTER_BUILDS_DIR")
     if not root:
         return None
-    directory = os.path.join(root, f"main-prelude-{_main_prelude_command()[1]}")
-    return directory if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")) else None
+    directory = _main_prelude_dir(root, _main_prelude_command()[1])
+    return directory if _main_prelude_ready(directory) else None
 
 
 def keep_main_prelude_pch(root: str) -> str:
     """Precompiles _MAIN_PRELUDE_HEADERS into root/main-prelude-<key>/ unless there already (key: the
     compiler command and torch's version, so a new torch never reads an old one); the directory."""
     command, key = _main_prelude_command()
-    directory = os.path.join(root, f"main-prelude-{key}")
-    if os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch")):
+    directory = _main_prelude_dir(root, key)
+    if _main_prelude_ready(directory):
         return directory
     building = f"{directory}.{os.getpid()}.tmp"
     header = os.path.join(building, _MAIN_PRELUDE_FILE)
@@ -224,6 +224,15 @@ def keep_main_prelude_pch(root: str) -> str:
                        capture_output=True, text=True, timeout=600, check=True)
     os.replace(building, directory)  # whole, or not at all
     return directory
+
+
+def _main_prelude_dir(root: str, key: str) -> str:
+    return os.path.join(root, f"main-prelude-{key}")
+
+
+def _main_prelude_ready(directory: str) -> bool:
+    """Whether keep_main_prelude_pch finished there (it moves the directory in whole)."""
+    return os.path.isdir(os.path.join(directory, _MAIN_PRELUDE_FILE + ".gch"))
 
 
 def _main_prelude_command():
