@@ -54,6 +54,11 @@ if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   echo "build: ${SECONDS} s"
 fi
+if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:-0} > 0 )); }; then
+  build/kz serve-eval --help > /dev/null 2>&1 || {
+    echo "build/kz has no serve-eval: cpp-httplib was not found (scripts/fetch-gpu-deps.sh puts it in .deps/; carry .deps)"
+    exit 1; }
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
