@@ -583,9 +583,9 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
   auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators), std::move(*pools));
   // The first evaluations find prepared fork servers (every format's evaluator makes the same kind):
   // a service is long-lived, so its first batch need not pay their imports. Build servers start as
-  // pre-builds need them, as in eval-suite, and stay idle after (one per core): started here too, one
-  // per core, their imports held back a first batch sent at once (on the H200 x2, 48 imports on 32
-  // cores: its first evaluations waited up to 10.5 s, and its last build ended no sooner).
+  // pre-builds need them, as in eval-suite, and stay idle after (one per core), so a service that is
+  // sent no `cuda` work holds none. Starting one per core here made no difference to a first batch
+  // sent at once (H200 and H200 x2, bench/README.md): its first wave waits for the evaluation servers.
   for (size_t pool = 0; pool < impl->pools.size(); ++pool)
     if (auto started = impl->pools.at(pool).start_fork_servers(impl->workers); !started.is_ok())
       std::fprintf(stderr, "kz: %s (evaluations start their own workers)\n", started.to_string().c_str());
