@@ -19,6 +19,7 @@ compare.json of the same session (same host): those ratios are against KernelBen
 and say so. Writes OUTDIR/service.json, OUTDIR/report.txt and the service's log.
 """
 import argparse
+import collections
 import json
 import os
 import pathlib
@@ -158,6 +159,14 @@ def prebuild_note(run: dict) -> str:
             + (f", the last build done {max(ends):.1f} s after the submission" if ends else ""))
 
 
+def device_note(run: dict) -> str:
+    """Where the evaluations ran, where the service had several GPUs ("" with one): the pools' shares."""
+    counts = collections.Counter(v.get("device") for v in run["verdicts"] if v.get("device"))
+    if len(counts) < 2:
+        return ""
+    return "; evaluations per device: " + ", ".join(f"{device} {n}" for device, n in sorted(counts.items()))
+
+
 def render(result: dict) -> str:
     kb, kb_where = result["kb_rate"], result["kb_where"]
     rows = []
@@ -172,7 +181,7 @@ def render(result: dict) -> str:
     lines.append(f"  rates against {kb_where}" if kb else f"  {kb_where or 'no KernelBench rate given (--kb-from compare.json)'}")
     for i, run in enumerate(result["rounds"], 1):
         lines.append(f"round {i}: submitted {run['submitted_s']:.1f} s after the service's start; verdicts "
-                     f"{run['agreement']}; {prebuild_note(run)}")
+                     f"{run['agreement']}; {prebuild_note(run)}{device_note(run)}")
     for i, run in enumerate(result["rounds"], 1):  # where the time went, as kernelbench_compare.py says it
         lines += ["", f"round {i}, where the time went (from the submission) -- "
                   + compare_report.stage_section({"kz_batch": run})]

@@ -50,3 +50,10 @@ def test_without_a_compare_run_there_is_no_ratio(tmp_path):
     text = service_batch.render({"device": "cpu", "command": "kz serve-eval", "listening_s": 0.1, "candidates": 1,
                                  "kb_rate": None, "kb_where": "", "rounds": [run]})
     assert "no KernelBench rate given" in text and not re.search(r"\d\.\d\dx", text)
+
+
+def test_several_devices_show_each_pools_share():
+    on = lambda device: dict(verdict("t/triton__correct", "triton", 1.0), device=device)  # noqa: E731
+    run = {"verdicts": [on("cuda:0"), on("cuda:1"), on("cuda:1"), dict(on(""), status="format_error")]}
+    assert service_batch.device_note(run) == "; evaluations per device: cuda:0 1, cuda:1 2"
+    assert service_batch.device_note({"verdicts": [on("cuda:0"), on("cuda:0")]}) == ""  # one device: nothing to say
