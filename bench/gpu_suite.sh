@@ -61,12 +61,21 @@ if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
+# The run's exit status: 1 when a step below failed (each still runs, and says so where it ends), so
+# that a caller reading only the status does not take a lost phase for a finished one.
+FAILED=0
+step_done() {  # step_done NAME STATUS: prints "NAME exit STATUS" and remembers a failure
+  echo "$1 exit $2"
+  (( $2 == 0 )) || FAILED=1
+}
+
 suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
   local name=$1 dir=$2; shift 2
   echo "== $name =="
   local start=$SECONDS
   build/kz eval-suite --suite suite/kzbench --candidates "$dir" \
     --device cuda:0 --no-cache --out "$OUT/$name.jsonl" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+  step_done "kz eval-suite ($name)" $?
   cat "$OUT/$name.txt"; tail -2 "$OUT/$name.err"; echo "$name: $((SECONDS - start)) s wall"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 }
@@ -77,8 +86,10 @@ if [[ $PART == rtc ]]; then
   mkdir -p /tmp/kz_refs && cp suite/kzbench/level*/*.py /tmp/kz_refs/
   suite reference-as-candidate /tmp/kz_refs --format torch
 elif [[ $PART == checks ]]; then
-  (cd build && ctest -L gpu --output-on-failure 2>&1 | tail -40) | tee "$OUT/ctest-gpu.txt"
-  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py 2>&1 | tail -15) | tee "$OUT/timing-gpu.txt"
+  (cd build && ctest -L gpu --output-on-failure > "$OUT/ctest-gpu.log" 2>&1); step_done "ctest -L gpu" $?
+  tail -40 "$OUT/ctest-gpu.log" | tee "$OUT/ctest-gpu.txt"
+  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py > "$OUT/timing-gpu.log" 2>&1)
+  step_done test_timing.py $?; tail -15 "$OUT/timing-gpu.log" | tee "$OUT/timing-gpu.txt"
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
            eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
@@ -94,7 +105,7 @@ elif [[ $PART == compare ]]; then
   timeout -k 10 $((BUDGET + 15)) python3 bench/kernelbench_compare.py --kernelbench "$KERNELBENCH" \
     --out "$OUT/compare" --device cuda:0 --kb-limit "$KB_LIMIT" --budget-s "$BUDGET" \
     > "$OUT/compare.txt" 2> "$OUT/compare.err"
-  echo "kernelbench_compare.py exit $? after ${SECONDS} s"; tail -3 "$OUT/compare.err"
+  step_done kernelbench_compare.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/compare.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   echo "full report: compare/report.txt in $FINAL/results-$PART.tgz"
   python3 bench/kernelbench_compare.py --report-only "$OUT/compare/compare.json" --short
@@ -103,13 +114,13 @@ elif [[ $PART == compare ]]; then
     timeout -k 10 $((60 * KZ_SERVICE_ROUNDS + 60)) python3 bench/service_batch.py --out "$OUT/service" \
       --device cuda:0 --rounds "$KZ_SERVICE_ROUNDS" --kb-from "$OUT/compare/compare.json" \
       > "$OUT/service.txt" 2> "$OUT/service.err"
-    echo "service_batch.py exit $?"; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
+    step_done service_batch.py $?; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
     tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   fi
 elif [[ $PART == service ]]; then
   python3 bench/service_batch.py --out "$OUT/service" --device "${KZ_SERVICE_DEVICE:-cuda:0}" \
     --rounds "${KZ_SERVICE_ROUNDS:-2}" ${KB_FROM:+--kb-from "$KB_FROM"} > "$OUT/service.txt" 2> "$OUT/service.err"
-  echo "service_batch.py exit $?"; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
+  step_done service_batch.py $?; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == timing ]]; then
   mkdir -p "$OUT/probe-candidates"
@@ -133,20 +144,24 @@ elif [[ $PART == multigpu ]]; then
     start=$SECONDS
     XDG_CACHE_HOME=$(mktemp -d) build/kz eval-suite --suite suite/kzbench --candidates "$OUT/batch/candidates" \
       --device "$devices" --no-cache --out "$OUT/$name.jsonl" > "$OUT/$name.txt" 2> "$OUT/$name.err"
-    echo "$devices: exit $?, $((SECONDS - start)) s wall" | tee -a "$OUT/walls.txt"
+    status=$?
+    echo "$devices: exit $status, $((SECONDS - start)) s wall" | tee -a "$OUT/walls.txt"
+    (( status == 0 )) || FAILED=1
   done
   python3 bench/multi_gpu_summary.py --manifest "$OUT/batch/manifest.jsonl" --walls "$OUT/walls.txt" \
     "$OUT"/batch-[0-9]*.jsonl | tee "$OUT/summary.txt"
+  (( PIPESTATUS[0] == 0 )) || FAILED=1
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
   start=$SECONDS
   python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out "$OUT/model" \
     > "$OUT/model.txt" 2> "$OUT/model.err"
-  echo "model_bench exit $?, $((SECONDS - start)) s wall"; tail -4 "$OUT/model.err"
+  step_done model_bench $?; echo "$((SECONDS - start)) s wall"; tail -4 "$OUT/model.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   cat "$OUT/model.txt"
 else
   suite triton suite/examples/triton
   suite cuda suite/examples/cuda
 fi
+exit $FAILED
