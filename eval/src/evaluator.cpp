@@ -54,6 +54,31 @@ nlohmann::json make_request(const EvalOptions& o, const Task& task, const Candid
   return request;
 }
 
+// Keeps what a request of a `cuda` candidate built (torch_extensions in its scratch dir) as `kept`,
+// unless `kept` exists already: each extension's library and the harness's marker of a failed
+// lighter build (worker/kz_worker/formats.py), regular files only, renamed into place whole. The
+// rest (objects, build files, anything else the candidate left) stays behind with the scratch dir.
+void keep_extension_builds(const fs::path& request_scratch, const fs::path& kept) {
+  std::error_code error;
+  const fs::path built = request_scratch / "torch_extensions";
+  if (fs::exists(kept, error) || !fs::is_directory(built, error)) return;
+  const fs::path staging = kept.string() + fmt::format(".{}-{}.tmp", ::getpid(), fresh_seed());
+  bool any = false;
+  for (const auto& entry : fs::directory_iterator(built, error)) {
+    if (!entry.is_directory(error) || entry.is_symlink(error)) continue;
+    const std::string name = entry.path().filename().string();
+    for (const std::string& file : {name + ".so", std::string("kz_lighter_build_failed")}) {
+      if (!fs::is_regular_file(fs::symlink_status(entry.path() / file, error))) continue;
+      fs::create_directories(staging / name, error);
+      if (!error) fs::copy_file(entry.path() / file, staging / name / file, error);
+      if (error) return (void)fs::remove_all(staging, error);  // nothing kept rather than part
+      any = true;
+    }
+  }
+  if (any) fs::rename(staging, kept, error);  // fails where another request kept this candidate's first
+  fs::remove_all(staging, error);
+}
+
 // The verdict for a worker run: its own verdict, or the supervisor's for a timeout, crash or
 // protocol violation.
 Verdict verdict_from_outcome(const WorkerOutcome& outcome) {
@@ -198,8 +223,19 @@ Status Evaluator::start_fork_servers(int count, EvalMode mode) const {
                                 [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); }, count);
 }
 
+std::string Evaluator::extension_build_key(const Candidate& candidate) const {
+  const char* arch = std::getenv("TORCH_CUDA_ARCH_LIST");  // passed on to the workers (worker_client.cpp)
+  return content_hash({"extension-build-v1", candidate.source, code_version_, gpu_name_,
+                       options_.device == "cpu" ? "cpu" : "cuda", arch ? arch : ""});
+}
+
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                                       EvalMode mode) const {
+  // A `cuda` candidate builds in its own scratch dir; the supervisor keeps the build, by the
+  // candidate's bytes, where no worker can write, and hands it to the candidate's later requests
+  // (the evaluation after its pre-build): no candidate can reach another's build (docs/evaluation.md).
+  fs::path kept_builds;
+  if (format == Format::cuda) kept_builds = extension_builds_dir(setup_.cache_dir) / extension_build_key(candidate);
   auto outcome = run_worker_request(
       worker_setup(mode), kScratchPrefix,
       [&](const fs::path& scratch) {
@@ -207,10 +243,19 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
         request["sandbox"] = sandbox_request_json(options_.sandbox, setup_.cache_dir);
         if (options_.device != "cpu" && options_.timing.exclusive)
           request["gpu_lock_dir"] = gpu_lock_dir(setup_.cache_dir).string();  // worker/kz_worker/gpu_lock.py
+        if (!kept_builds.empty()) {
+          std::error_code error;
+          request["extensions"] = {{"dir", (scratch / "torch_extensions").string()},
+                                   {"prebuilt", fs::is_directory(kept_builds, error) ? nlohmann::json(kept_builds.string())
+                                                                                     : nlohmann::json()}};
+        }
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
-      [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); });
+      [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); },
+      [&](const fs::path& scratch) {
+        if (!kept_builds.empty()) keep_extension_builds(scratch, kept_builds);
+      });
   if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));
   warn_sandbox_gaps(outcome->sandbox);
   Verdict verdict = verdict_from_outcome(*outcome);

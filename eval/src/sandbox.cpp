@@ -15,12 +15,14 @@ namespace {
 
 // The directories a worker may write to besides its scratch dir (the compile caches, the GPU locks).
 std::vector<fs::path> cache_write_dirs(const fs::path& cache_dir) {
-  return {cache_dir / "torch_extensions", cache_dir / "triton", gpu_lock_dir(cache_dir)};
+  return {cache_dir / "triton", gpu_lock_dir(cache_dir)};
 }
 
 }  // namespace
 
 fs::path gpu_lock_dir(const fs::path& cache_dir) { return cache_dir / "locks"; }
+
+fs::path extension_builds_dir(const fs::path& cache_dir) { return cache_dir / "extension_builds"; }
 
 void apply_sandbox(const SandboxOptions& options, const std::string& device, const fs::path& cache_dir,
                    ProcessSpec& spec) {

@@ -58,7 +58,9 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["PYTHONNOUSERSITE"] = "1";
   // The scratch dir (the cwd, writable, and a spare's exists before its request) stays off sys.path.
   env["PYTHONSAFEPATH"] = "1";
-  env["TORCH_EXTENSIONS_DIR"] = (setup.cache_dir / "torch_extensions").string();
+  // Builds stay in the worker's own scratch dir (each request's harness names its own dir there);
+  // the supervisor keeps them afterwards (Evaluator, extension_builds_dir).
+  env["TORCH_EXTENSIONS_DIR"] = (scratch / "torch_extensions").string();
   env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
   env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
@@ -385,7 +387,8 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
                                       const std::string& scratch_prefix,
                                       const std::function<nlohmann::json(const fs::path&)>& make_request,
                                       const StageDeadline& deadline_s,
-                                      const std::function<void(ProcessSpec&)>& customize) {
+                                      const std::function<void(ProcessSpec&)>& customize,
+                                      const std::function<void(const fs::path&)>& after_request) {
   std::optional<StartedWorker> server = IdleServers::instance().take(key);
   if (!server) {
     auto fresh = start_worker(setup, scratch_prefix, customize);
@@ -399,6 +402,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
                                       error ? error.message() : "it exists already"));
   Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
+  if (after_request) after_request(request_scratch);
   // With keep_scratch the files stay, so the server does not serve again.
   if (supervised.server_reusable && !setup.keep_scratch && clear_scratch(*server))
     IdleServers::instance().add(key, std::move(*server), setup.max_idle_servers);
@@ -450,19 +454,22 @@ void set_worker_device(const std::string& device, ProcessSpec& spec) {
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
                                          const StageDeadline& deadline_s,
-                                         const std::function<void(ProcessSpec&)>& customize) {
+                                         const std::function<void(ProcessSpec&)>& customize,
+                                         const std::function<void(const fs::path&)>& after_request) {
   if (!setup.fork_server) {
     auto worker = start_worker(setup, scratch_prefix, customize);
     if (!worker.ok()) return worker.status();
-    return run_one_request(*worker, worker->scratch, false, make_request, deadline_s).outcome;
+    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s);
+    if (after_request) after_request(worker->scratch);
+    return std::move(supervised.outcome);
   }
   std::string key = server_key(setup, scratch_prefix, customize);
-  auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
+  auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize, after_request);
   // A server that failed before its child's first message (killed while idle, a fork refused at a
   // process limit, a child that could not set up) is no verdict on the candidate: once more, on
   // another server where that one is gone.
   if (supervised.ok() && supervised->server_failed)
-    supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize);
+    supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize, after_request);
   if (!supervised.ok()) return supervised.status();
   return std::move(supervised->outcome);
 }

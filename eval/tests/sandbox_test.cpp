@@ -26,6 +26,7 @@
 #include "kz/core/files.h"
 #include "kz/core/subprocess.h"
 #include "kz/eval/evaluator.h"
+#include "kz/eval/sandbox.h"
 #include "kz/task/task.h"
 #include "test_support.h"
 
@@ -287,6 +288,29 @@ TEST_F(SandboxTest, CLevelWriteOutsideScratchHitsTheReadOnlyMounts) {
   EXPECT_FALSE(fs::exists(escape)) << "the file was written";
   fs::remove(escape);
   expect_next_is_ok(evaluator);
+}
+
+// Kept `cuda` builds (extension_builds_dir) are read-only to every worker: a GRPO sibling cannot
+// overwrite another candidate's library between its pre-build and its evaluation.
+TEST_F(SandboxTest, AnotherCandidatesKeptBuildIsOutOfReach) {
+  if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";
+  fs::path cache = fs::temp_directory_path() / ("kz_sandbox_cache_" + std::to_string(::getpid()));
+  fs::path library = extension_builds_dir(cache) / "a-sibling" / "relu_ext" / "relu_ext.so";
+  fs::create_directories(library.parent_path());
+  ASSERT_TRUE(write_file_atomic(library, "the sibling's library").is_ok());
+  EvalOptions o = options();
+  o.worker.cache_dir = cache;
+  Evaluator evaluator = make_evaluator(o);
+  std::string source = replace_once(fixture("sandbox_ctypes_write.py"), "\"/tmp/kz_sandbox_escape_c\"",
+                                    quoted(library.string()));
+  Verdict v = evaluate(evaluator, "sandbox_ctypes_write.py", source);
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "Read-only file system")) << v.message;
+  auto kept = read_file(library);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(*kept, "the sibling's library");
+  expect_next_is_ok(evaluator);
+  fs::remove_all(cache);
 }
 
 // ---- secrets -----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kz/core/files.h"
+#include "kz/eval/sandbox.h"
 #include "service_fixture.h"
 #include "test_support.h"
 
@@ -12,6 +13,7 @@ namespace kz {
 namespace {
 
 using test::ServiceTest;
+namespace fs = std::filesystem;
 
 std::string source(const std::string& relative) {
   auto text = read_file(test::source_dir() / relative);
@@ -60,6 +62,14 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_GT(*cuda.prebuild_s, 0);
   EXPECT_GE(*cuda.started_s, *cuda.prebuild_started_s + *cuda.prebuild_s - 0.5) << "evaluated after its build";
   EXPECT_LT(cuda.wall_s, *cuda.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
+  // The build was kept by the supervisor (no worker can write there), and nothing was built in a
+  // directory that workers share.
+  int libraries = 0;
+  std::error_code error;
+  for (const auto& entry : fs::recursive_directory_iterator(extension_builds_dir(dir_ / "compile-cache"), error))
+    libraries += entry.path().extension() == ".so";
+  EXPECT_EQ(libraries, 1) << "the correct candidate's library, kept";
+  EXPECT_FALSE(fs::exists(dir_ / "compile-cache" / "torch_extensions"));
 
   // A failed build is the verdict: no evaluation follows it.
   EXPECT_EQ(status_name(broken.status), std::string("compile_error")) << to_json(broken).dump(2);

@@ -22,9 +22,13 @@ from . import gpu_lock
 from . import verdict as v
 
 _extension_builds = []  # names passed to load_inline in this process
+_kept_builds = None      # the supervisor's kept builds of this candidate (read-only), or None
 
 
-def prepare(fmt: str, device: torch.device) -> None:
+def prepare(fmt: str, device: torch.device, extensions=None) -> None:
+    """`extensions` (the request's, for a `cuda` candidate): {"dir": where its builds go, in its own
+    scratch dir; "prebuilt": the supervisor's kept builds of this very candidate, or None}."""
+    global _kept_builds
     # An fp32 reference means fp32: TF32 would put the reference itself ~1e-3 off.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -32,6 +36,9 @@ def prepare(fmt: str, device: torch.device) -> None:
         import kz_rtc
         kz_rtc.set_compile_only(device.type != "cuda")
     if fmt == "cuda":
+        if extensions:
+            os.environ["TORCH_EXTENSIONS_DIR"] = extensions["dir"]
+            _kept_builds = extensions.get("prebuilt")
         if device.type != "cuda" and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
             # No GPU to take the architecture from: torch's default then fails (IndexError in
             # _get_cuda_arch_flags). Build for kz_rtc's compile-only target instead.
@@ -58,15 +65,20 @@ def _count_extension_builds() -> None:
         if lighter is not None:
             light_kwargs, main_lightened = lighter
             light_name = content_addressed_name(name, (), light_kwargs)
+            if (kept := kept_build(light_name, light_kwargs)) is not None:
+                return kept
             failed_marker = os.path.join(_extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
-            if not os.path.exists(failed_marker):
+            if not os.path.exists(failed_marker) and not _kept_marker(light_name):
                 try:
                     return original(light_name, **light_kwargs)
                 except Exception as exc:
                     if not _is_compile_exception(exc) or not may_need_the_full_header(str(exc), main_lightened):
                         raise  # as written, it would fail alike: no second build
-                    _write_marker(failed_marker)  # later loads (the GPU evaluation after a pre-build) skip it
-        return original(content_addressed_name(name, args, kwargs), *args, **kwargs)
+                    _write_marker(failed_marker)  # kept with the build: the evaluation after a pre-build skips it
+        full_name = content_addressed_name(name, args, kwargs)
+        if (kept := kept_build(full_name, kwargs)) is not None:
+            return kept
+        return original(full_name, *args, **kwargs)
 
     # A build is CPU work: never inside a shared GPU hold (one called in a forward).
     cpp_extension.load_inline = gpu_lock.releasing(load_inline)
@@ -425,6 +437,28 @@ def _write_header_names(path: str, key: str, names: set) -> None:
         pass  # only a cache: the next failing build computes the names again
 
 
+def kept_build(name: str, kwargs: dict):
+    """The module of extension `name` from the supervisor's kept builds of this candidate (its
+    pre-build), imported as load_inline imports what it built; None where there is none, or where
+    load_inline would not return a module (is_python_module=False, a build_directory of its own)."""
+    if not _kept_builds or not kwargs.get("is_python_module", True) or kwargs.get("build_directory"):
+        return None
+    import importlib.util
+    import torch.utils.cpp_extension as cpp_extension
+    path = os.path.join(_kept_builds, name, name + getattr(cpp_extension, "LIB_EXT", ".so"))
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kept_marker(name: str) -> bool:
+    """Whether the kept pre-build found that the lighter build of `name` fails (_write_marker)."""
+    return bool(_kept_builds) and os.path.exists(os.path.join(_kept_builds, name, _LIGHTER_BUILD_FAILED))
+
+
 def _extension_build_dir(name: str) -> str:
     import torch.utils.cpp_extension as cpp_extension
     return cpp_extension._get_build_directory(name, verbose=False)
@@ -442,10 +476,9 @@ def _write_marker(path: str) -> None:
 def content_addressed_name(name: str, args: tuple, kwargs: dict) -> str:
     """The extension name with a digest of everything load_inline builds from.
 
-    Every evaluation shares one TORCH_EXTENSIONS_DIR (so the parallel pre-builds are found
-    again), and torch keys a build by name alone: two candidates that call their extension alike
-    (samples of one task usually do) would rebuild over each other, and two building at once
-    could load each other's library. Sources that bind a module under a literal name of their
+    torch keys a build by name alone, and a candidate's pre-build and its evaluation must agree on
+    it (kept_build); a name of the content also keeps two extensions of one candidate apart when
+    they are called alike. Sources that bind a module under a literal name of their
     own (PYBIND11_MODULE without TORCH_EXTENSION_NAME) must keep theirs."""
     texts = [str(x) for x in (*args, *kwargs.values())]
     if any("PYBIND11_MODULE" in t and "TORCH_EXTENSION_NAME" not in t for t in texts):

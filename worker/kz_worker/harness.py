@@ -119,7 +119,7 @@ class Evaluation:
         reference = loading.load_reference(self.request["reference_source"], self.scratch,
                                            use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
                                            overrides=self.request.get("size_overrides", {}))
-        formats.prepare(self.format, self.device)
+        formats.prepare(self.format, self.device, self.request.get("extensions"))
         init_inputs = reference.init_inputs()
         # A compile-only request (a pre-build) builds the candidate and no more: the evaluation that
         # follows builds the reference (and reports it if it fails).

@@ -242,6 +242,57 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
 
 
+def keep_like_the_supervisor(ext_dir, kept_dir):
+    """What the supervisor keeps of a request's builds (eval/src/evaluator.cpp, keep_extension_builds):
+    each extension's library and the failed-lighter-build marker."""
+    import shutil
+    for build in ext_dir.iterdir():
+        for file in (build.name + ".so", formats._LIGHTER_BUILD_FAILED):
+            if (build / file).is_file():
+                (kept_dir / build.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy(build / file, kept_dir / build.name / file)
+
+
+def test_the_evaluation_after_a_pre_build_imports_the_kept_build(recorded_builds, tmp_path_factory, monkeypatch):
+    load_inline, built, ext_dir = recorded_builds
+    kwargs = dict(cpp_sources="torch::Tensor twice(torch::Tensor x);", cuda_sources=FULL_INCLUDE + KERNEL,
+                  functions=["twice"])
+    load_inline("kz_kept", **kwargs)  # the pre-build, in its own scratch dir
+    kept = tmp_path_factory.mktemp("kept")
+    keep_like_the_supervisor(ext_dir, kept)
+    # The evaluation: another, empty scratch dir, and the kept build, read-only.
+    evaluation_dir = tmp_path_factory.mktemp("evaluation")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
+    monkeypatch.setattr(formats, "_kept_builds", str(kept))
+    module = load_inline("kz_kept", **kwargs)
+    # (This process loaded the pre-build's library already, so its __file__ is that one's; an
+    # evaluation is a fresh process.)
+    assert hasattr(module, "twice") and len(built) == 1, f"built again: {built}"
+    assert not any(evaluation_dir.iterdir()), "nothing built or written in the evaluation's dir"
+    other = load_inline("kz_kept", **dict(kwargs, cuda_sources=kwargs["cuda_sources"] + "\n// other bytes"))
+    assert hasattr(other, "twice") and len(built) == 2, "what was not kept is built, in the evaluation's dir"
+
+
+def test_a_kept_build_is_imported_only_where_load_inline_would_return_a_module(tmp_path, monkeypatch):
+    import subprocess
+    import sysconfig
+    (tmp_path / "kz_tiny").mkdir()
+    source = tmp_path / "tiny.c"
+    source.write_text("#include <Python.h>\n"
+                      "static struct PyModuleDef tiny = {PyModuleDef_HEAD_INIT, \"kz_tiny\", NULL, -1, NULL};\n"
+                      "PyMODINIT_FUNC PyInit_kz_tiny(void) {\n"
+                      "  PyObject* m = PyModule_Create(&tiny); PyModule_AddIntConstant(m, \"answer\", 42); return m;\n}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
+                    "-o", str(tmp_path / "kz_tiny" / "kz_tiny.so")], check=True)
+    monkeypatch.setattr(formats, "_kept_builds", None)
+    assert formats.kept_build("kz_tiny", {}) is None, "no kept builds: build it"
+    monkeypatch.setattr(formats, "_kept_builds", str(tmp_path))
+    assert formats.kept_build("kz_tiny", {}).answer == 42
+    assert formats.kept_build("kz_other", {}) is None
+    assert formats.kept_build("kz_tiny", {"is_python_module": False}) is None
+    assert formats.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
+
+
 def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds):
     load_inline, built, ext_dir = recorded_builds
     # torch::cuda::device_count comes with torch/extension.h (torch/all.h), not torch/types.h.

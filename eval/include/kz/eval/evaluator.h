@@ -67,6 +67,8 @@ class Evaluator {
   Evaluator(EvalOptions options, WorkerSetup setup);
   Status open_cache();
   std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
+  // Names a `cuda` candidate's kept extension builds: its bytes and what its build depends on.
+  std::string extension_build_key(const Candidate& candidate) const;
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                              EvalMode mode) const;
   WorkerSetup worker_setup(EvalMode mode) const;

@@ -22,8 +22,12 @@ namespace kz {
 // under the cache dir, so every kz process that shares the caches shares the locks too.
 std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
 
+// Where the supervisor keeps `cuda` candidates' extension builds, one directory per candidate
+// (Evaluator): read-only to every worker, so no candidate can touch another's build.
+std::filesystem::path extension_builds_dir(const std::filesystem::path& cache_dir);
+
 // Applies `options` to a worker's spec (nothing when disabled). spec.cwd must be the scratch dir:
-// it, <cache_dir>/torch_extensions, <cache_dir>/triton, <cache_dir>/locks (created here) and /dev/shm stay writable.
+// it, <cache_dir>/triton, <cache_dir>/locks (created here) and /dev/shm stay writable.
 // The address-space limit applies only when `device` is "cpu". The first call with the sandbox
 // enabled also makes this (supervisor) process non-dumpable, so a worker without CAP_SYS_PTRACE
 // cannot read its /proc/<pid>/environ or memory, nor ptrace it.

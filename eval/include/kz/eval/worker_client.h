@@ -92,10 +92,13 @@ struct WorkerOutcome {
 // gives it back when its child is gone and nothing it started lives on; the server's scratch dir
 // is emptied first. A server that timed out, crashed or left processes behind is killed. Idle
 // servers live until the program ends (killed then, scratch dirs removed).
+// `after_request`, when given, is called with the request's scratch dir once the request is over
+// (every process of it gone) and before that dir is emptied: to keep what it made there.
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const std::filesystem::path&)>& make_request,
                                          const StageDeadline& deadline_s,
-                                         const std::function<void(ProcessSpec&)>& customize = {});
+                                         const std::function<void(ProcessSpec&)>& customize = {},
+                                         const std::function<void(const std::filesystem::path&)>& after_request = {});
 
 // With setup.fork_server: starts `count` fork servers of the kind run_worker_request(setup,
 // scratch_prefix, ..., customize) takes, so that the first requests of a batch find theirs
