@@ -67,8 +67,9 @@ def _count_extension_builds() -> None:
             light_name = content_addressed_name(name, (), light_kwargs)
             if (kept := kept_build(light_name, light_kwargs)) is not None:
                 return kept
-            failed_marker = os.path.join(_extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
-            if not os.path.exists(failed_marker) and not _kept_marker(light_name):
+            failed_marker = None if _kept_marker(light_name) else os.path.join(
+                _extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
+            if failed_marker and not os.path.exists(failed_marker):
                 try:
                     return original(light_name, **light_kwargs)
                 except Exception as exc:

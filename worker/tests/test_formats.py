@@ -307,6 +307,25 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds
     assert built[2:] == [full], "a second load goes straight to the build as written"
 
 
+def test_an_evaluation_skips_the_lighter_build_its_pre_build_found_failing(recorded_builds, tmp_path_factory,
+                                                                          monkeypatch):
+    load_inline, built, ext_dir = recorded_builds
+    needs_full = KERNEL.replace("auto y =", "TORCH_CHECK(torch::cuda::device_count() >= 0);\n    auto y =")
+    # Other bytes than the test above's: in one process torch would version a second build of a name.
+    kwargs = dict(cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                  cuda_sources=FULL_INCLUDE + needs_full + "\n// kept", functions=["twice"])
+    load_inline("kz_full", **kwargs)  # the pre-build: lighter (fails), then as written
+    assert len(built) == 2, built
+    kept = tmp_path_factory.mktemp("kept")
+    keep_like_the_supervisor(ext_dir, kept)
+    evaluation_dir = tmp_path_factory.mktemp("evaluation")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
+    monkeypatch.setattr(formats, "_kept_builds", str(kept))
+    assert hasattr(load_inline("kz_full", **kwargs), "twice")
+    assert len(built) == 2, f"the evaluation built again: {built}"
+    assert not any(evaluation_dir.iterdir())
+
+
 @pytest.mark.parametrize("message, as_written", [
     ('identifier "my_made_up_fn" is undefined', False),
     ('namespace "torch" has no member "totally_bogus_name"', False),
