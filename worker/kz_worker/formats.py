@@ -364,10 +364,10 @@ def _full_header_names() -> frozenset:
     definitions, so everything it includes, Python.h and the std headers too), plus every identifier in
     torch's header tree (for code in branches the preprocessor left out). ~2.6 s of CPU, needed only
     after a lightened build failed: scripts/setup.sh computes it for the build's interpreter into the
-    directory the supervisor names in KZ_LIGHTER_BUILDS_DIR (read-only for workers); elsewhere the
-    first failing build computes it and keeps it beside the builds (the extensions directory), so a
-    failing build after that reads it. Either file is named by the compiler, torch and the include
-    paths."""
+    directory the supervisor names in KZ_LIGHTER_BUILDS_DIR (read-only for workers); without it a
+    failing build computes it and keeps it beside its builds (the request's own extensions
+    directory, so only that request reads it again). Either file is named by the compiler, torch
+    and the include paths."""
     command, key = _header_names_command()
     name = _HEADER_NAMES_FILE.format(key=key)
     import torch.utils.cpp_extension as cpp_extension
