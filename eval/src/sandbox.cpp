@@ -13,7 +13,7 @@ namespace kz {
 namespace fs = std::filesystem;
 namespace {
 
-// The directories a worker may write to besides its scratch dir (the compile caches, the GPU locks).
+// The directories a worker may write to besides its scratch dir (the Triton cache, the GPU locks).
 std::vector<fs::path> cache_write_dirs(const fs::path& cache_dir) {
   return {cache_dir / "triton", gpu_lock_dir(cache_dir)};
 }
