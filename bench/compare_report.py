@@ -178,6 +178,21 @@ def stage_parts(verdicts: list, key: str, label: str) -> list:
     return lines
 
 
+def waits_per_device(verdicts: list) -> list:
+    """With several devices: per device, its evaluations, how many waited for their worker and their
+    summed start-up (where a pool's workers were not ready)."""
+    by_device = {}
+    for v in verdicts:
+        startup = (v.get("stage_s") or {}).get("startup")
+        if v.get("device") and startup is not None:
+            by_device.setdefault(v["device"], []).append(startup)
+    if len(by_device) < 2:
+        return []
+    parts = [f"{device} {len(s)} ({sum(1 for x in s if x >= READY_STARTUP_S)} waited, startup {sum(s):.1f} s)"
+             for device, s in sorted(by_device.items())]
+    return ["    per device: " + "; ".join(parts)]
+
+
 def stage_section(data: dict) -> str:
     """Seconds per stage, summed per format, from each verdict's stage_s (measured by kz's
     supervisor), with each format's share; then KernelBench's split."""
@@ -209,6 +224,7 @@ def stage_section(data: dict) -> str:
         lines.append(f"  workers: {ready} of {len(started)} evaluations found theirs ready (startup < {READY_STARTUP_S:g} s: "
                      "forked from a fork server done importing)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
+        lines += waits_per_device(verdicts)
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
     lines += stage_parts(verdicts, "timing_after_hold_s", "timing (after the hold, shared)")

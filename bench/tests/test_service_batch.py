@@ -57,3 +57,17 @@ def test_several_devices_show_each_pools_share():
     run = {"verdicts": [on("cuda:0"), on("cuda:1"), on("cuda:1"), dict(on(""), status="format_error")]}
     assert service_batch.device_note(run) == "; evaluations per device: cuda:0 1, cuda:1 2"
     assert service_batch.device_note({"verdicts": [on("cuda:0"), on("cuda:0")]}) == ""  # one device: nothing to say
+
+
+def test_with_several_devices_the_waits_for_workers_are_told_per_device():
+    import compare_report
+
+    def on(device, startup):
+        return dict(verdict("t/triton__correct", "triton", 1.0), device=device, stage_s={"startup": startup})
+
+    verdicts = [on("cuda:0", 0.5), on("cuda:1", 4.0), on("cuda:1", 0.4), on("cuda:1", 5.0)]
+    assert compare_report.waits_per_device(verdicts) == [
+        "    per device: cuda:0 1 (0 waited, startup 0.5 s); cuda:1 3 (2 waited, startup 9.4 s)"]
+    assert compare_report.waits_per_device(verdicts[:1]) == [], "one device: nothing to split"
+    text = compare_report.stage_section({"kz_batch": {"wall_s": 6.0, "verdicts": verdicts}})
+    assert "per device: cuda:0 1" in text
