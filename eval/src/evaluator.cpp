@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <random>
 #include <regex>
 
@@ -13,6 +15,7 @@
 #include "kz/core/hash.h"
 #include "kz/core/parallel.h"
 #include "kz/core/subprocess.h"
+#include "kz/eval/kept_builds.h"
 #include "kz/eval/sandbox.h"
 #include "kz/eval/static_checks.h"
 #include "kz/eval/suite.h"
@@ -52,31 +55,6 @@ nlohmann::json make_request(const EvalOptions& o, const Task& task, const Candid
   request["seed"] = seed;
   request["scratch_dir"] = scratch.string();
   return request;
-}
-
-// Keeps what a request of a `cuda` candidate built (torch_extensions in its scratch dir) as `kept`,
-// unless `kept` exists already: each extension's library and the harness's marker of a failed
-// lighter build (worker/kz_worker/formats.py), regular files only, renamed into place whole. The
-// rest (objects, build files, anything else the candidate left) stays behind with the scratch dir.
-void keep_extension_builds(const fs::path& request_scratch, const fs::path& kept) {
-  std::error_code error;
-  const fs::path built = request_scratch / "torch_extensions";
-  if (fs::exists(kept, error) || !fs::is_directory(built, error)) return;
-  const fs::path staging = kept.string() + fmt::format(".{}-{}.tmp", ::getpid(), fresh_seed());
-  bool any = false;
-  for (const auto& entry : fs::directory_iterator(built, error)) {
-    if (!entry.is_directory(error) || entry.is_symlink(error)) continue;
-    const std::string name = entry.path().filename().string();
-    for (const std::string& file : {name + ".so", std::string("kz_lighter_build_failed")}) {
-      if (!fs::is_regular_file(fs::symlink_status(entry.path() / file, error))) continue;
-      fs::create_directories(staging / name, error);
-      if (!error) fs::copy_file(entry.path() / file, staging / name / file, error);
-      if (error) return (void)fs::remove_all(staging, error);  // nothing kept rather than part
-      any = true;
-    }
-  }
-  if (any) fs::rename(staging, kept, error);  // fails where another request kept this candidate's first
-  fs::remove_all(staging, error);
 }
 
 // The verdict for a worker run: its own verdict, or the supervisor's for a timeout, crash or
@@ -223,6 +201,16 @@ Status Evaluator::start_fork_servers(int count, EvalMode mode) const {
                                 [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); }, count);
 }
 
+// Every 64th build kept by this process (the first included) looks at the size of them all: a scan of
+// the directory, which an RL run fills at ~1 MB per `cuda` candidate.
+void Evaluator::prune_now_and_then() const {
+  static std::atomic<unsigned> kept{0};
+  static std::mutex pruning;
+  if (kept++ % 64 != 0) return;
+  std::lock_guard lock(pruning);
+  prune_kept_builds(extension_builds_dir(setup_.cache_dir), uint64_t(options_.worker.kept_builds_max_mb) << 20);
+}
+
 std::string Evaluator::extension_build_key(const Candidate& candidate) const {
   const char* arch = std::getenv("TORCH_CUDA_ARCH_LIST");  // passed on to the workers (worker_client.cpp)
   return content_hash({"extension-build-v1", candidate.source, code_version_, gpu_name_,
@@ -254,7 +242,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
       [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); },
       [&](const fs::path& scratch) {
-        if (!kept_builds.empty()) keep_extension_builds(scratch, kept_builds);
+        if (!kept_builds.empty() && keep_extension_builds(scratch, kept_builds)) prune_now_and_then();
       });
   if (!outcome.ok()) return outcome.status().with_context(fmt::format("task {}: starting the worker", task.id));
   warn_sandbox_gaps(outcome->sandbox);

@@ -44,6 +44,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.cache_dir", o.worker.cache_dir},
       {"worker.scratch_root", o.worker.scratch_root},
       {"worker.keep_scratch", o.worker.keep_scratch},
+      {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
       {"worker.fork_server", o.worker.fork_server},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
@@ -81,6 +82,7 @@ Status EvalOptions::validate() const {
   if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
       sandbox.open_files < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
+  if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
     return invalid_argument(
         fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));

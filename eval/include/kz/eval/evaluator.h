@@ -69,6 +69,8 @@ class Evaluator {
   std::string cache_key(const Task& task, const Candidate& candidate, Format format) const;
   // Names a `cuda` candidate's kept extension builds: its bytes and what its build depends on.
   std::string extension_build_key(const Candidate& candidate) const;
+  // Keeps the kept builds within [worker] kept_builds_max_mb (prune_kept_builds), now and then.
+  void prune_now_and_then() const;
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
                              EvalMode mode) const;
   WorkerSetup worker_setup(EvalMode mode) const;

@@ -53,6 +53,9 @@ struct WorkerOptions {
   std::filesystem::path cache_dir;    // kept `cuda` builds, Triton cache, GPU locks; empty: ~/.cache/kernelzero
   std::filesystem::path scratch_root; // per-evaluation scratch dirs; empty: $TMPDIR or /tmp
   bool keep_scratch = false;     // keep scratch dirs (debugging)
+  // Room for the kept `cuda` builds (<cache_dir>/extension_builds, ~1 MB per candidate): past it the
+  // ones kept longest ago go. 0: no limit.
+  int64_t kept_builds_max_mb = 20480;
   // Run evaluations in children forked from fork servers that imported torch, Triton and the
   // harness once (worker/kz_worker/fork_server.py): ~1 s to a ready process on the GPU host instead
   // of ~12 s. Every evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or
