@@ -33,10 +33,10 @@ nlohmann::json make_request(const std::string& source, const std::vector<ApiEntr
           {"time_band_ms", {o.time_band_min_ms, o.time_band_max_ms}},
           {"cpu_max_ms", o.cpu_max_ms},
           {"timing_runs", o.timing_runs}};
-  request["sandbox"] = sandbox_request_json(o.sandbox, cache_dir);
+  request["sandbox"] = sandbox_request_json(o.sandbox);
   // Its GPU work takes the GPU lock shared and its time-band runs exclusive, like an evaluation:
   // evaluations sharing the GPU neither disturb it nor are disturbed by it (worker/kz_worker/gpu_lock.py).
-  if (o.device != "cpu") request["gpu_lock_dir"] = gpu_lock_dir(cache_dir).string();
+  if (o.device != "cpu") request["gpu_lock_dir"] = prepared_gpu_lock_dir(cache_dir).string();
   return request;
 }
 
@@ -91,7 +91,7 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
       [&](const std::string& stage) { return stage_deadline_s(options, stage); },
       [&](ProcessSpec& spec) {
         set_worker_device(options.device, spec);
-        apply_sandbox(options.sandbox, options.device, setup->cache_dir, spec);
+        apply_sandbox(options.sandbox, options.device, spec);
       });
   if (!outcome.ok()) return outcome.status().with_context("module validation: starting the worker");
   warn_sandbox_gaps(outcome->sandbox);

@@ -288,6 +288,8 @@ int gpu_count() {
   return static_cast<int>(nvidia_smi_lines({"-L"}).size());
 }
 
+std::vector<std::string> gpu_uuids() { return nvidia_smi_lines({"--query-gpu=uuid", "--format=csv,noheader"}); }
+
 std::string gpu_model_names() {
   auto lines = nvidia_smi_lines({"--query-gpu=name", "--format=csv,noheader"});
   std::set<std::string> names(lines.begin(), lines.end());

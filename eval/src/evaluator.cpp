@@ -193,7 +193,7 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
 void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   set_worker_device(options_.device, spec);
   if (mode == EvalMode::compile_only) spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
-  apply_sandbox(options_.sandbox, options_.device, setup_.cache_dir, spec);
+  apply_sandbox(options_.sandbox, options_.device, spec);
 }
 
 Status Evaluator::start_fork_servers(int count, EvalMode mode) const {
@@ -228,9 +228,9 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
       worker_setup(mode), kScratchPrefix,
       [&](const fs::path& scratch) {
         auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
-        request["sandbox"] = sandbox_request_json(options_.sandbox, setup_.cache_dir);
-        if (options_.device != "cpu" && options_.timing.exclusive)
-          request["gpu_lock_dir"] = gpu_lock_dir(setup_.cache_dir).string();  // worker/kz_worker/gpu_lock.py
+        request["sandbox"] = sandbox_request_json(options_.sandbox);
+        if (options_.device != "cpu" && options_.timing.exclusive)  // worker/kz_worker/gpu_lock.py
+          request["gpu_lock_dir"] = prepared_gpu_lock_dir(setup_.cache_dir).string();
         if (!kept_builds.empty()) {
           std::error_code error;
           request["extensions"] = {{"dir", (scratch / "torch_extensions").string()},

@@ -2,30 +2,70 @@
 #include "kz/eval/sandbox.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <set>
+
+#include "kz/eval/cache.h"
 
 namespace kz {
 namespace fs = std::filesystem;
 namespace {
 
-// The directories a worker may write to besides its scratch dir (the Triton cache, the GPU locks).
-std::vector<fs::path> cache_write_dirs(const fs::path& cache_dir) {
-  return {cache_dir / "triton", gpu_lock_dir(cache_dir)};
-}
+// Besides its scratch dir a worker may write to /dev/shm only (CUDA's IPC and torch's shared memory
+// live there). Every compile cache is the request's own, in its scratch dir, and the GPU locks'
+// files are the supervisor's (prepared_gpu_lock_dir).
+constexpr const char* kSharedMemoryDir = "/dev/shm";
 
 }  // namespace
 
 fs::path gpu_lock_dir(const fs::path& cache_dir) { return cache_dir / "locks"; }
 
+std::string gpu_lock_file_stem(const std::string& gpu_uuid) {
+  std::string name = gpu_uuid.rfind("GPU-", 0) == 0 ? gpu_uuid.substr(4) : gpu_uuid;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+  return "gpu-" + name;
+}
+
+Status make_gpu_lock_files(const fs::path& lock_dir, const std::vector<std::string>& gpu_uuids) {
+  std::error_code error;
+  fs::create_directories(lock_dir, error);
+  if (error) return internal_error(fmt::format("making the GPU lock dir {}: {}", lock_dir.string(), error.message()));
+  for (const std::string& uuid : gpu_uuids) {
+    for (const char* suffix : {".lock", ".turnstile"}) {
+      fs::path path = lock_dir / (gpu_lock_file_stem(uuid) + suffix);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);  // never truncates one in use
+      if (fd < 0) return internal_error(fmt::format("making the GPU lock file {}: {}", path.string(), std::strerror(errno)));
+      ::close(fd);
+    }
+  }
+  return Status::ok();
+}
+
+fs::path prepared_gpu_lock_dir(const fs::path& cache_dir) {
+  static std::mutex mutex;
+  static std::set<fs::path> prepared;
+  fs::path dir = gpu_lock_dir(cache_dir);
+  std::lock_guard lock(mutex);
+  if (prepared.insert(dir).second) {
+    if (Status made = make_gpu_lock_files(dir, gpu_uuids()); !made.is_ok())
+      std::fprintf(stderr, "kz: %s (GPU evaluations will fail to take their lock)\n", made.to_string().c_str());
+  }
+  return dir;
+}
+
 fs::path extension_builds_dir(const fs::path& cache_dir) { return cache_dir / "extension_builds"; }
 
-void apply_sandbox(const SandboxOptions& options, const std::string& device, const fs::path& cache_dir,
-                   ProcessSpec& spec) {
+void apply_sandbox(const SandboxOptions& options, const std::string& device, ProcessSpec& spec) {
   if (!options.enabled) return;
   static std::once_flag protect_once;
   std::call_once(protect_once, [] { ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); });
@@ -42,22 +82,14 @@ void apply_sandbox(const SandboxOptions& options, const std::string& device, con
   spec.read_only_filesystem = options.read_only_filesystem;
   if (options.read_only_filesystem) {
     spec.writable_paths = {spec.cwd};
-    for (const fs::path& dir : cache_write_dirs(cache_dir)) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (fs::is_directory(dir, ec)) spec.writable_paths.push_back(dir);
-    }
     std::error_code ec;
-    if (fs::is_directory("/dev/shm", ec)) spec.writable_paths.push_back("/dev/shm");
+    if (fs::is_directory(kSharedMemoryDir, ec)) spec.writable_paths.push_back(kSharedMemoryDir);
   }
 }
 
-nlohmann::json sandbox_request_json(const SandboxOptions& options, const fs::path& cache_dir) {
-  nlohmann::json writable = nlohmann::json::array();
-  for (const fs::path& dir : cache_write_dirs(cache_dir)) writable.push_back(dir.string());
-  writable.push_back("/dev/shm");
+nlohmann::json sandbox_request_json(const SandboxOptions& options) {
   return {{"enabled", options.enabled},
-          {"writable_dirs", writable},
+          {"writable_dirs", nlohmann::json::array({kSharedMemoryDir})},
           {"gpu_memory_fraction", options.gpu_memory_fraction}};
 }
 

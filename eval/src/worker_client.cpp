@@ -59,9 +59,12 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   // The scratch dir (the cwd, writable, and a spare's exists before its request) stays off sys.path.
   env["PYTHONSAFEPATH"] = "1";
   // Builds stay in the worker's own scratch dir (each request's harness names its own dir there);
-  // the supervisor keeps them afterwards (Evaluator, extension_builds_dir).
+  // the supervisor keeps them afterwards (Evaluator, extension_builds_dir). The Triton cache too, and
+  // it is never shared: it holds C modules (Triton's driver helper, a launcher per kernel signature)
+  // imported under keys anyone can compute (docs/evaluation.md, "Shared compile caches"). A fork
+  // server's child points it at its request's dir (fork_server.run_child).
   env["TORCH_EXTENSIONS_DIR"] = (scratch / "torch_extensions").string();
-  env["TRITON_CACHE_DIR"] = (setup.cache_dir / "triton").string();
+  env["TRITON_CACHE_DIR"] = (scratch / "triton").string();
   env["MAX_JOBS"] = std::to_string(cpu_cores());
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <random>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -109,6 +110,21 @@ class SandboxTest : public ::testing::Test {
   }
 };
 
+std::string quoted(const std::string& text) {
+  std::string out;
+  out += '"';
+  out += text;
+  out += '"';
+  return out;
+}
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  size_t at = text.find(from);
+  if (at == std::string::npos) ADD_FAILURE() << "fixture has no '" << from << "'";
+  else text.replace(at, from.size(), to);
+  return text;
+}
+
 #ifndef KZ_GPU_TESTS
 
 // Whether this machine gives a child a read-only mount namespace (root, mount namespaces allowed).
@@ -170,21 +186,6 @@ class LoopbackListener {
   int fd_ = -1;
   int port_ = 0;
 };
-
-std::string quoted(const std::string& text) {
-  std::string out;
-  out += '"';
-  out += text;
-  out += '"';
-  return out;
-}
-
-std::string replace_once(std::string text, const std::string& from, const std::string& to) {
-  size_t at = text.find(from);
-  if (at == std::string::npos) ADD_FAILURE() << "fixture has no '" << from << "'";
-  else text.replace(at, from.size(), to);
-  return text;
-}
 
 // ---- processes ---------------------------------------------------------------------------------
 
@@ -313,6 +314,58 @@ TEST_F(SandboxTest, AnotherCandidatesKeptBuildIsOutOfReach) {
   fs::remove_all(cache);
 }
 
+// Triton imports C modules from its cache (its driver helper, a launcher per kernel signature):
+// each request has its own cache, in its scratch dir, whether a fork server's child or a worker
+// started for it runs the request, and the cache every worker once shared is out of reach.
+TEST_F(SandboxTest, TritonCacheIsTheRequestsOwn) {
+  for (const char* fork_server : {"always", "never"}) {
+    EvalOptions o = options();
+    o.worker.fork_server = fork_server;
+    Evaluator evaluator = make_evaluator(o);
+    Verdict v = evaluate_fixture(evaluator, "sandbox_triton_cache_dir.py");
+    expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+    std::smatch found;
+    ASSERT_TRUE(std::regex_search(v.message, found, std::regex("triton_cache=(/\\S*) cwd=(/\\S*) end"))) << v.message;
+    EXPECT_EQ(found[1].str(), found[2].str() + "/triton") << fork_server << ": " << v.message;
+    expect_next_is_ok(evaluator);
+  }
+  if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";
+  fs::path cache = fs::temp_directory_path() / ("kz_sandbox_cache_" + std::to_string(::getpid()));
+  fs::path helper = cache / "triton" / "SOMEKEY" / "cuda_utils.so";  // where an older kz shared Triton's cache
+  fs::create_directories(helper.parent_path());
+  EvalOptions o = options();
+  o.worker.cache_dir = cache;
+  Evaluator evaluator = make_evaluator(o);
+  std::string source = replace_once(fixture("sandbox_ctypes_write.py"), "\"/tmp/kz_sandbox_escape_c\"",
+                                    quoted(helper.string()));
+  Verdict v = evaluate(evaluator, "sandbox_ctypes_write.py", source);
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "Read-only file system")) << v.message;
+  EXPECT_FALSE(fs::exists(helper));
+  fs::remove_all(cache);
+}
+
+// The GPU locks' files are the supervisor's: a candidate that could unlink or replace one would
+// split the lock (later workers locking another file), and timings would overlap.
+TEST_F(SandboxTest, GpuLockFilesAreOutOfReach) {
+  if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";
+  fs::path cache = fs::temp_directory_path() / ("kz_sandbox_locks_" + std::to_string(::getpid()));
+  ASSERT_TRUE(make_gpu_lock_files(gpu_lock_dir(cache), {"GPU-test"}).is_ok());
+  EvalOptions o = options();
+  o.worker.cache_dir = cache;
+  Evaluator evaluator = make_evaluator(o);
+  fs::path lock = gpu_lock_dir(cache) / (gpu_lock_file_stem("GPU-test") + ".lock");
+  std::string source = replace_once(fixture("sandbox_ctypes_write.py"), "\"/tmp/kz_sandbox_escape_c\"",
+                                    quoted(lock.string()));
+  Verdict v = evaluate(evaluator, "sandbox_ctypes_write.py", source);
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "Read-only file system")) << v.message;
+  auto kept = read_file(lock);
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  EXPECT_EQ(*kept, "");
+  fs::remove_all(cache);
+}
+
 // ---- secrets -----------------------------------------------------------------------------------
 
 TEST_F(SandboxTest, SupervisorEnvironmentIsNotVisible) {
@@ -376,6 +429,35 @@ TEST_F(SandboxTest, ExamplesOfEachFormatStayOkUnderTheSandbox) {
     Verdict v = evaluate(evaluator, path, *source, ref + stem + ".py");
     EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
   }
+}
+
+// A candidate plants a library where Triton looks for its driver helper, in its own cache and in
+// the one workers once shared (sandbox_triton_poisons_helper.py): the Triton candidate evaluated
+// next, on the same fork servers, never loads it.
+TEST_F(SandboxTest, PlantedTritonHelperNeverLoadsInTheNextEvaluation) {
+  fs::path cache = fs::temp_directory_path() / ("kz_sandbox_gpu_cache_" + std::to_string(::getpid()));
+  fs::create_directories(cache / "triton");
+  fs::path marker = fs::path("/dev/shm") / ("kz_triton_planted_" + std::to_string(::getpid()));
+  fs::remove(marker);
+  EvalOptions o = options();
+  o.device = "cuda:0";
+  o.timing.runs = 10;
+  o.worker.cache_dir = cache;
+  Evaluator evaluator = make_evaluator(o);
+  std::string source = replace_once(fixture("sandbox_triton_poisons_helper.py"), "\"/dev/shm/kz_triton_poisoned\"",
+                                    quoted(marker.string()));
+  source = replace_once(source, "\"/nonexistent/triton\"", quoted((cache / "triton").string()));
+  Verdict planted = evaluate(evaluator, "sandbox_triton_poisons_helper.py", source);
+  EXPECT_FALSE(fs::exists(marker)) << "the planting candidate loaded its own library\n" << dump(planted);
+  for (int i = 0; i < 3; ++i) {  // more than one fork server may be idle
+    auto next = read_file(source_dir() / kTritonRelu);
+    ASSERT_TRUE(next.ok());
+    Verdict v = evaluate(evaluator, kTritonRelu, *next);
+    EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
+  }
+  EXPECT_FALSE(fs::exists(marker)) << "a later Triton evaluation loaded the planted helper";
+  fs::remove(marker);
+  fs::remove_all(cache);
 }
 
 #endif

@@ -22,13 +22,34 @@ import time
 import torch
 
 
+def lock_file_stem(gpu_name: str) -> str:
+    """"gpu-<UUID>" for a GPU's lock files, without nvidia-smi's "GPU-" prefix (torch has none). The
+    supervisor names the files it makes alike (eval/src/sandbox.cpp, gpu_lock_file_stem)."""
+    name = gpu_name[4:] if gpu_name.startswith("GPU-") else gpu_name
+    return "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name)
+
+
+def _open_lock_file(path: str) -> int:
+    """The supervisor makes each GPU's lock files in a directory read-only to workers (flock needs
+    no write access), so no candidate can unlink one and split the lock. Where the directory is
+    writable (the sandbox off, a test's own dir) a missing file is made here."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise RuntimeError(f"GPU lock file {path} is missing and cannot be made here ({exc.strerror}): the "
+                           "supervisor makes one per GPU UUID that nvidia-smi lists") from exc
+
+
 class GpuLock:
     def __init__(self, lock_dir: str, gpu_name: str, device=None):
-        os.makedirs(lock_dir, exist_ok=True)
-        name = gpu_name
-        base = os.path.join(lock_dir, "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name))
-        self.gpu_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        self.turnstile_fd = os.open(base + ".turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        base = os.path.join(lock_dir, lock_file_stem(gpu_name))
+        self.gpu_fd = _open_lock_file(base + ".lock")
+        self.turnstile_fd = _open_lock_file(base + ".turnstile")
         self.device = device  # synchronised before each release (None: no CUDA device, nothing to wait for)
         self.mode = None  # None, "shared" or "exclusive": what this process holds now
         # Seconds spent waiting for the lock (both modes) and holding it exclusive: where an

@@ -2,10 +2,14 @@
 
 Real lock files and real processes (flock is per open file description, so each holder here is
 its own process, as each worker is)."""
+import fcntl
 import multiprocessing as mp
+import os
 import time
 
-from kz_worker.gpu_lock import GpuLock
+import pytest
+
+from kz_worker.gpu_lock import GpuLock, lock_file_stem
 
 HOLD_S = 0.4
 
@@ -123,3 +127,42 @@ def test_released_does_nothing_outside_a_shared_hold(tmp_path):
     with holder.exclusive():
         with holder.released():  # a compile inside a timing is the candidate's own time
             assert holder.mode == "exclusive" and not taken_exclusive(other)
+
+
+def test_lock_files_are_named_by_uuid_without_the_nvidia_smi_prefix():
+    assert lock_file_stem("GPU-1cf2d1e7-ec4d-4df4-9a10-0c9e") == "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e"
+    assert lock_file_stem("1cf2d1e7-ec4d-4df4-9a10-0c9e") == "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e"
+    assert lock_file_stem("index0/x") == "gpu-index0_x"
+
+
+def test_lock_files_made_by_the_supervisor_lock_in_a_read_only_dir(tmp_path):
+    # The supervisor's files in a directory workers cannot write: flock needs no write access, and
+    # neither a lock file nor the directory can be changed from here.
+    for suffix in (".lock", ".turnstile"):
+        (tmp_path / (lock_file_stem("GPU-test") + suffix)).touch(mode=0o444)
+    tmp_path.chmod(0o555)
+    try:
+        holder, timing = GpuLock(str(tmp_path), "GPU-test"), GpuLock(str(tmp_path), "GPU-test")
+        with holder.shared():
+            assert not _try_exclusive(timing)
+        assert _try_exclusive(timing)
+        if os.geteuid() != 0:  # root writes anyway
+            with pytest.raises(PermissionError):
+                os.unlink(tmp_path / (lock_file_stem("GPU-test") + ".lock"))
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_a_missing_lock_file_that_cannot_be_made_is_a_clear_error(tmp_path):
+    (tmp_path / "a-file").write_text("")  # no directory can be made under it, not even by root
+    with pytest.raises(RuntimeError, match="GPU lock file .*gpu-other.lock is missing and cannot be made"):
+        GpuLock(str(tmp_path / "a-file" / "locks"), "GPU-other")
+
+
+def _try_exclusive(lock) -> bool:
+    try:
+        fcntl.flock(lock.gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(lock.gpu_fd, fcntl.LOCK_UN)
+    return True

@@ -95,6 +95,9 @@ const std::string& supervisor_version();
 // there is no nvidia-smi. Every model of the host is named (not just the evaluated device's, whose
 // nvidia-smi index may differ from its CUDA index), so a verdict never crosses GPU models.
 std::string gpu_model_names();
+// Every GPU's UUID as nvidia-smi prints it ("GPU-..."), whatever CUDA_VISIBLE_DEVICES says; empty
+// without nvidia-smi.
+std::vector<std::string> gpu_uuids();
 // GPUs visible to CUDA: CUDA_VISIBLE_DEVICES's entries when set, else the GPUs nvidia-smi lists.
 int gpu_count();
 

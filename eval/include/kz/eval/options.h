@@ -50,7 +50,7 @@ struct StageTimeouts {
 struct WorkerOptions {
   std::string python;            // interpreter; empty: $KZ_PYTHON, else the build's default venv
   std::filesystem::path worker_dir;   // folder holding kz_worker/ and kz_rtc/; empty: the source tree's
-  std::filesystem::path cache_dir;    // kept `cuda` builds, Triton cache, GPU locks; empty: ~/.cache/kernelzero
+  std::filesystem::path cache_dir;    // kept `cuda` builds, GPU locks; empty: ~/.cache/kernelzero
   std::filesystem::path scratch_root; // per-evaluation scratch dirs; empty: $TMPDIR or /tmp
   bool keep_scratch = false;     // keep scratch dirs (debugging)
   // Room for the kept `cuda` builds (<cache_dir>/extension_builds, ~1 MB per candidate): past it the
@@ -83,7 +83,7 @@ struct SandboxOptions {
                                  // space, so a GPU worker gets no limit here (gpu_memory_fraction instead)
   int open_files = 4096;         // RLIMIT_NOFILE
   bool network = false;          // false: the worker gets its own network namespace (no network at all)
-  bool read_only_filesystem = true;  // everything read-only but scratch, the Triton cache, the GPU locks and /dev/shm
+  bool read_only_filesystem = true;  // everything read-only but scratch, the GPU locks and /dev/shm
   double gpu_memory_fraction = 0.9;  // torch.cuda.set_per_process_memory_fraction before any candidate code:
                                      // the caching allocator refuses more (an OOM error); 0: no limit
 };

@@ -11,32 +11,46 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "kz/core/status.h"
 #include "kz/core/subprocess.h"
 #include "kz/eval/options.h"
 #include "kz/eval/verdict.h"
 
 namespace kz {
 
-// Where the workers of one machine keep their per-GPU lock files (worker/kz_worker/gpu_lock.py):
+// Where the workers of one machine find their per-GPU lock files (worker/kz_worker/gpu_lock.py):
 // under the cache dir, so every kz process that shares the caches shares the locks too.
 std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
+
+// "gpu-<UUID>", the lock files' name without suffix, as the workers name them: nvidia-smi's "GPU-"
+// prefix dropped (torch's UUIDs have none), any character but alphanumerics and '-' made '_'.
+std::string gpu_lock_file_stem(const std::string& gpu_uuid);
+
+// Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files (existing ones are left as
+// they are). Workers cannot write in the lock dir under the sandbox: a lock file a candidate could
+// unlink would split the lock, and timings would overlap.
+Status make_gpu_lock_files(const std::filesystem::path& lock_dir, const std::vector<std::string>& gpu_uuids);
+
+// gpu_lock_dir(cache_dir), with the lock files of every GPU nvidia-smi lists (made once per process;
+// a failure is said on stderr, and the workers then report the missing file).
+std::filesystem::path prepared_gpu_lock_dir(const std::filesystem::path& cache_dir);
 
 // Where the supervisor keeps `cuda` candidates' extension builds, one directory per candidate
 // (Evaluator): read-only to every worker, so no candidate can touch another's build.
 std::filesystem::path extension_builds_dir(const std::filesystem::path& cache_dir);
 
 // Applies `options` to a worker's spec (nothing when disabled). spec.cwd must be the scratch dir:
-// it, <cache_dir>/triton, <cache_dir>/locks (created here) and /dev/shm stay writable.
+// it and /dev/shm stay writable.
 // The address-space limit applies only when `device` is "cpu". The first call with the sandbox
 // enabled also makes this (supervisor) process non-dumpable, so a worker without CAP_SYS_PTRACE
 // cannot read its /proc/<pid>/environ or memory, nor ptrace it.
-void apply_sandbox(const SandboxOptions& options, const std::string& device, const std::filesystem::path& cache_dir,
-                   ProcessSpec& spec);
+void apply_sandbox(const SandboxOptions& options, const std::string& device, ProcessSpec& spec);
 
 // The request's "sandbox" object: what the worker enforces itself (the audit hook's writable
 // directories, the GPU memory fraction).
-nlohmann::json sandbox_request_json(const SandboxOptions& options, const std::filesystem::path& cache_dir);
+nlohmann::json sandbox_request_json(const SandboxOptions& options);
 
 // The sandbox_violation verdict for a limit the worker hit (cpu_limit, file_size_limit,
 // process_limit), keeping the stage and any sandbox checks of `verdict` (the worker's or the

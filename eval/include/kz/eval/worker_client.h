@@ -25,7 +25,7 @@ namespace kz {
 struct WorkerSetup {
   std::string python;                  // the interpreter (resolved)
   std::filesystem::path worker_dir;    // the folder holding kz_worker/ (absolute)
-  std::filesystem::path cache_dir;     // kept `cuda` builds, the Triton cache, the GPU locks
+  std::filesystem::path cache_dir;     // kept `cuda` builds, the GPU locks
   std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
   bool keep_scratch = false;           // keep scratch dirs (debugging)
   bool fork_server = false;            // requests run in children of prepared fork servers (worker/kz_worker/fork_server.py)
