@@ -74,9 +74,16 @@ prepare_lighter_builds() {
   "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/prepare_lighter_builds.py build/lighter-builds
 }
 
+# Triton's driver helper, built once for every Triton evaluation's own cache: build/triton-helpers,
+# which kz hands its workers (scripts/prepare_triton_helpers.py; needs the GPU driver's libcuda).
+prepare_triton_helpers() {
+  "${KZ_PYTHON:-$ROOT/.venv/bin/python}" scripts/prepare_triton_helpers.py build/triton-helpers
+}
+
 install_apt_packages
 install_venv
 build
 compile_worker_bytecode
 prepare_lighter_builds
+prepare_triton_helpers
 echo "[setup] done: build/kz"

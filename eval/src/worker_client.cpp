@@ -69,6 +69,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   if (!cuda_home.empty()) env["CUDA_HOME"] = cuda_home;
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
   if (!setup.lighter_builds_dir.empty()) env["KZ_LIGHTER_BUILDS_DIR"] = setup.lighter_builds_dir.string();
+  if (!setup.triton_helpers_dir.empty()) env["KZ_TRITON_HELPERS_DIR"] = setup.triton_helpers_dir.string();
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -446,6 +447,8 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;
   if (fs::is_directory(lighter_builds, error)) setup.lighter_builds_dir = lighter_builds;
+  fs::path triton_helpers = env_or("KZ_TRITON_HELPERS_DIR", KZ_DEFAULT_TRITON_HELPERS_DIR);
+  if (fs::exists(triton_helpers / ".kz-complete", error)) setup.triton_helpers_dir = triton_helpers;  // triton_helpers.py
   return setup;
 }
 

@@ -54,6 +54,8 @@ def evaluate(request):
              "scratch": request["scratch_dir"], "home": os.environ.get("HOME"),
              "seen": sorted(os.listdir("..")), "stdin": sys.stdin.read(),
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
+             "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
+             "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
              "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at,
              "token": token}
     if action == "look_for":  # an earlier request left in this process: in a frame below, or anywhere the gc sees
@@ -203,6 +205,23 @@ TEST_F(WorkerClientTest, WorkersGetTheBytecodePrefix) {
   }
 }
 
+// Each request's Triton cache is its own, in its scratch dir (fork server's child or fresh worker),
+// and the driver helper that setup built reaches it (worker/kz_worker/triton_helpers.py).
+TEST_F(WorkerClientTest, EachRequestHasItsOwnTritonCacheAndTheSetupHelpers) {
+  for (bool fork_server : {true, false}) {
+    WorkerSetup with = setup(fork_server);
+    with.triton_helpers_dir = root_ / "triton-helpers";
+    auto first = result(with), second = result(with);
+    for (const auto& reply : {first, second}) {
+      EXPECT_EQ(reply["triton_cache"], (fs::path(reply["scratch"].get<std::string>()) / "triton").string())
+          << "fork server: " << fork_server;
+      EXPECT_EQ(reply["triton_helpers"], (root_ / "triton-helpers").string()) << "fork server: " << fork_server;
+    }
+    EXPECT_NE(first["triton_cache"], second["triton_cache"]) << "fork server: " << fork_server;
+    EXPECT_TRUE(result(setup(fork_server))["triton_helpers"].is_null()) << "fork server: " << fork_server;
+  }
+}
+
 // Sets an environment variable for one scope (nullptr: unset), restoring it after.
 class ScopedEnv {
  public:
@@ -241,6 +260,24 @@ TEST_F(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
   auto other = resolve_worker_setup(options, "cpu");
   ASSERT_TRUE(other.ok()) << other.status().to_string();
   EXPECT_TRUE(other->bytecode_prefix.empty());
+}
+
+// Setup's Triton helpers are handed over only once setup finished them (their marker).
+TEST_F(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
+  const char* source_dir = std::getenv("KZ_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest";
+  fs::path helpers = root_ / "triton-helpers";
+  fs::create_directories(helpers);
+  ScopedEnv at("KZ_TRITON_HELPERS_DIR", helpers.c_str());
+  WorkerOptions options;
+  options.worker_dir = fs::path(source_dir) / "worker";
+  auto unfinished = resolve_worker_setup(options, "cuda:0");
+  ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
+  EXPECT_TRUE(unfinished->triton_helpers_dir.empty()) << "no marker: setup did not finish";
+  ASSERT_TRUE(write_file_atomic(helpers / ".kz-complete", "").is_ok());
+  auto finished = resolve_worker_setup(options, "cuda:0");
+  ASSERT_TRUE(finished.ok()) << finished.status().to_string();
+  EXPECT_EQ(finished->triton_helpers_dir, helpers);
 }
 
 // The next request's child is forked as soon as a child has its request, and prepares its device

@@ -65,10 +65,21 @@ def quietly(step, device_name: str) -> None:
         pass
 
 
+def _link_triton_helpers() -> None:
+    """Triton's driver helper from setup into the request's own Triton cache (triton_helpers.py),
+    before any reference or candidate code. Without it Triton builds the helper itself."""
+    from . import triton_helpers
+    try:
+        triton_helpers.link_into(os.environ.get("TRITON_CACHE_DIR", ""))
+    except OSError:
+        pass
+
+
 def evaluate(request: dict) -> None:
     """Runs one request after its process is prepared; sends the result and exits."""
     from . import protocol, sandbox
     channel = protocol.Channel(request.pop("message_token", None))  # before any candidate code
+    _link_triton_helpers()
     protocol.silence_stdout()
     sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
     if request.get("mode") == "validate_module":  # a Proposer's module (validate.py)

@@ -38,6 +38,10 @@ struct WorkerSetup {
   // Workers' KZ_LIGHTER_BUILDS_DIR: what scripts/prepare_lighter_builds.py prepared at setup for the
   // lighter load_inline builds (named there per installation), read-only for them. Empty: none.
   std::filesystem::path lighter_builds_dir;
+  // Workers' KZ_TRITON_HELPERS_DIR: Triton's driver helper, built at setup
+  // (scripts/prepare_triton_helpers.py) and linked into each request's own Triton cache, read-only
+  // for them. Empty: none (each Triton evaluation builds it).
+  std::filesystem::path triton_helpers_dir;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
@@ -45,7 +49,8 @@ struct WorkerSetup {
 // $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero), fork_server for requests on `device`
 // (uses_fork_server), bytecode_prefix (for the build's interpreter only: $KZ_BYTECODE_PREFIX, else
 // build/pycache, where scripts/setup.sh finished it), lighter_builds_dir ($KZ_LIGHTER_BUILDS_DIR,
-// else build/lighter-builds, where it exists). not_found when the worker or Python is missing.
+// else build/lighter-builds, where it exists), triton_helpers_dir ($KZ_TRITON_HELPERS_DIR, else
+// build/triton-helpers, where setup finished it). not_found when the worker or Python is missing.
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
 
 // Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
