@@ -83,7 +83,7 @@ struct SandboxOptions {
                                  // space, so a GPU worker gets no limit here (gpu_memory_fraction instead)
   int open_files = 4096;         // RLIMIT_NOFILE
   bool network = false;          // false: the worker gets its own network namespace (no network at all)
-  bool read_only_filesystem = true;  // everything read-only but scratch, the GPU locks and /dev/shm
+  bool read_only_filesystem = true;  // everything read-only but scratch and /dev/shm
   double gpu_memory_fraction = 0.9;  // torch.cuda.set_per_process_memory_fraction before any candidate code:
                                      // the caching allocator refuses more (an OOM error); 0: no limit
 };
