@@ -2,7 +2,6 @@
 
 Real lock files and real processes (flock is per open file description, so each holder here is
 its own process, as each worker is)."""
-import fcntl
 import multiprocessing as mp
 import os
 import time
@@ -144,8 +143,8 @@ def test_lock_files_made_by_the_supervisor_lock_in_a_read_only_dir(tmp_path):
     try:
         holder, timing = GpuLock(str(tmp_path), "GPU-test"), GpuLock(str(tmp_path), "GPU-test")
         with holder.shared():
-            assert not _try_exclusive(timing)
-        assert _try_exclusive(timing)
+            assert not taken_exclusive(timing)
+        assert taken_exclusive(timing)
         if os.geteuid() != 0:  # root writes anyway
             with pytest.raises(PermissionError):
                 os.unlink(tmp_path / (lock_file_stem("GPU-test") + ".lock"))
@@ -157,12 +156,3 @@ def test_a_missing_lock_file_that_cannot_be_made_is_a_clear_error(tmp_path):
     (tmp_path / "a-file").write_text("")  # no directory can be made under it, not even by root
     with pytest.raises(RuntimeError, match="GPU lock file .*gpu-other.lock is missing and cannot be made"):
         GpuLock(str(tmp_path / "a-file" / "locks"), "GPU-other")
-
-
-def _try_exclusive(lock) -> bool:
-    try:
-        fcntl.flock(lock.gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    fcntl.flock(lock.gpu_fd, fcntl.LOCK_UN)
-    return True
