@@ -10,6 +10,7 @@
 #include <ctime>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -288,7 +289,35 @@ int gpu_count() {
   return static_cast<int>(nvidia_smi_lines({"-L"}).size());
 }
 
-std::vector<std::string> gpu_uuids() { return nvidia_smi_lines({"--query-gpu=uuid", "--format=csv,noheader"}); }
+std::vector<std::string> uuids_in_device_list(const std::vector<std::string>& lines) {
+  static const std::regex uuid(R"(\(UUID: ((GPU|MIG)-[^)\s]+)\))");
+  std::vector<std::string> uuids;
+  std::smatch found;
+  for (const std::string& line : lines)
+    if (std::regex_search(line, found, uuid)) uuids.push_back(found[1].str());
+  return uuids;
+}
+
+std::vector<std::string> uuids_in_driver_info(const fs::path& gpus_dir) {
+  static const std::regex uuid(R"(^GPU UUID:\s*(\S+))");
+  std::vector<std::string> uuids;
+  std::error_code error;
+  for (const auto& gpu : fs::directory_iterator(gpus_dir, error)) {
+    auto info = read_file(gpu.path() / "information");
+    if (!info.ok()) continue;
+    std::istringstream text(*info);
+    std::smatch found;
+    for (std::string line; std::getline(text, line);)
+      if (std::regex_search(line, found, uuid)) uuids.push_back(found[1].str());
+  }
+  std::sort(uuids.begin(), uuids.end());
+  return uuids;
+}
+
+std::vector<std::string> gpu_uuids() {
+  auto listed = uuids_in_device_list(nvidia_smi_lines({"-L"}));
+  return !listed.empty() ? listed : uuids_in_driver_info("/proc/driver/nvidia/gpus");
+}
 
 std::string gpu_model_names() {
   auto lines = nvidia_smi_lines({"--query-gpu=name", "--format=csv,noheader"});

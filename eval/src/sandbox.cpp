@@ -30,7 +30,8 @@ constexpr const char* kSharedMemoryDir = "/dev/shm";
 fs::path gpu_lock_dir(const fs::path& cache_dir) { return cache_dir / "locks"; }
 
 std::string gpu_lock_file_stem(const std::string& gpu_uuid) {
-  std::string name = gpu_uuid.rfind("GPU-", 0) == 0 ? gpu_uuid.substr(4) : gpu_uuid;
+  bool prefixed = gpu_uuid.rfind("GPU-", 0) == 0 || gpu_uuid.rfind("MIG-", 0) == 0;
+  std::string name = prefixed ? gpu_uuid.substr(4) : gpu_uuid;
   for (char& c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
   return "gpu-" + name;
@@ -57,7 +58,11 @@ fs::path prepared_gpu_lock_dir(const fs::path& cache_dir) {
   fs::path dir = gpu_lock_dir(cache_dir);
   std::lock_guard lock(mutex);
   if (prepared.insert(dir).second) {
-    if (Status made = make_gpu_lock_files(dir, gpu_uuids()); !made.is_ok())
+    auto uuids = gpu_uuids();
+    if (uuids.empty())
+      std::fprintf(stderr, "kz: no GPU UUID found (nvidia-smi -L, /proc/driver/nvidia/gpus): no GPU lock files made in "
+                           "%s; a sandboxed worker cannot make its own, and its evaluation fails\n", dir.c_str());
+    if (Status made = make_gpu_lock_files(dir, uuids); !made.is_ok())
       std::fprintf(stderr, "kz: %s (GPU evaluations will fail to take their lock)\n", made.to_string().c_str());
   }
   return dir;

@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "kz/core/files.h"
+#include "kz/eval/cache.h"
 #include "kz/eval/sandbox.h"
 
 namespace kz {
@@ -17,7 +19,28 @@ TEST(GpuLockFilesTest, NamedByUuidWithoutNvidiaSmisPrefix) {
   // The same cases as worker/tests/test_gpu_lock.py: both sides must agree on every name.
   EXPECT_EQ(gpu_lock_file_stem("GPU-1cf2d1e7-ec4d-4df4-9a10-0c9e"), "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e");
   EXPECT_EQ(gpu_lock_file_stem("1cf2d1e7-ec4d-4df4-9a10-0c9e"), "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e");
+  EXPECT_EQ(gpu_lock_file_stem("MIG-5f3c0a4e-aa"), "gpu-5f3c0a4e-aa");
   EXPECT_EQ(gpu_lock_file_stem("index0/x"), "gpu-index0_x");
+}
+
+TEST(GpuLockFilesTest, UuidsOfGpusAndMigInstancesFromNvidiaSmiList) {
+  EXPECT_EQ(uuids_in_device_list({"GPU 0: NVIDIA H200 (UUID: GPU-7a539482-5e14-49d3)",
+                                  "  MIG 1g.18gb     Device  0: (UUID: MIG-5f3c0a4e-aa)",
+                                  "No devices were found"}),
+            (std::vector<std::string>{"GPU-7a539482-5e14-49d3", "MIG-5f3c0a4e-aa"}));
+}
+
+TEST(GpuLockFilesTest, UuidsFromTheDriversProcFiles) {
+  fs::path gpus = fs::temp_directory_path() / ("kz_gpu_info_test_" + std::to_string(::getpid()));
+  fs::remove_all(gpus);
+  for (const char* bus : {"0000:1a:00.0", "0000:0a:00.0"}) fs::create_directories(gpus / bus);
+  ASSERT_TRUE(write_file_atomic(gpus / "0000:1a:00.0" / "information",
+                                "Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-bbbb\nBus Location: \t 0000:1a:00.0\n")
+                  .is_ok());
+  ASSERT_TRUE(write_file_atomic(gpus / "0000:0a:00.0" / "information", "GPU UUID: \t GPU-aaaa\n").is_ok());
+  EXPECT_EQ(uuids_in_driver_info(gpus), (std::vector<std::string>{"GPU-aaaa", "GPU-bbbb"}));
+  EXPECT_TRUE(uuids_in_driver_info(gpus / "absent").empty());
+  fs::remove_all(gpus);
 }
 
 TEST(GpuLockFilesTest, MakesBothFilesOfEachGpuAndKeepsExistingOnes) {

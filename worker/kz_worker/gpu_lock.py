@@ -23,9 +23,10 @@ import torch
 
 
 def lock_file_stem(gpu_name: str) -> str:
-    """"gpu-<UUID>" for a GPU's lock files, without nvidia-smi's "GPU-" prefix (torch has none). The
-    supervisor names the files it makes alike (eval/src/sandbox.cpp, gpu_lock_file_stem)."""
-    name = gpu_name[4:] if gpu_name.startswith("GPU-") else gpu_name
+    """"gpu-<UUID>" for a GPU's (or a MIG instance's) lock files, without nvidia-smi's "GPU-" or
+    "MIG-" prefix (torch has none). The supervisor names the files it makes alike
+    (eval/src/sandbox.cpp, gpu_lock_file_stem)."""
+    name = gpu_name[4:] if gpu_name.startswith(("GPU-", "MIG-")) else gpu_name
     return "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name)
 
 
@@ -42,7 +43,7 @@ def _open_lock_file(path: str) -> int:
         return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise RuntimeError(f"GPU lock file {path} is missing and cannot be made here ({exc.strerror}): the "
-                           "supervisor makes one per GPU UUID that nvidia-smi lists") from exc
+                           "supervisor makes one per GPU UUID it finds (nvidia-smi -L, /proc/driver/nvidia)") from exc
 
 
 class GpuLock:

@@ -131,6 +131,7 @@ def test_released_does_nothing_outside_a_shared_hold(tmp_path):
 def test_lock_files_are_named_by_uuid_without_the_nvidia_smi_prefix():
     assert lock_file_stem("GPU-1cf2d1e7-ec4d-4df4-9a10-0c9e") == "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e"
     assert lock_file_stem("1cf2d1e7-ec4d-4df4-9a10-0c9e") == "gpu-1cf2d1e7-ec4d-4df4-9a10-0c9e"
+    assert lock_file_stem("MIG-5f3c0a4e-aa") == "gpu-5f3c0a4e-aa"
     assert lock_file_stem("index0/x") == "gpu-index0_x"
 
 

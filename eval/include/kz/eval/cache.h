@@ -95,9 +95,15 @@ const std::string& supervisor_version();
 // there is no nvidia-smi. Every model of the host is named (not just the evaluated device's, whose
 // nvidia-smi index may differ from its CUDA index), so a verdict never crosses GPU models.
 std::string gpu_model_names();
-// Every GPU's UUID as nvidia-smi prints it ("GPU-..."), whatever CUDA_VISIBLE_DEVICES says; empty
-// without nvidia-smi.
+// Every GPU's UUID ("GPU-...") and every MIG instance's ("MIG-..."), whatever CUDA_VISIBLE_DEVICES
+// says: from `nvidia-smi -L`, else from the driver's /proc/driver/nvidia/gpus/*/information (a
+// container without nvidia-smi). Empty where neither is there.
 std::vector<std::string> gpu_uuids();
+// The UUIDs in `nvidia-smi -L`'s lines, "GPU 0: NVIDIA H200 (UUID: GPU-...)" and
+// "  MIG 1g.18gb Device 0: (UUID: MIG-...)".
+std::vector<std::string> uuids_in_device_list(const std::vector<std::string>& lines);
+// The "GPU UUID:" of each <gpus_dir>/<bus id>/information, sorted.
+std::vector<std::string> uuids_in_driver_info(const std::filesystem::path& gpus_dir);
 // GPUs visible to CUDA: CUDA_VISIBLE_DEVICES's entries when set, else the GPUs nvidia-smi lists.
 int gpu_count();
 

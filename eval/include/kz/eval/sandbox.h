@@ -24,8 +24,8 @@ namespace kz {
 // under the cache dir, so every kz process that shares the caches shares the locks too.
 std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
 
-// "gpu-<UUID>", the lock files' name without suffix, as the workers name them: nvidia-smi's "GPU-"
-// prefix dropped (torch's UUIDs have none), any character but alphanumerics and '-' made '_'.
+// "gpu-<UUID>", the lock files' name without suffix, as the workers name them: nvidia-smi's "GPU-" or
+// "MIG-" prefix dropped (torch's UUIDs have none), any character but alphanumerics and '-' made '_'.
 std::string gpu_lock_file_stem(const std::string& gpu_uuid);
 
 // Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files (existing ones are left as
@@ -33,8 +33,9 @@ std::string gpu_lock_file_stem(const std::string& gpu_uuid);
 // unlink would split the lock, and timings would overlap.
 Status make_gpu_lock_files(const std::filesystem::path& lock_dir, const std::vector<std::string>& gpu_uuids);
 
-// gpu_lock_dir(cache_dir), with the lock files of every GPU nvidia-smi lists (made once per process;
-// a failure is said on stderr, and the workers then report the missing file).
+// gpu_lock_dir(cache_dir), with the lock files of every GPU and MIG instance (gpu_uuids), made once
+// per process; a failure, or no UUID found, is said on stderr, and the workers then report the
+// missing file.
 std::filesystem::path prepared_gpu_lock_dir(const std::filesystem::path& cache_dir);
 
 // Where the supervisor keeps `cuda` candidates' extension builds, one directory per candidate
