@@ -184,9 +184,11 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   WorkerSetup setup = setup_;
   setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
-  // As many idle servers of a kind as run at once: evaluations on this device, or `cuda` pre-builds
-  // (one per core), so that the next batch's first wave finds them all prepared.
-  setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores() : default_jobs(options_);
+  // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
+  // spare_servers more, whose next child is ready when a short evaluation hands its server back), or
+  // `cuda` pre-builds (one per core), so that the next batch's first wave finds them all prepared.
+  setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores()
+                                                          : default_jobs(options_) + options_.worker.spare_servers;
   return setup;
 }
 

@@ -55,6 +55,8 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(apply_toml_text("device = \"tpu\"\n", "t", p).is_ok());
   EvalOptions q;
   EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
+  EvalOptions r;
+  EXPECT_FALSE(apply_toml_text("[worker]\nspare_servers = -1\n", "t", r).is_ok());
 }
 
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {
