@@ -187,8 +187,7 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or
   // `cuda` pre-builds (one per core), so that the next batch's first wave finds them all prepared.
-  setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores()
-                                                          : default_jobs(options_) + options_.worker.spare_servers;
+  setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores() : default_jobs(options_) + spare_servers(options_);
   return setup;
 }
 

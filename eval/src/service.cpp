@@ -586,8 +586,12 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval,
   // pre-builds need them, as in eval-suite, and stay idle after (one per core), so a service that is
   // sent no `cuda` work holds none. Starting one per core here made no difference to a first batch
   // sent at once (H200 and H200 x2, bench/README.md): its first wave waits for the evaluation servers.
+  // [worker] spare_servers more per GPU: with only as many servers as evaluation threads, a thread
+  // done with a short evaluation takes back the server it just gave, whose next child is still
+  // preparing (3-5 s waits on two H200s); with spares it takes one idle longer, its child ready.
+  int servers = impl->workers + spare_servers(eval);
   for (size_t pool = 0; pool < impl->pools.size(); ++pool)
-    if (auto started = impl->pools.at(pool).start_fork_servers(impl->workers); !started.is_ok())
+    if (auto started = impl->pools.at(pool).start_fork_servers(servers); !started.is_ok())
       std::fprintf(stderr, "kz: %s (evaluations start their own workers)\n", started.to_string().c_str());
   KZ_RETURN_IF_ERROR(impl->listen());
   impl->start_threads();

@@ -108,6 +108,8 @@ int default_jobs(const EvalOptions& options) {
   return options.timing.exclusive ? std::min(options.timing.gpu_jobs, cpu_cores()) : 1;
 }
 
+int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.worker.spare_servers; }
+
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found(fmt::format("candidate directory {} does not exist", dir.string()));

@@ -61,10 +61,11 @@ struct WorkerOptions {
   // of ~12 s. Every evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or
   // "never" (a new interpreter per evaluation).
   std::string fork_server = "always";
-  // Fork servers kept idle per device beyond the evaluations that run at once. A server handed back
-  // by a short evaluation is still preparing its next child (CUDA context, profiler: 3-5 s on two
-  // busy H200s), and a request given it waits; one idle longer has its child ready. Each holds a
-  // CUDA context. Servers beyond the cap are killed when their request ends.
+  // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
+  // them with the rest; none on the CPU, where a child is ready at once: spare_servers()). A server
+  // handed back by a short evaluation is still preparing its next child (CUDA context, profiler:
+  // 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
+  // Each holds a CUDA context. Servers beyond the cap are killed when their request ends.
   int spare_servers = 2;
 };
 

@@ -50,6 +50,8 @@ nlohmann::json summary_json(const SuiteSummary& summary);
 // Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
 // [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
 int default_jobs(const EvalOptions& options);
+// Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
+int spare_servers(const EvalOptions& options);
 
 // "cuda:0,cuda:1" -> {"cuda:0", "cuda:1"}; "cuda:all" -> every GPU nvidia-smi lists.
 Result<std::vector<std::string>> parse_devices(const std::string& devices);
