@@ -245,8 +245,8 @@ def run_child(request: dict) -> None:
         scratch = request["scratch_dir"]
         os.chdir(scratch)
         os.environ["HOME"] = os.environ["TMPDIR"] = scratch
-        # The request's own Triton cache (worker_client.cpp says why none is shared): its kernels,
-        # Triton's driver helper and its launchers are built anew in each request.
+        # The request's own Triton cache (worker_client.cpp says why none is shared): its kernels and
+        # launchers are built anew in each request (Triton's driver helper is setup's: triton_helpers.py).
         os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
         tempfile.tempdir = None  # computed again from TMPDIR
     except Exception:

@@ -30,6 +30,10 @@ def lock_file_stem(gpu_name: str) -> str:
     return "gpu-" + "".join(c if c.isalnum() or c == "-" else "_" for c in name)
 
 
+class LockFileMissing(RuntimeError):
+    """The machine's set-up, not the candidate's doing: the evaluation is an infra_error."""
+
+
 def _open_lock_file(path: str) -> int:
     """The supervisor makes each GPU's lock files in a directory read-only to workers (flock needs
     no write access), so no candidate can unlink one and split the lock. Where the directory is
@@ -42,7 +46,7 @@ def _open_lock_file(path: str) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise RuntimeError(f"GPU lock file {path} is missing and cannot be made here ({exc.strerror}): the "
+        raise LockFileMissing(f"GPU lock file {path} is missing and cannot be made here ({exc.strerror}): the "
                            "supervisor makes one per GPU UUID it finds (nvidia-smi -L, /proc/driver/nvidia)") from exc
 
 

@@ -131,7 +131,10 @@ class Evaluation:
                             [v.REFERENCE_FAILED])
         runs = formats.runnable(self.format, self.device) and not pre_build
         timed = runs and self.device.type == "cuda" and self.request["timing"]["enabled"]
-        self.gpu = gpu_lock.for_request(self.request, self.device)
+        try:
+            self.gpu = gpu_lock.for_request(self.request, self.device)
+        except gpu_lock.LockFileMissing as exc:  # no lock is no timing to trust: the machine's fault
+            raise v.Failure(v.INFRA_ERROR, str(exc))
         if runs:
             self._precompute(reference, reference_model, timed)
         cheats.install_launch_hooks(self.format)

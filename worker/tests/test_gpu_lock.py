@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kz_worker.gpu_lock import GpuLock, lock_file_stem
+from kz_worker.gpu_lock import GpuLock, LockFileMissing, lock_file_stem
 
 HOLD_S = 0.4
 
@@ -155,5 +155,28 @@ def test_lock_files_made_by_the_supervisor_lock_in_a_read_only_dir(tmp_path):
 
 def test_a_missing_lock_file_that_cannot_be_made_is_a_clear_error(tmp_path):
     (tmp_path / "a-file").write_text("")  # no directory can be made under it, not even by root
-    with pytest.raises(RuntimeError, match="GPU lock file .*gpu-other.lock is missing and cannot be made"):
+    with pytest.raises(LockFileMissing, match="GPU lock file .*gpu-other.lock is missing and cannot be made"):
         GpuLock(str(tmp_path / "a-file" / "locks"), "GPU-other")
+
+
+def test_an_evaluation_without_its_lock_file_is_the_machines_infra_error(monkeypatch, tmp_path):
+    # A missing lock file is no verdict on the candidate (a runtime_error would cost the Coder a
+    # correct answer): the harness says infra_error, which is never cached.
+    import pathlib
+    import types
+
+    from kz_worker import harness
+    from kz_worker import verdict as v
+
+    def missing(request, device):
+        raise LockFileMissing("GPU lock file /x/gpu-aaaa.lock is missing and cannot be made here")
+
+    monkeypatch.setattr(harness.gpu_lock, "for_request", missing)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    request = {"device": "cpu", "format": "torch", "seed": 7, "trials": 1, "scratch_dir": str(tmp_path),
+               "reference_source": (root / "suite" / "kzbench" / "level1" / "02_relu.py").read_text(),
+               "candidate_source": (root / "suite" / "kzbench" / "level1" / "02_relu.py").read_text(),
+               "timing": {"enabled": False}}
+    result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
+    assert result["status"] == v.INFRA_ERROR, result
+    assert "gpu-aaaa.lock is missing" in result["message"]
