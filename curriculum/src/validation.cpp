@@ -97,6 +97,9 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   warn_sandbox_gaps(outcome->sandbox);
   switch (outcome->kind) {
     case WorkerOutcome::Kind::result: {
+      // The machine could not run it (worker/kz_worker/validate.py): an error, no verdict on the module.
+      if (outcome->result.contains("infra_error"))
+        return internal_error("module validation: " + outcome->result.value("infra_error", std::string("?")));
       auto verdict = verdict_from_result(outcome->result);
       // The module runs inside the worker and could write to its message pipe: an unreadable
       // result is the module's fault, not an infrastructure failure.

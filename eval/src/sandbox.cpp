@@ -4,14 +4,17 @@
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "kz/eval/cache.h"
@@ -37,34 +40,59 @@ std::string gpu_lock_file_stem(const std::string& gpu_uuid) {
   return "gpu-" + name;
 }
 
+namespace {
+
+// A regular file at `path`, made if missing and never truncated (one may be in use). Anything else
+// there (a symlink or a FIFO a candidate left while the directory was writable to workers, before
+// session 10) is removed first: following it would split the lock again, or block on open.
+Status make_lock_file(const fs::path& path) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat info {};
+    if (fd >= 0 && ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode)) {
+      ::close(fd);
+      return Status::ok();
+    }
+    int error = fd < 0 ? errno : EINVAL;
+    if (fd >= 0) ::close(fd);
+    if (attempt == 1 || ::unlink(path.c_str()) != 0)
+      return internal_error(fmt::format("making the GPU lock file {}: {}", path.string(),
+                                        error == EINVAL ? "not a regular file" : std::strerror(error)));
+  }
+  return internal_error("unreachable");
+}
+
+}  // namespace
+
 Status make_gpu_lock_files(const fs::path& lock_dir, const std::vector<std::string>& gpu_uuids) {
   std::error_code error;
   fs::create_directories(lock_dir, error);
   if (error) return internal_error(fmt::format("making the GPU lock dir {}: {}", lock_dir.string(), error.message()));
-  for (const std::string& uuid : gpu_uuids) {
-    for (const char* suffix : {".lock", ".turnstile"}) {
-      fs::path path = lock_dir / (gpu_lock_file_stem(uuid) + suffix);
-      int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);  // never truncates one in use
-      if (fd < 0) return internal_error(fmt::format("making the GPU lock file {}: {}", path.string(), std::strerror(errno)));
-      ::close(fd);
-    }
-  }
+  for (const std::string& uuid : gpu_uuids)
+    for (const char* suffix : {".lock", ".turnstile"})
+      KZ_RETURN_IF_ERROR(make_lock_file(lock_dir / (gpu_lock_file_stem(uuid) + suffix)));
   return Status::ok();
 }
 
 fs::path prepared_gpu_lock_dir(const fs::path& cache_dir) {
+  // The UUIDs are asked for once a process (again a minute after none were found); the files are
+  // checked at every request (a few opens), so a cache dir cleared under a running service is mended.
   static std::mutex mutex;
-  static std::set<fs::path> prepared;
+  static std::vector<std::string> uuids;
+  static std::optional<std::chrono::steady_clock::time_point> asked;
+  static std::set<fs::path> warned;
   fs::path dir = gpu_lock_dir(cache_dir);
   std::lock_guard lock(mutex);
-  if (prepared.insert(dir).second) {
-    auto uuids = gpu_uuids();
-    if (uuids.empty())
-      std::fprintf(stderr, "kz: no GPU UUID found (nvidia-smi -L, /proc/driver/nvidia/gpus): no GPU lock files made in "
-                           "%s; a sandboxed worker cannot make its own, and its evaluation fails\n", dir.c_str());
-    if (Status made = make_gpu_lock_files(dir, uuids); !made.is_ok())
-      std::fprintf(stderr, "kz: %s (GPU evaluations will fail to take their lock)\n", made.to_string().c_str());
+  auto now = std::chrono::steady_clock::now();
+  if (!asked || (uuids.empty() && now - *asked > std::chrono::minutes(1))) {
+    uuids = gpu_uuids();
+    asked = now;
   }
+  Status made = make_gpu_lock_files(dir, uuids);
+  if (uuids.empty()) made = not_found("no GPU UUID found (nvidia-smi -L, /proc/driver/nvidia/gpus)");
+  if (!made.is_ok() && warned.insert(dir).second)
+    std::fprintf(stderr, "kz: %s: no GPU lock files in %s; a sandboxed worker cannot make its own, and its "
+                         "evaluation is an infra_error\n", made.to_string().c_str(), dir.c_str());
   return dir;
 }
 

@@ -446,9 +446,11 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;
-  if (fs::is_directory(lighter_builds, error)) setup.lighter_builds_dir = lighter_builds;
+  // Absolute: workers run in their scratch dirs.
+  if (fs::is_directory(lighter_builds, error)) setup.lighter_builds_dir = fs::absolute(lighter_builds);
   fs::path triton_helpers = env_or("KZ_TRITON_HELPERS_DIR", KZ_DEFAULT_TRITON_HELPERS_DIR);
-  if (fs::exists(triton_helpers / ".kz-complete", error)) setup.triton_helpers_dir = triton_helpers;  // triton_helpers.py
+  if (fs::exists(triton_helpers / ".kz-complete", error))  // triton_helpers.py
+    setup.triton_helpers_dir = fs::absolute(triton_helpers);
   return setup;
 }
 

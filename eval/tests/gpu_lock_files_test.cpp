@@ -1,6 +1,7 @@
 // The GPU lock files the supervisor makes for its workers (kz/eval/sandbox.h): named as
 // worker/kz_worker/gpu_lock.py names them, made once, never truncated.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -55,6 +56,25 @@ TEST(GpuLockFilesTest, MakesBothFilesOfEachGpuAndKeepsExistingOnes) {
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(*kept, "in use");
   fs::remove_all(dir.parent_path());
+}
+
+// Left by a candidate while the directory was writable to workers: a symlink (the lock would follow
+// it to a file candidates can unlink) and a FIFO (an open would block). Both become regular files.
+TEST(GpuLockFilesTest, ASymlinkOrFifoInALockFilesPlaceIsReplaced) {
+  fs::path root = fs::temp_directory_path() / ("kz_gpu_locks_planted_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::path dir = root / "locks";
+  fs::create_directories(dir);
+  ASSERT_TRUE(write_file_atomic(root / "elsewhere", "theirs").is_ok());
+  fs::create_symlink(root / "elsewhere", dir / "gpu-aaaa.lock");
+  ASSERT_EQ(::mkfifo((dir / "gpu-aaaa.turnstile").c_str(), 0644), 0);
+  ASSERT_TRUE(make_gpu_lock_files(dir, {"GPU-aaaa"}).is_ok());
+  for (const char* name : {"gpu-aaaa.lock", "gpu-aaaa.turnstile"})
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / name))) << name;
+  auto untouched = read_file(root / "elsewhere");
+  ASSERT_TRUE(untouched.ok());
+  EXPECT_EQ(*untouched, "theirs");
+  fs::remove_all(root);
 }
 
 TEST(GpuLockFilesTest, AnUnmakeableDirIsAnErrorNamingIt) {

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import stat
 import time
 
 import torch
@@ -34,20 +35,36 @@ class LockFileMissing(RuntimeError):
     """The machine's set-up, not the candidate's doing: the evaluation is an infra_error."""
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # never a link, never a FIFO's wait
+
+
 def _open_lock_file(path: str) -> int:
     """The supervisor makes each GPU's lock files in a directory read-only to workers (flock needs
-    no write access), so no candidate can unlink one and split the lock. Where the directory is
-    writable (the sandbox off, a test's own dir) a missing file is made here."""
+    no write access), so no candidate can unlink one and split the lock. Where nothing stops it
+    (the read-only mount off, a test's own dir) a missing file is made here, as the harness's own
+    write, not the candidate's: under the read-only mount it fails, and the evaluation is the
+    machine's infra_error."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
-        pass
+        fd = _make_lock_file(path)
+    except OSError as exc:  # ELOOP: a symlink in its place
+        raise LockFileMissing(f"GPU lock file {path} cannot be opened ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LockFileMissing(f"GPU lock file {path} is not a regular file")
+    return fd
+
+
+def _make_lock_file(path: str) -> int:
+    from . import sandbox
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        with sandbox.unaudited():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, _OPEN_FLAGS | os.O_CREAT, 0o644)
     except OSError as exc:
         raise LockFileMissing(f"GPU lock file {path} is missing and cannot be made here ({exc.strerror}): the "
-                           "supervisor makes one per GPU UUID it finds (nvidia-smi -L, /proc/driver/nvidia)") from exc
+                              "supervisor makes one per GPU UUID it finds (nvidia-smi -L, /proc/driver/nvidia)") from exc
 
 
 class GpuLock:

@@ -6,7 +6,7 @@ worker starts; docs/evaluation.md ("Sandbox") has the table of what is enforced 
 Here, inside the worker process:
 
   An audit hook (sys.addaudithook, PEP 578) that
-    refuses  writes outside the scratch dir, the GPU locks, /dev/shm and a few devices: open()
+    refuses  writes outside the scratch dir, /dev/shm and a few devices: open()
              for writing, os.remove / rename / rmdir / mkdir / symlink / link / truncate / chmod /
              chown / utime / setxattr, shutil.rmtree / copyfile / copytree / move ...  filesystem_write
     refuses  socket connect / sendto / sendmsg, whatever the address family          network_access

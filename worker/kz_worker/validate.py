@@ -71,8 +71,12 @@ def reject_sandbox_violations(result: dict) -> None:
 
 
 def validate_module(request: dict, channel) -> dict:
-    """Runs every check; never raises for a bad module (the verdict says why)."""
-    run = Validation(request, channel)
+    """Runs every check; never raises for a bad module (the verdict says why). A machine that cannot
+    run it (its GPU lock file missing) gives {"infra_error": why}: no verdict on the module."""
+    try:
+        run = Validation(request, channel)
+    except gpu_lock.LockFileMissing as exc:
+        return {"valid": False, "infra_error": str(exc)}
     try:
         run.check_all()
         run.result.update(valid=True, reason="valid")

@@ -180,3 +180,11 @@ def test_an_evaluation_without_its_lock_file_is_the_machines_infra_error(monkeyp
     result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
     assert result["status"] == v.INFRA_ERROR, result
     assert "gpu-aaaa.lock is missing" in result["message"]
+
+
+def test_a_symlink_in_a_lock_files_place_is_refused(tmp_path):
+    # Following it would lock a file a candidate may unlink: the machine's infra_error instead.
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / (lock_file_stem("GPU-x") + ".lock")).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LockFileMissing, match="cannot be opened"):
+        GpuLock(str(tmp_path), "GPU-x")

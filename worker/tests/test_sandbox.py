@@ -285,3 +285,15 @@ def test_apply_makes_reaching_for_the_harness_a_cheat(check):
 ])
 def test_resource_exceptions_are_classified(exc, expected):
     assert formats.classify_exception(exc, "correctness") == expected
+
+
+def test_the_harness_failing_to_make_a_gpu_lock_file_records_no_violation(tmp_path):
+    # The supervisor makes the lock files; one missing where it cannot be made (a read-only mount;
+    # here a path under a file) is the machine's infra_error, not the candidate's sandbox_violation.
+    (tmp_path / "a-file").write_text("")
+    result = run_sandboxed(tmp_path, f"""
+        from kz_worker.gpu_lock import GpuLock
+        GpuLock({str(tmp_path / "a-file" / "locks")!r}, "GPU-x")
+    """)
+    assert result["error"].startswith("LockFileMissing"), result
+    assert result["violations"] == []

@@ -183,3 +183,19 @@ def test_non_tensor_output_is_rejected_not_crashed():
     source = module(GOOD_FORWARD.replace("return F.gelu(torch.matmul(x, self.weight))",
                                          "return {'y': F.gelu(torch.matmul(x, self.weight))}"))
     assert "is a dict, not a torch.Tensor" in rejected_by(validate(source), "outputs")
+
+
+def test_a_missing_gpu_lock_file_is_no_verdict_on_the_module(monkeypatch):
+    # The machine's fault (the supervisor's lock files missing): reported as infra_error, which the
+    # supervisor turns into an error, never a rejected module (curriculum/src/validation.cpp).
+    sys.path.insert(0, str(WORKER_DIR))
+    from kz_worker import gpu_lock
+    from kz_worker import validate as validate_py
+
+    def missing(request, device):
+        raise gpu_lock.LockFileMissing("GPU lock file /x/gpu-aaaa.lock is missing")
+
+    monkeypatch.setattr(validate_py.gpu_lock, "for_request", missing)
+    result = validate_py.validate_module({"module_source": module(GOOD_FORWARD), "apis": [GELU], "device": "cpu",
+                                          "scratch_dir": "/tmp"}, channel=None)
+    assert result == {"valid": False, "infra_error": "GPU lock file /x/gpu-aaaa.lock is missing"}

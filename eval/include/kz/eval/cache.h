@@ -96,8 +96,8 @@ const std::string& supervisor_version();
 // nvidia-smi index may differ from its CUDA index), so a verdict never crosses GPU models.
 std::string gpu_model_names();
 // Every GPU's UUID ("GPU-...") and every MIG instance's ("MIG-..."), whatever CUDA_VISIBLE_DEVICES
-// says: from `nvidia-smi -L`, else from the driver's /proc/driver/nvidia/gpus/*/information (a
-// container without nvidia-smi). Empty where neither is there.
+// says: from `nvidia-smi -L`, else the GPUs' alone from the driver's
+// /proc/driver/nvidia/gpus/*/information (a container without nvidia-smi). Empty where neither is.
 std::vector<std::string> gpu_uuids();
 // The UUIDs in `nvidia-smi -L`'s lines, "GPU 0: NVIDIA H200 (UUID: GPU-...)" and
 // "  MIG 1g.18gb Device 0: (UUID: MIG-...)".

@@ -28,14 +28,14 @@ std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
 // "MIG-" prefix dropped (torch's UUIDs have none), any character but alphanumerics and '-' made '_'.
 std::string gpu_lock_file_stem(const std::string& gpu_uuid);
 
-// Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files (existing ones are left as
-// they are). Workers cannot write in the lock dir under the sandbox: a lock file a candidate could
+// Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files: existing regular files are
+// kept as they are, anything else in their place (a symlink, a FIFO) is replaced. Workers cannot write in the lock dir under the sandbox: a lock file a candidate could
 // unlink would split the lock, and timings would overlap.
 Status make_gpu_lock_files(const std::filesystem::path& lock_dir, const std::vector<std::string>& gpu_uuids);
 
-// gpu_lock_dir(cache_dir), with the lock files of every GPU and MIG instance (gpu_uuids), made once
-// per process; a failure, or no UUID found, is said on stderr, and the workers then report the
-// missing file.
+// gpu_lock_dir(cache_dir), with the lock files of every GPU and MIG instance (gpu_uuids: asked once
+// per process, again after a minute where none were found), checked and made at each call; a
+// failure, or no UUID found, is said once on stderr, and the workers then report the missing file.
 std::filesystem::path prepared_gpu_lock_dir(const std::filesystem::path& cache_dir);
 
 // Where the supervisor keeps `cuda` candidates' extension builds, one directory per candidate
