@@ -366,6 +366,29 @@ TEST_F(SandboxTest, GpuLockFilesAreOutOfReach) {
   fs::remove_all(cache);
 }
 
+// A candidate must not read the source of a candidate evaluated beside it (a GRPO sibling's correct
+// kernel, copied, earns the sibling's reward). DISABLED: the hole is open. Every request's
+// candidate.py sits in a scratch dir that same-uid workers can list under /tmp and reach through
+// /proc/<pid>/cwd; docs/evaluation.md ("What is left: reading") has the fix's design (a PID
+// namespace per server, scratch dirs out of sight). Enable it with the fix.
+TEST_F(SandboxTest, DISABLED_ASiblingsSourceIsOutOfReach) {
+  EvalOptions o = options();
+  o.worker.scratch_root = "/tmp";  // the fixture looks where the default puts scratch dirs
+  Evaluator evaluator = make_evaluator(o);
+  std::string sibling = "# kz-sibling-" + std::to_string(std::random_device{}()) + "\n" +
+                        *read_file(source_dir() / kTritonRelu);
+  Verdict spied;
+  std::thread spy([&] { spied = evaluate_fixture(evaluator, "sandbox_reads_sibling_source.py"); });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::string slow = replace_once(sibling, "class ModelNew(nn.Module):", "import time\n\nclass ModelNew(nn.Module):");
+  slow = replace_once(slow, "    def forward(self, x):\n", "    def forward(self, x):\n        time.sleep(5)\n");
+  Verdict beside = evaluate(evaluator, "sibling", slow);
+  spy.join();
+  EXPECT_EQ(status_name(beside.status), std::string("ok")) << dump(beside);
+  expect_verdict(spied, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(spied.message, "sibling sources found: [] end")) << spied.message;
+}
+
 // ---- secrets -----------------------------------------------------------------------------------
 
 TEST_F(SandboxTest, SupervisorEnvironmentIsNotVisible) {
