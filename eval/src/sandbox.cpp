@@ -42,24 +42,29 @@ std::string gpu_lock_file_stem(const std::string& gpu_uuid) {
 
 namespace {
 
-// A regular file at `path`, made if missing and never truncated (one may be in use). Anything else
-// there (a symlink or a FIFO a candidate left while the directory was writable to workers, before
-// session 10) is removed first: following it would split the lock again, or block on open.
-Status make_lock_file(const fs::path& path) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-    struct stat info {};
-    if (fd >= 0 && ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode)) {
-      ::close(fd);
-      return Status::ok();
-    }
-    int error = fd < 0 ? errno : EINVAL;
-    if (fd >= 0) ::close(fd);
-    if (attempt == 1 || ::unlink(path.c_str()) != 0)
-      return internal_error(fmt::format("making the GPU lock file {}: {}", path.string(),
-                                        error == EINVAL ? "not a regular file" : std::strerror(error)));
+// Whether `path` opens as a regular file, made if missing and never truncated (one may be in use);
+// never following a symlink nor waiting on a FIFO. `error` says why not.
+bool opens_as_regular_file(const fs::path& path, std::string& error) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    error = std::strerror(errno);
+    return false;
   }
-  return internal_error("unreachable");
+  struct stat info {};
+  bool regular = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  ::close(fd);
+  if (!regular) error = "not a regular file";
+  return regular;
+}
+
+// A regular lock file at `path`. Anything else there (a symlink or a FIFO a candidate left while the
+// directory was writable to workers, before session 10) is removed first: following it would split
+// the lock again, or block on open.
+Status make_lock_file(const fs::path& path) {
+  std::string error;
+  if (opens_as_regular_file(path, error) || (::unlink(path.c_str()) == 0 && opens_as_regular_file(path, error)))
+    return Status::ok();
+  return internal_error(fmt::format("making the GPU lock file {}: {}", path.string(), error));
 }
 
 }  // namespace

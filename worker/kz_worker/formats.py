@@ -444,15 +444,11 @@ def kept_build(name: str, kwargs: dict):
     load_inline would not return a module (is_python_module=False, a build_directory of its own)."""
     if not _kept_builds or not kwargs.get("is_python_module", True) or kwargs.get("build_directory"):
         return None
-    import importlib.util
     import torch.utils.cpp_extension as cpp_extension
-    path = os.path.join(_kept_builds, name, name + getattr(cpp_extension, "LIB_EXT", ".so"))
-    if not os.path.isfile(path):
+    kept_dir = os.path.join(_kept_builds, name)
+    if not os.path.isfile(os.path.join(kept_dir, name + cpp_extension.LIB_EXT)):
         return None
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cpp_extension._import_module_from_library(name, kept_dir, True)
 
 
 def _kept_marker(name: str) -> bool:
