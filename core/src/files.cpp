@@ -2,6 +2,7 @@
 #include "kz/core/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -99,6 +100,20 @@ Status append_line(const fs::path& path, std::string_view line) {
     err = errno;
   }
   return ok ? Status::ok() : errno_status("appending to", path, err);
+}
+
+Status make_unlistable_dir(const fs::path& dir) {
+  const mode_t mode = ::geteuid() == 0 ? 0311 : 0700;
+  std::error_code ec;
+  fs::create_directories(dir.parent_path(), ec);
+  if (ec) return io_error("creating directory " + dir.parent_path().string() + ": " + ec.message());
+  if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) return errno_status("creating directory", dir, errno);
+  struct stat info {};
+  if (::lstat(dir.c_str(), &info) != 0) return errno_status("checking", dir, errno);
+  if (!S_ISDIR(info.st_mode) || info.st_uid != ::geteuid())
+    return io_error(dir.string() + " is not a directory of this user's own (a symlink, or another user's?)");
+  if ((info.st_mode & 07777) != mode && ::chmod(dir.c_str(), mode) != 0) return errno_status("chmod", dir, errno);
+  return Status::ok();
 }
 
 Result<fs::path> make_unique_dir(const fs::path& parent, std::string_view prefix) {

@@ -8,7 +8,9 @@
 // still signal the group.
 //
 // Sandbox steps run in the child between fork and exec, in this order: rlimits, joining the pids
-// cgroup, unshare(CLONE_NEWNET), the read-only mount namespace, chdir, dropping capabilities.
+// cgroup, unshare(CLONE_NEWNET), the read-only mount namespace (with a fresh /proc in a PID
+// namespace), chdir, dropping capabilities. A child in its own PID namespace is made by
+// clone(CLONE_NEWPID) instead of fork(): it is that namespace's first process (pid 1).
 // The parent prepares every path (the mount list comes from its own /proc/self/mountinfo, which
 // the child's new mount namespace copies). An optional step that fails is reported to the parent
 // as a record on the error pipe and skipped; the parent turns the records into SandboxReport.
@@ -127,7 +129,8 @@ struct ChildRecord {
   int32_t err;    // errno
 };
 constexpr int32_t kFailed = 0, kSkipped = 1;
-constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit"};
+constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit", "mounting /proc"};
+constexpr int32_t kStageMountProc = 5;  // fatal: pid 1 must not see the parent namespace's /proc
 enum SandboxStep : int32_t {
   kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
 };
@@ -149,6 +152,7 @@ struct ChildPlan {
   std::vector<Limit> limits;
   std::string cgroup_procs;                  // the pids cgroup's cgroup.procs to join; empty: none
   bool new_netns = false, read_only = false, drop_caps = false;
+  bool new_pidns = false;                    // cloned into a new PID namespace: mount its own /proc
   std::vector<std::string> writable;         // bind-mounted onto themselves
   struct ReadOnlyPath {
     std::string path;
@@ -212,11 +216,23 @@ int drop_all_capabilities() {
 
 // The mount namespace: private propagation, writable paths bound onto themselves (so they are
 // mounts of their own), then every other mount remounted read-only.
+//
+// In a new PID namespace a fresh procfs goes over /proc first (the read-only binds below then apply
+// to it): it lists the namespace's own processes only, so no sibling's cwd, cmdline or environment
+// is in sight. Without it, this pid 1 would read the parent namespace's /proc under pids that are
+// not its own (a fork server killing "its" descendants there would kill strangers): fatal.
 void child_read_only_filesystem(const ChildPlan& plan) {
-  if (::unshare(CLONE_NEWNS) != 0) return child_skipped(plan.error_fd, kStepMountns, 0, errno);
+  if (::unshare(CLONE_NEWNS) != 0) {
+    if (plan.new_pidns) child_fail(plan.error_fd, kStageMountProc);
+    return child_skipped(plan.error_fd, kStepMountns, 0, errno);
+  }
   // Without private propagation our remounts could reach the parent's namespace: stop here.
-  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    if (plan.new_pidns) child_fail(plan.error_fd, kStageMountProc);
     return child_skipped(plan.error_fd, kStepMountPrivate, 0, errno);
+  }
+  if (plan.new_pidns && ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+    child_fail(plan.error_fd, kStageMountProc);
   for (size_t i = 0; i < plan.writable.size(); ++i) {
     const char* path = plan.writable[i].c_str();
     if (::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0)
@@ -527,7 +543,9 @@ long long cgroup_max_events(const std::string& dir) {
 // under them, and autofs (remounting it could trigger or break automounts). procfs stays writable
 // (CUDA's driver fails to start on a read-only /proc: error 304, seen on the H200 host), but its
 // global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
-std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable) {
+// Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
+// there to remount: their paths are bound onto themselves first, as /proc/sys is.
+std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
   auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
     std::string out;
     for (size_t i = 0; i < text.size(); ++i) {
@@ -565,7 +583,7 @@ std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::st
       add(point + "/sys", true);
       add(point + "/sysrq-trigger", true);
     } else {
-      add(point, false);
+      add(point, fresh_proc && under(point, "/proc"));
     }
   }
   return mounts;
@@ -794,6 +812,20 @@ void Process::check_task_cap() {
 }
 
 Result<Process> Process::spawn(const ProcessSpec& spec) {
+  std::string pid_namespace_failure;
+  Result<Process> process = spawn_once(spec, pid_namespace_failure);
+  if (!process.ok() && !pid_namespace_failure.empty()) {  // the child could not make its own /proc
+    ProcessSpec without = spec;
+    without.new_pid_namespace = false;
+    std::string ignored;
+    process = spawn_once(without, ignored);
+  }
+  if (process.ok() && !pid_namespace_failure.empty())
+    process->impl_->report.notes.push_back("own PID namespace: " + pid_namespace_failure);
+  return process;
+}
+
+Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure) {
   if (spec.argv.empty()) return invalid_argument("spawning a process: empty argv");
   const std::string& prog = spec.argv[0];
   auto fail = [&](const char* what) {
@@ -814,6 +846,7 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   plan.new_netns = spec.new_network_namespace;
   plan.read_only = spec.read_only_filesystem;
   plan.drop_caps = spec.drop_capabilities;
+  plan.new_pidns = spec.new_pid_namespace && spec.read_only_filesystem;
   if (plan.read_only) {
     for (const auto& path : spec.writable_paths) {
       std::error_code ec;
@@ -821,7 +854,7 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
       if (ec) return invalid_argument(fmt::format("spawning {}: writable path {}: {}", prog, path.string(), ec.message()));
       plan.writable.push_back(canonical.string());
     }
-    plan.readonly_mounts = mounts_to_protect(plan.writable);
+    plan.readonly_mounts = mounts_to_protect(plan.writable, plan.new_pidns);
   }
 
   auto impl = std::make_unique<Impl>();
@@ -874,7 +907,15 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = ::fork();
+  // clone() with no new stack returns twice like fork(); the child makes only async-signal-safe
+  // calls, so glibc's fork bookkeeping (atfork handlers, malloc locks) is not missed.
+  pid_t pid = plan.new_pidns ? static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr, nullptr, 0))
+                             : ::fork();
+  if (pid < 0 && plan.new_pidns) {  // EPERM without CAP_SYS_ADMIN, ENOSPC past the namespace limit
+    pid_namespace_failure = fmt::format("clone(CLONE_NEWPID): {}", std::strerror(errno));
+    plan.new_pidns = false;
+    pid = ::fork();
+  }
   if (pid == 0) child_exec(plan);
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -912,6 +953,7 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
       impl->pid = -1;
       std::string msg = fmt::format("spawning {}: {}{}: {}", prog, kStageNames[r.what],
                                     r.what == 2 ? " " + plan.cwd : std::string(), std::strerror(r.err));
+      if (r.what == kStageMountProc) pid_namespace_failure = fmt::format("{}: {}", kStageNames[r.what], std::strerror(r.err));
       return r.err == ENOENT && r.what == 3 ? not_found(std::move(msg)) : io_error(std::move(msg));
     }
     skipped.push_back(r.what);
@@ -930,6 +972,7 @@ Result<Process> Process::spawn(const ProcessSpec& spec) {
   impl->report.filesystem_read_only =
       spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
   impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
+  impl->report.pids_isolated = plan.new_pidns;  // the child failed (above) where it could not mount /proc
   if (!impl->cgroup.empty() && was_skipped({kStepCgroup})) {  // the child is not in it: poll instead
     ::rmdir(impl->cgroup.c_str());
     impl->cgroup.clear();

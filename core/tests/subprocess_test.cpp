@@ -577,6 +577,61 @@ TEST(SubprocessSandbox, ProcStaysWritableButNotItsGlobalKnobs) {
   EXPECT_EQ(out.find("writable"), std::string::npos) << out;
 }
 
+ProcessSpec in_own_pid_namespace(const std::string& script, const TempDir& writable) {
+  ProcessSpec spec = sh(script);
+  spec.cwd = writable.path;
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {writable.path};
+  spec.new_pid_namespace = true;
+  return spec;
+}
+
+// In its own PID namespace the child is pid 1 and its fresh /proc lists only what it started: this
+// test process, its parent, is not there, and /proc's global knobs are still read-only.
+TEST(SubprocessSandbox, OwnPidNamespaceShowsOnlyItsOwnProcesses) {
+  TempDir writable;
+  std::string parent = std::to_string(::getpid());
+  auto proc = Process::spawn(in_own_pid_namespace(
+      "echo pid=$$; [ -e /proc/" + parent + "/cwd ] && echo parent-visible || echo parent-hidden; "
+      "echo listed=$(ls /proc | grep -c '^[0-9]'); grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo sys-ro; "
+      "(echo 0 > /proc/self/oom_score_adj) 2>/dev/null && echo self-ok",
+      writable));
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  if (!proc->sandbox().pids_isolated) GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  const std::string& out = proc->stdout_tail();
+  EXPECT_NE(out.find("pid=1\n"), std::string::npos) << out << proc->stderr_tail();
+  EXPECT_NE(out.find("parent-hidden"), std::string::npos) << out;
+  EXPECT_NE(out.find("sys-ro"), std::string::npos) << out;
+  EXPECT_NE(out.find("self-ok"), std::string::npos) << out;
+  auto listed = out.find("listed=");
+  ASSERT_NE(listed, std::string::npos) << out;
+  EXPECT_LE(std::stoi(out.substr(listed + 7)), 4) << "sh, ls, grep and a subshell at most: " << out;
+}
+
+// Nothing started in the namespace outlives its first process, not even what left the process group.
+TEST(SubprocessSandbox, OwnPidNamespaceEndsWithItsFirstProcess) {
+  TempDir writable;
+  const std::string marker = "77." + std::to_string(::getpid() % 1000);  // a sleep only this test starts
+  auto proc = Process::spawn(in_own_pid_namespace("setsid sleep " + marker + " & sleep 0.3; echo started", writable));
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  ExitInfo exit = finish(*proc, 10s);
+  if (!proc->sandbox().pids_isolated) GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  EXPECT_TRUE(exit.exited) << exit.describe();
+  EXPECT_EQ(proc->stdout_tail(), "started\n");
+  auto sleeper_alive = [&] {
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      std::ifstream cmdline(entry.path() / "cmdline");
+      std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+      if (text.find(marker) != std::string::npos && text.rfind("sleep", 0) == 0) return true;
+    }
+    return false;
+  };
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (sleeper_alive() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(sleeper_alive()) << "the setsid'd sleep outlived its namespace's first process";
+}
+
 TEST(SubprocessSandbox, DroppedCapabilitiesCannotUndoTheReadOnlyMounts) {
   TempDir writable;
   ProcessSpec spec = sh("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "

@@ -253,7 +253,7 @@ TEST_F(ProposeTest, EvalConfigAppliesToValidation) {
   auto run = propose({"--config", (dir_ / "eval.toml").string()});
   ASSERT_TRUE(run.exit.exited && run.exit.exit_code == 0) << run.stdout_text << run.stderr_text;
   int validation_dirs = 0;
-  for (const auto& entry : fs::directory_iterator(dir_ / "scratch"))
+  for (const auto& entry : fs::directory_iterator(dir_ / "scratch" / ("kz-scratch-" + std::to_string(::geteuid()))))
     validation_dirs += entry.path().filename().string().rfind("kz-validate-", 0) == 0;
   EXPECT_GT(validation_dirs, 0) << "the config's scratch_root and keep_scratch were applied";
 

@@ -224,6 +224,7 @@ std::string protocol_fingerprint(const EvalOptions& options) {
                   {"open_files", s.open_files},
                   {"network", s.network},
                   {"read_only_filesystem", s.read_only_filesystem},
+                  {"pid_namespace", s.pid_namespace},
                   {"gpu_memory_fraction", s.gpu_memory_fraction}};
   return j.dump();  // nlohmann::json objects keep their keys sorted: canonical
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kz/core/files.h"
+
 namespace kz {
 namespace fs = std::filesystem;
 
@@ -15,6 +17,9 @@ bool keep_extension_builds(const fs::path& request_scratch, const fs::path& kept
   std::error_code error;
   const fs::path built = request_scratch / "torch_extensions";
   if (fs::exists(kept, error) || !fs::is_directory(built, error)) return false;
+  // Unlistable: a worker opens its own candidate's build by name (a hash of its source) and cannot
+  // find a sibling's.
+  if (!make_unlistable_dir(kept.parent_path()).is_ok()) return false;
   const fs::path staging = kept.string() + fmt::format(".{}-{}.tmp", ::getpid(), std::random_device{}());
   bool any = false;
   for (const auto& entry : fs::directory_iterator(built, error)) {

@@ -57,6 +57,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.open_files", o.sandbox.open_files},
       {"sandbox.network", o.sandbox.network},
       {"sandbox.read_only_filesystem", o.sandbox.read_only_filesystem},
+      {"sandbox.pid_namespace", o.sandbox.pid_namespace},
       {"sandbox.gpu_memory_fraction", o.sandbox.gpu_memory_fraction},
   };
 }

@@ -118,6 +118,7 @@ void apply_sandbox(const SandboxOptions& options, const std::string& device, Pro
   spec.new_network_namespace = !options.network;
   spec.drop_capabilities = true;
   spec.read_only_filesystem = options.read_only_filesystem;
+  spec.new_pid_namespace = options.pid_namespace;
   if (options.read_only_filesystem) {
     spec.writable_paths = {spec.cwd};
     std::error_code ec;

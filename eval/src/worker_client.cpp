@@ -287,8 +287,13 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
 
 Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
                                    const std::function<void(ProcessSpec&)>& customize) {
+  // Every worker's scratch dir sits in one unlistable dir per user: a worker (its own is bound in
+  // writable) cannot find a sibling's, nor one a killed kz process left (docs/evaluation.md, "Sandbox").
   fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
-  auto scratch = make_unique_dir(scratch_root, scratch_prefix);
+  fs::path scratch_parent = scratch_root / fmt::format("kz-scratch-{}", ::geteuid());
+  Status hidden = make_unlistable_dir(scratch_parent);
+  if (!hidden.is_ok()) return hidden.with_context("making the scratch dirs' parent");
+  auto scratch = make_unique_dir(scratch_parent, scratch_prefix);
   if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
   auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
   if (!worker.ok()) {
@@ -309,7 +314,7 @@ std::string server_key(const WorkerSetup& setup, const std::string& scratch_pref
   for (const auto& path : spec.writable_paths) writable.push_back(path.string());
   nlohmann::json key = {{"argv", spec.argv}, {"env", spec.env}, {"root", setup.scratch_root.string()},
                         {"prefix", scratch_prefix}, {"writable", writable},
-                        {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.drop_capabilities,
+                        {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.new_pid_namespace, spec.drop_capabilities,
                                    spec.new_process_group}},
                         {"limits", {l.cpu_time_s, l.file_size_bytes, l.max_processes, l.address_space_bytes,
                                     l.open_files, l.no_core_dumps}}};

@@ -19,5 +19,11 @@ Status write_file_atomic(const fs::path& path, std::string_view content);
 Status append_line(const fs::path& path, std::string_view line);
 // Creates a fresh, uniquely named directory under `parent` (created if missing).
 Result<fs::path> make_unique_dir(const fs::path& parent, std::string_view prefix);
+// `dir`, made (its parents too) or checked: a directory of this user's own, not a symlink, whose
+// entries its owner can make, remove and open by name but, without CAP_DAC_READ_SEARCH, not list
+// (mode 0311). Only for root, whose sandboxed workers (same uid, no capabilities, a read-only
+// mount) can neither list nor chmod it; another user's dir stays 0700, as its own processes could
+// chmod it back anyway, and it still needs to list it.
+Status make_unlistable_dir(const fs::path& dir);
 
 }  // namespace kz

@@ -75,6 +75,14 @@ struct ProcessSpec {
   // sets: a root child keeps uid 0 (it owns root's files) but cannot mount, undo the read-only
   // remounts, leave the network namespace (setns), raise its rlimits, ptrace or load modules.
   bool drop_capabilities = false;
+  // With read_only_filesystem only: the child is the first process (pid 1) of a new PID namespace,
+  // with a fresh /proc that lists that namespace's processes alone (no sibling's cwd, cmdline or
+  // environment in sight). When it exits, the kernel kills every process left in its namespace. As pid 1 it gets signals with the default action only where they are
+  // forced: SIGKILL and SIGSTOP from outside, and faults (a SIGSEGV from a bad access still kills it;
+  // kill(getpid(), SIGSEGV) does not, nor SIGXCPU: the CPU limit ends it with SIGKILL at the hard
+  // limit). Where the namespace or its /proc cannot be made, the child runs without and
+  // SandboxReport says why.
+  bool new_pid_namespace = false;
 };
 
 // What the sandbox of a spawned process really got (see Process::sandbox()).
@@ -82,6 +90,7 @@ struct SandboxReport {
   bool network_isolated = false;     // in its own network namespace
   bool filesystem_read_only = false; // every mount but writable_paths remounted read-only
   bool capabilities_dropped = false;
+  bool pids_isolated = false;        // in its own PID namespace, with its own /proc
   std::string process_cap;           // "cgroup", "polling", or "" without max_processes
   std::vector<std::string> notes;    // what was asked for but not applied, and why
 };
@@ -149,6 +158,9 @@ class Process {
  private:
   struct Impl;
   explicit Process(std::unique_ptr<Impl> impl);
+  // spawn() without its retry: `pid_namespace_failure` says why no own PID namespace could be made
+  // (the child then failed before exec, or, where clone refused it, was forked without one).
+  static Result<Process> spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure);
   std::unique_ptr<Impl> impl_;
 };
 

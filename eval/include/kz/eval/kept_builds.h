@@ -1,7 +1,7 @@
 // `cuda` candidates' extension builds, kept by the supervisor between a candidate's requests (its
 // pre-build, then its evaluation): one directory per candidate under extension_builds_dir
-// (sandbox.h), read-only to every worker, so no candidate can touch another's build
-// (docs/evaluation.md, "Shared compile caches").
+// (sandbox.h), read-only to every worker, so no candidate can touch another's build, and unlistable
+// (make_unlistable_dir), so none can find another's (docs/evaluation.md, "Shared compile caches").
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -90,6 +90,8 @@ struct SandboxOptions {
   int open_files = 4096;         // RLIMIT_NOFILE
   bool network = false;          // false: the worker gets its own network namespace (no network at all)
   bool read_only_filesystem = true;  // everything read-only but scratch and /dev/shm
+  bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
+                                 // /proc (no other worker's process, cwd or cmdline in sight)
   double gpu_memory_fraction = 0.9;  // torch.cuda.set_per_process_memory_fraction before any candidate code:
                                      // the caching allocator refuses more (an OOM error); 0: no limit
 };
