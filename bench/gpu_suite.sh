@@ -32,6 +32,10 @@
 #                   Then, with KZ_SERVICE_ROUNDS=N (default 0), the same batch N times through one
 #                   `kz serve-eval` (bench/service_batch.py, ~30 s a round), its rates against this
 #                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
+#   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, alternately
+#                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
+#                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, A and B side by
+#                   side (~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-same-priority.toml
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
 #                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
@@ -48,7 +52,7 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
-[[ $PART == multigpu || $PART == service ]] && export KZ_BUILD_TARGETS=kz
+[[ $PART == multigpu || $PART == service || $PART == ab ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -93,6 +97,20 @@ elif [[ $PART == checks ]]; then
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
            eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
+  done
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == ab ]]; then
+  [[ -f ${KZ_AB_CONFIG:-} ]] || { echo "KZ_AB_CONFIG: no TOML at '${KZ_AB_CONFIG:-}'"; exit 1; }
+  for round in $(seq "${KZ_AB_ROUNDS:-2}"); do
+    for side in A B; do
+      config=(); [[ $side == B ]] && config=(--kz-config "$KZ_AB_CONFIG")
+      python3 bench/kernelbench_compare.py --skip kb,stability,ref --out "$OUT/$side-$round" --device cuda:0 \
+        "${config[@]}" > "$OUT/$side-$round.txt" 2> "$OUT/$side-$round.err"
+      step_done "kz batch $side round $round" $?
+      label=defaults; [[ $side == B ]] && label=$KZ_AB_CONFIG
+      echo "== $side ($label), round $round =="
+      python3 bench/kernelbench_compare.py --report-only "$OUT/$side-$round/compare.json" --short
+    done
   done
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == compare ]]; then

@@ -68,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--stability-task", default="07_softmax")
     p.add_argument("--stability-format", default="cuda-rtc", choices=make_eval_batch.FORMATS)
     p.add_argument("--stability-runs", type=int, default=5)
+    p.add_argument("--kz-config", type=pathlib.Path, default=None,
+                   help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [worker] setting)")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: kb, stability, ref")
     p.add_argument("--dry-run", action="store_true", help="write the batch, check KernelBench's loaders, print the plan; time nothing")
     p.add_argument("--report-only", type=pathlib.Path, help="print the report of a saved compare.json and exit")
@@ -148,7 +150,8 @@ def phase_estimate_s(data: dict, evaluations: int) -> float:
 # ---- phases -------------------------------------------------------------------------------------
 
 def phase_kz_batch(args, data, budget, cache_home):
-    run = run_kz(args, "kz-batch", args.out / "batch" / "candidates", [], cache_home, budget.left())
+    flags = ["--config", str(args.kz_config)] if args.kz_config else []
+    run = run_kz(args, "kz-batch", args.out / "batch" / "candidates", flags, cache_home, budget.left())
     run["verdicts"] = [trim(v) for v in run["verdicts"]]
     data["kz_batch"] = run
     if run["timed_out"]:

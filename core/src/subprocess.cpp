@@ -142,6 +142,7 @@ struct ChildPlan {
   std::vector<char*> argv, envp;
   std::string cwd;
   bool new_group = false;
+  std::optional<int> nice;  // the child's nice value (setpriority), when one was asked for
   int stdio[4] = {-1, -1, -1, -1};  // sources for fds 0..3 (3 only with a message pipe)
   int error_fd = -1;
   // Sandbox.
@@ -304,6 +305,7 @@ void child_drop_privileges(const ChildPlan& plan) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 
   if (plan.new_group && ::setpgid(0, 0) != 0) child_fail(plan.error_fd, 0);
+  if (plan.nice) ::setpriority(PRIO_PROCESS, 0, *plan.nice);  // best effort: only the CPU's order changes
   int nstd = plan.stdio[3] >= 0 ? 4 : 3;
   for (int target = 0; target < nstd; ++target) {
     if (::dup2(plan.stdio[target], target) < 0) child_fail(plan.error_fd, 1);
@@ -842,6 +844,11 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   plan.envp.push_back(nullptr);
   plan.cwd = spec.cwd.string();
   plan.new_group = spec.new_process_group;
+  if (spec.nice_increment != 0) {
+    errno = 0;
+    int current = ::getpriority(PRIO_PROCESS, 0);  // -1 is a valid nice value: errno tells
+    if (errno == 0) plan.nice = std::clamp(current + spec.nice_increment, -20, 19);
+  }
 
   plan.new_netns = spec.new_network_namespace;
   plan.read_only = spec.read_only_filesystem;

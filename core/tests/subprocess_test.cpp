@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -308,6 +309,20 @@ TEST(Subprocess, WaitForTimesOutThenSucceeds) {
   auto exit = proc->wait_for(5s);
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 7);
+}
+
+// The nice increment reaches the child and what it starts (the pre-builds' nvcc), capped at 19.
+TEST(Subprocess, NiceIncrementIsInheritedByGrandchildren) {
+  errno = 0;
+  int parent = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  ProcessSpec spec = sh("nice; sh -c nice");
+  spec.nice_increment = 5;
+  RunResult r = run_ok(spec);
+  std::string expected = std::to_string(std::min(parent + 5, 19)) + "\n";
+  EXPECT_EQ(r.stdout_text, expected + expected) << r.stderr_text;
+  spec.nice_increment = 0;
+  EXPECT_EQ(run_ok(spec).stdout_text, std::to_string(parent) + "\n" + std::to_string(parent) + "\n");
 }
 
 TEST(Subprocess, MovedProcessKeepsOwnership) {

@@ -193,7 +193,10 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
 
 void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   set_worker_device(options_.device, spec);
-  if (mode == EvalMode::compile_only) spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
+  if (mode == EvalMode::compile_only) {
+    spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
+    spec.nice_increment = options_.worker.prebuild_niceness;
+  }
   apply_sandbox(options_.sandbox, options_.device, spec);
 }
 

@@ -47,6 +47,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
       {"worker.fork_server", o.worker.fork_server},
       {"worker.spare_servers", o.worker.spare_servers},
+      {"worker.prebuild_niceness", o.worker.prebuild_niceness},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},
@@ -86,6 +87,8 @@ Status EvalOptions::validate() const {
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
+  if (worker.prebuild_niceness < 0 || worker.prebuild_niceness > 19)
+    return invalid_argument("worker.prebuild_niceness must be within 0..19 (0: the evaluations' priority)");
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
     return invalid_argument(
         fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));

@@ -60,6 +60,8 @@ struct ProcessSpec {
   bool message_pipe = false;                  // open fd 3 in the child as a write-only message pipe
   bool new_process_group = true;              // setpgid(0,0) in the child, so kill_group reaches all
   size_t output_tail_bytes = 64 * 1024;       // how much of stdout/stderr to keep (the last bytes)
+  int nice_increment = 0;                     // added to the parent's nice value (capped at 19), inherited
+                                              // by all the child starts; a failure to set it is ignored
 
   // ---- sandbox (all off by default) ----
   ResourceLimits limits;

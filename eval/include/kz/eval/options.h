@@ -67,6 +67,10 @@ struct WorkerOptions {
   // 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
   // Each holds a CUDA context. Servers beyond the cap are killed when their request ends.
   int spare_servers = 2;
+  // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc): when the CPU
+  // is short, as at a cold batch's start, the evaluations' start-up (imports, CUDA contexts) goes
+  // first, and the GPU gets work sooner; the builds take the cores left. 0..19; 0: same priority.
+  int prebuild_niceness = 10;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
