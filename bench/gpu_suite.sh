@@ -35,7 +35,7 @@
 #   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, alternately
 #                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
 #                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, A and B side by
-#                   side (~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-same-priority.toml
+#                   side (~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
 #                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.

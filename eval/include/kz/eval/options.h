@@ -69,8 +69,9 @@ struct WorkerOptions {
   int spare_servers = 2;
   // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc): when the CPU
   // is short, as at a cold batch's start, the evaluations' start-up (imports, CUDA contexts) goes
-  // first, and the GPU gets work sooner; the builds take the cores left. 0..19; 0: same priority.
-  int prebuild_niceness = 10;
+  // first and the builds take the cores left. 0..19; 0: same priority. Measured on the H200 (bench/
+  // README.md): 10 made `cuda-rtc` 7% faster and `cuda` 8% slower, the whole batch 4% slower.
+  int prebuild_niceness = 0;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
