@@ -15,6 +15,7 @@
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
 #include "kz/core/text.h"
+#include "kz/eval/scratch_dirs.h"
 
 #ifndef KZ_DEFAULT_PYTHON
 #define KZ_DEFAULT_PYTHON "python3"
@@ -287,13 +288,8 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
 
 Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
                                    const std::function<void(ProcessSpec&)>& customize) {
-  // Every worker's scratch dir sits in one unlistable dir per user: a worker (its own is bound in
-  // writable) cannot find a sibling's, nor one a killed kz process left (docs/evaluation.md, "Sandbox").
   fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
-  fs::path scratch_parent = scratch_root / fmt::format("kz-scratch-{}", ::geteuid());
-  Status hidden = make_unlistable_dir(scratch_parent);
-  if (!hidden.is_ok()) return hidden.with_context("making the scratch dirs' parent");
-  auto scratch = make_unique_dir(scratch_parent, scratch_prefix);
+  auto scratch = make_scratch_dir(scratch_root, scratch_prefix, setup.keep_scratch);  // kz/eval/scratch_dirs.h
   if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
   auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
   if (!worker.ok()) {

@@ -1,0 +1,31 @@
+// Where workers' scratch dirs live, and who cleans up after a kz process that died.
+//
+// Every scratch dir sits in one unlistable dir per user under the scratch root,
+// <root>/kz-scratch-<uid> (make_unlistable_dir): a worker, whose own dir is bound in writable,
+// cannot find a sibling's (docs/evaluation.md, "Sandbox"). Each kz process names its dirs with a
+// token of its own and holds an flock on <parent>/owner-<token>.lock while it lives; the first
+// scratch dir a process makes under a parent sweeps the dirs of every token whose lock is free, so
+// that the candidates of a killed run do not pile up. flock, not pids: it holds across PID
+// namespaces (containers sharing /tmp) and pid reuse.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "kz/core/status.h"
+
+namespace kz {
+
+// The per-user parent of the scratch dirs under `scratch_root`, made unlistable.
+Result<std::filesystem::path> scratch_parent(const std::filesystem::path& scratch_root);
+
+// A fresh scratch dir under scratch_parent(scratch_root): <prefix><token>-XXXXXX, swept once this
+// process is gone; with `keep` (worker.keep_scratch: debugging) <prefix>XXXXXX, never swept.
+Result<std::filesystem::path> make_scratch_dir(const std::filesystem::path& scratch_root, const std::string& prefix,
+                                               bool keep);
+
+// Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
+// files; returns how many dirs went. Called by make_scratch_dir once per parent and process.
+int sweep_dead_owners(const std::filesystem::path& parent);
+
+}  // namespace kz

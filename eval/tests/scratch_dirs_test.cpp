@@ -1,0 +1,114 @@
+// Scratch dirs (kz/eval/scratch_dirs.h): one unlistable parent per user, dirs named by their kz
+// process's owner token, and the dirs of a process that died swept by the next one.
+#include "kz/eval/scratch_dirs.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "kz/core/files.h"
+
+namespace kz {
+namespace {
+namespace fs = std::filesystem;
+
+class ScratchDirsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A root per test: a process keeps its token per parent for its whole life.
+    root_ = fs::temp_directory_path() / ("kz_scratch_dirs_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  fs::path parent() const { return root_ / ("kz-scratch-" + std::to_string(::geteuid())); }
+  static void touch(const fs::path& path) {
+    fs::create_directories(path.parent_path());
+    ASSERT_TRUE(write_file_atomic(path, "x").is_ok()) << path;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(ScratchDirsTest, DirsSitInAnUnlistableParentNamedByTheirOwner) {
+  auto first = make_scratch_dir(root_, "kz-eval-", false);
+  auto second = make_scratch_dir(root_, "kz-eval-", false);
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status().to_string();
+  EXPECT_EQ(first->parent_path(), parent());
+  struct stat info {};
+  ASSERT_EQ(::lstat(parent().c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 07777, ::geteuid() == 0 ? 0311u : 0700u);
+  // kz-eval-<token>-XXXXXX, one token per process, and that token's lock held.
+  std::string name = first->filename().string(), token = name.substr(8, name.size() - 8 - 7);
+  EXPECT_EQ(second->filename().string().substr(0, name.size() - 6), name.substr(0, name.size() - 6));
+  EXPECT_NE(*first, *second);
+  int fd = ::open((parent() / ("owner-" + token + ".lock")).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << "no lock for token " << token;
+  EXPECT_NE(::flock(fd, LOCK_EX | LOCK_NB), 0) << "this process's lock is free";
+  ::close(fd);
+  EXPECT_EQ(sweep_dead_owners(parent()), 0);
+  EXPECT_TRUE(fs::is_directory(*first)) << "a live owner's dir was swept";
+  // keep_scratch: no token, never swept.
+  auto kept = make_scratch_dir(root_, "kz-eval-", true);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->filename().string().size(), std::string("kz-eval-XXXXXX").size());
+}
+
+TEST_F(ScratchDirsTest, OnlyTheDirsOfOwnersWhoseLockIsFreeAreSwept) {
+  ASSERT_TRUE(scratch_parent(root_).ok());
+  touch(parent() / "owner-dead0001.lock");
+  touch(parent() / "kz-eval-dead0001-a1b2c3" / "request-1" / "candidate.py");
+  touch(parent() / "kz-validate-dead0001-d4e5f6" / "candidate.py");
+  touch(parent() / "owner-live0001.lock");
+  touch(parent() / "kz-eval-live0001-a1b2c3" / "candidate.py");
+  touch(parent() / "kz-eval-oldstyle" / "candidate.py");  // before owner tokens: left alone
+  int held = ::open((parent() / "owner-live0001.lock").c_str(), O_RDWR);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+
+  EXPECT_EQ(sweep_dead_owners(parent()), 2);
+  EXPECT_FALSE(fs::exists(parent() / "kz-eval-dead0001-a1b2c3"));
+  EXPECT_FALSE(fs::exists(parent() / "kz-validate-dead0001-d4e5f6"));
+  EXPECT_FALSE(fs::exists(parent() / "owner-dead0001.lock"));
+  EXPECT_TRUE(fs::exists(parent() / "kz-eval-live0001-a1b2c3" / "candidate.py"));
+  EXPECT_TRUE(fs::exists(parent() / "owner-live0001.lock"));
+  EXPECT_TRUE(fs::exists(parent() / "kz-eval-oldstyle"));
+  ::close(held);
+}
+
+// A kz process killed with its scratch dir in place: the next one to make a scratch dir there
+// sweeps it.
+TEST_F(ScratchDirsTest, AKilledProcesssDirIsSweptByTheNextProcess) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto dir = make_scratch_dir(root_, "kz-eval-", false);
+    std::string path = dir.ok() ? dir->string() : "";
+    (void)!::write(pipe_fds[1], path.data(), path.size());
+    ::_exit(0);  // no clean-up: as if killed
+  }
+  ::close(pipe_fds[1]);
+  char buffer[4096];
+  ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_GT(n, 0);
+  fs::path orphan(std::string(buffer, static_cast<size_t>(n)));
+  touch(orphan / "candidate.py");
+  auto mine = make_scratch_dir(root_, "kz-eval-", false);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_FALSE(fs::exists(orphan)) << "the dead process's dir was not swept";
+  EXPECT_TRUE(fs::is_directory(*mine));
+}
+
+}  // namespace
+}  // namespace kz
