@@ -129,7 +129,8 @@ struct ChildRecord {
   int32_t err;    // errno
 };
 constexpr int32_t kFailed = 0, kSkipped = 1;
-constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit", "mounting /proc"};
+constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit",
+                                       "making its mount namespace and mounting /proc"};
 constexpr int32_t kStageMountProc = 5;  // fatal: pid 1 must not see the parent namespace's /proc
 enum SandboxStep : int32_t {
   kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
@@ -919,7 +920,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   pid_t pid = plan.new_pidns ? static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr, nullptr, 0))
                              : ::fork();
   if (pid < 0 && plan.new_pidns) {  // EPERM without CAP_SYS_ADMIN, ENOSPC past the namespace limit
-    pid_namespace_failure = fmt::format("clone(CLONE_NEWPID): {}", std::strerror(errno));
+    impl->report.notes.push_back(fmt::format("own PID namespace: clone(CLONE_NEWPID): {}", std::strerror(errno)));
     plan.new_pidns = false;
     pid = ::fork();
   }

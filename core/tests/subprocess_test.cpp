@@ -613,7 +613,11 @@ TEST(SubprocessSandbox, OwnPidNamespaceShowsOnlyItsOwnProcesses) {
       writable));
   ASSERT_TRUE(proc.ok()) << proc.status().to_string();
   finish(*proc, 10s);
-  if (!proc->sandbox().pids_isolated) GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  if (!proc->sandbox().pids_isolated) {
+    // Skipped only where spawn said why (a silent fallback would pass every test unseen).
+    ASSERT_NE(notes(*proc).find("own PID namespace"), std::string::npos) << "not isolated, and no note says why";
+    GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  }
   const std::string& out = proc->stdout_tail();
   EXPECT_NE(out.find("pid=1\n"), std::string::npos) << out << proc->stderr_tail();
   EXPECT_NE(out.find("parent-hidden"), std::string::npos) << out;
@@ -631,7 +635,11 @@ TEST(SubprocessSandbox, OwnPidNamespaceEndsWithItsFirstProcess) {
   auto proc = Process::spawn(in_own_pid_namespace("setsid sleep " + marker + " & sleep 0.3; echo started", writable));
   ASSERT_TRUE(proc.ok()) << proc.status().to_string();
   ExitInfo exit = finish(*proc, 10s);
-  if (!proc->sandbox().pids_isolated) GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  if (!proc->sandbox().pids_isolated) {
+    // Skipped only where spawn said why (a silent fallback would pass every test unseen).
+    ASSERT_NE(notes(*proc).find("own PID namespace"), std::string::npos) << "not isolated, and no note says why";
+    GTEST_SKIP() << "no PID namespace here: " << notes(*proc);
+  }
   EXPECT_TRUE(exit.exited) << exit.describe();
   EXPECT_EQ(proc->stdout_tail(), "started\n");
   auto sleeper_alive = [&] {

@@ -17,6 +17,7 @@
 #include "kz/core/subprocess.h"
 #include "kz/eval/kept_builds.h"
 #include "kz/eval/sandbox.h"
+#include "kz/eval/scratch_dirs.h"
 #include "kz/eval/static_checks.h"
 #include "kz/eval/suite.h"
 #include "kz/eval/worker_client.h"
@@ -177,6 +178,10 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   auto verdict = run_worker(task, candidate, *format, seed, mode);
   if (!verdict.ok()) return verdict.status();
   Verdict done = finish(std::move(*verdict), format_name(*format), seed);
+  // A traceback names the request's scratch dir; a fork server's next request (a GRPO sibling's)
+  // runs in that server's dir, so the path must reach neither the cache, which workers can read,
+  // nor the model.
+  done.message = scrub_scratch_paths(done.message);
   if (use_cache && is_cacheable(done)) (void)cache_->store(key, done);  // a failed store costs a re-run later
   return done;
 }

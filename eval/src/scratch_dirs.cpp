@@ -5,6 +5,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -46,7 +48,34 @@ Result<std::string> take_owner_lock(const fs::path& parent) {
   return token;  // fd deliberately left open: the lock lives as long as this process
 }
 
+bool ends_a_path(char c) { return std::isspace(static_cast<unsigned char>(c)) || std::strchr("'\"`<>()[]{},;:", c); }
+
 }  // namespace
+
+std::string scrub_scratch_paths(const std::string& text) {
+  static const std::string kMark = "/kz-scratch-";
+  auto component_end = [&](size_t from) {
+    while (from < text.size() && text[from] != '/' && !ends_a_path(text[from])) ++from;
+    return from;
+  };
+  auto next_is = [&](size_t at, const char* prefix) {
+    return at < text.size() && text[at] == '/' && text.compare(at + 1, std::strlen(prefix), prefix) == 0;
+  };
+  std::string out;
+  size_t done = 0;
+  for (size_t at = text.find(kMark); at != std::string::npos; at = text.find(kMark, done)) {
+    size_t start = at;  // back to the path's start
+    while (start > done && !ends_a_path(text[start - 1])) --start;
+    size_t end = component_end(at + 1);                          // kz-scratch-<uid>
+    if (next_is(end, "")) end = component_end(end + 1);           // the worker's dir
+    if (next_is(end, "request-")) end = component_end(end + 1);   // a fork server's request dir
+    out.append(text, done, start - done);
+    out += "<scratch>";
+    done = end;
+  }
+  out.append(text, done, std::string::npos);
+  return out;
+}
 
 Result<fs::path> scratch_parent(const fs::path& scratch_root) {
   fs::path parent = scratch_root / fmt::format("kz-scratch-{}", ::geteuid());

@@ -291,6 +291,16 @@ Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& 
   fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
   auto scratch = make_scratch_dir(scratch_root, scratch_prefix, setup.keep_scratch);  // kz/eval/scratch_dirs.h
   if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
+  // A fork server's dir outlives its requests, whose dirs have random names: unlistable, so that a
+  // candidate who learnt the server's path cannot find the request (a sibling's) running there.
+  if (setup.fork_server) {
+    Status hidden = make_unlistable_dir(*scratch);
+    if (!hidden.is_ok()) {
+      std::error_code ignored;
+      fs::remove_all(*scratch, ignored);
+      return hidden.with_context("hiding the fork server's scratch dir");
+    }
+  }
   auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
   if (!worker.ok()) {
     std::error_code ignored;
@@ -312,6 +322,7 @@ std::string server_key(const WorkerSetup& setup, const std::string& scratch_pref
                         {"prefix", scratch_prefix}, {"writable", writable},
                         {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.new_pid_namespace, spec.drop_capabilities,
                                    spec.new_process_group}},
+                        {"nice", spec.nice_increment},
                         {"limits", {l.cpu_time_s, l.file_size_bytes, l.max_processes, l.address_space_bytes,
                                     l.open_files, l.no_core_dumps}}};
   return key.dump();
@@ -401,7 +412,8 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     server.emplace(std::move(*fresh));
   }
   server->keep_scratch = setup.keep_scratch;  // this request's choice, not the server's creator's
-  fs::path request_scratch = server->scratch / fmt::format("request-{}", ++server->requests);
+  fs::path request_scratch =
+      server->scratch / fmt::format("request-{}-{:08x}{:08x}", ++server->requests, std::random_device{}(), std::random_device{}());
   std::error_code error;
   if (!fs::create_directory(request_scratch, error))  // never one a child left behind
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),

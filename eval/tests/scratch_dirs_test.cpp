@@ -110,5 +110,18 @@ TEST_F(ScratchDirsTest, AKilledProcesssDirIsSweptByTheNextProcess) {
   EXPECT_TRUE(fs::is_directory(*mine));
 }
 
+TEST(ScrubScratchPaths, WritesEveryScratchPathAsScratch) {
+  EXPECT_EQ(scrub_scratch_paths("File \"/tmp/kz-scratch-0/kz-eval-Wn7ipQ/request-4-0123456789abcdef/candidate.py\", "
+                                "line 3"),
+            "File \"<scratch>/candidate.py\", line 3");
+  EXPECT_EQ(scrub_scratch_paths("in /var/tmp/x/kz-scratch-1000/kz-eval-abc123-Q1w2e3/torch_extensions/relu.so: bad"),
+            "in <scratch>/torch_extensions/relu.so: bad");
+  EXPECT_EQ(scrub_scratch_paths("two: /tmp/kz-scratch-0/kz-eval-a (and '/tmp/kz-scratch-0/kz-eval-b/request-1')"),
+            "two: <scratch> (and '<scratch>')");
+  EXPECT_EQ(scrub_scratch_paths("/tmp/kz-scratch-0"), "<scratch>");
+  const std::string plain = "correct, speedup 1.02x; /tmp/other/kz-eval-x stays";
+  EXPECT_EQ(scrub_scratch_paths(plain), plain);
+}
+
 }  // namespace
 }  // namespace kz

@@ -289,7 +289,8 @@ def _own_group(target: int, is_group: bool) -> bool:
     """Whether a signal to `target` stays among the worker's own processes: its process group, but
     never its parent (the supervisor, or the fork server, which shares the group)."""
     own = os.getpgid(0)
-    if target == os.getppid():
+    parent = os.getppid()  # 0 for the first process of a PID namespace: its parent is outside
+    if parent and target == parent:
         return False
     if is_group:
         return target in (0, own)

@@ -160,8 +160,9 @@ class Process {
  private:
   struct Impl;
   explicit Process(std::unique_ptr<Impl> impl);
-  // spawn() without its retry: `pid_namespace_failure` says why no own PID namespace could be made
-  // (the child then failed before exec, or, where clone refused it, was forked without one).
+  // spawn() without its retry: `pid_namespace_failure` says why the child, cloned into its own PID
+  // namespace, failed before exec to make its mount namespace or /proc (then spawn tries without).
+  // Where clone itself refuses the namespace, the child is forked without one, with a note.
   static Result<Process> spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure);
   std::unique_ptr<Impl> impl_;
 };

@@ -24,6 +24,11 @@ Result<std::filesystem::path> scratch_parent(const std::filesystem::path& scratc
 Result<std::filesystem::path> make_scratch_dir(const std::filesystem::path& scratch_root, const std::string& prefix,
                                                bool keep);
 
+// `text` with every scratch path (<root>/kz-scratch-<uid>/<dir>, and a request dir of a fork
+// server below it) written as "<scratch>": what a worker's traceback says must not tell a later
+// candidate where a fork server runs its next request.
+std::string scrub_scratch_paths(const std::string& text);
+
 // Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
 // files; returns how many dirs went. Called by make_scratch_dir once per parent and process.
 int sweep_dead_owners(const std::filesystem::path& parent);
