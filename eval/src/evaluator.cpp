@@ -176,7 +176,8 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   }
   uint64_t seed = options_.seed ? options_.seed : fresh_seed();
   auto verdict = run_worker(task, candidate, *format, seed, mode);
-  if (!verdict.ok()) return verdict.status();
+  if (!verdict.ok())  // reaches serve-eval's clients too: no scratch path (below)
+    return Status(verdict.status().code(), scrub_scratch_paths(verdict.status().message()));
   Verdict done = finish(std::move(*verdict), format_name(*format), seed);
   // A traceback names the request's scratch dir; a fork server's next request (a GRPO sibling's)
   // runs in that server's dir, so the path must reach neither the cache, which workers can read,

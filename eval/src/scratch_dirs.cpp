@@ -5,11 +5,16 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <vector>
 
 #include "kz/core/files.h"
@@ -21,20 +26,37 @@ namespace {
 constexpr const char* kLockPrefix = "owner-";
 constexpr const char* kLockSuffix = ".lock";
 
-// The owner token in a lock file's name, or "" when `name` is none.
+constexpr size_t kTokenLength = 12;  // hex digits
+constexpr size_t kUniqueLength = 6;  // mkdtemp's XXXXXX
+
+bool is_token(std::string_view text) {
+  return text.size() == kTokenLength &&
+         std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(c) || (c >= 'a' && c <= 'f'); });
+}
+
+// The owner token in a lock file's name, or "" when `name` is none (exactly owner-<12 hex>.lock:
+// a planted "owner-eval.lock" must not make every kz-eval-* dir look like a dead owner's).
 std::string token_of_lock(const std::string& name) {
   const std::string prefix = kLockPrefix, suffix = kLockSuffix;
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+  if (name.size() != prefix.size() + kTokenLength + suffix.size() || name.rfind(prefix, 0) != 0 ||
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return "";
-  return name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  std::string token = name.substr(prefix.size(), kTokenLength);
+  return is_token(token) ? token : "";
+}
+
+// Whether `name` is a scratch dir of `token`'s: <prefix>-<token>-XXXXXX.
+bool owned_by(const std::string& name, const std::string& token) {
+  const std::string mark = "-" + token + "-";
+  return name.size() > mark.size() + kUniqueLength &&
+         name.compare(name.size() - kUniqueLength - mark.size(), mark.size(), mark) == 0;
 }
 
 // Takes this process's lock under `parent`: made under a temporary name, locked, then renamed, so no
 // sweeper ever sees it unlocked. The descriptor stays open (and locked) until the process exits.
 Result<std::string> take_owner_lock(const fs::path& parent) {
   std::random_device random;
-  std::string token = fmt::format("{:08x}{:04x}", random(), random() & 0xffff);
+  std::string token = fmt::format("{:08x}{:04x}", random(), random() & 0xffff);  // kTokenLength
   fs::path staging = parent / fmt::format(".{}{}{}", kLockPrefix, token, kLockSuffix);
   int fd = ::open(staging.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return io_error(fmt::format("making {}: {}", staging.string(), std::strerror(errno)));
@@ -48,7 +70,9 @@ Result<std::string> take_owner_lock(const fs::path& parent) {
   return token;  // fd deliberately left open: the lock lives as long as this process
 }
 
-bool ends_a_path(char c) { return std::isspace(static_cast<unsigned char>(c)) || std::strchr("'\"`<>()[]{},;:", c); }
+bool ends_a_path(char c) {
+  return !(std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr("._~+/-", c)));
+}
 
 }  // namespace
 
@@ -58,23 +82,32 @@ std::string scrub_scratch_paths(const std::string& text) {
     while (from < text.size() && text[from] != '/' && !ends_a_path(text[from])) ++from;
     return from;
   };
+  auto after_slashes = [&](size_t at) {  // "a//b" names a/b too
+    while (at < text.size() && text[at] == '/') ++at;
+    return at;
+  };
   auto next_is = [&](size_t at, const char* prefix) {
-    return at < text.size() && text[at] == '/' && text.compare(at + 1, std::strlen(prefix), prefix) == 0;
+    return at < text.size() && text[at] == '/' && text.compare(after_slashes(at), std::strlen(prefix), prefix) == 0;
   };
   std::string out;
   size_t done = 0;
   for (size_t at = text.find(kMark); at != std::string::npos; at = text.find(kMark, done)) {
-    size_t start = at;  // back to the path's start
+    size_t start = at;  // back to the path's start: its first '/' ("-I/tmp/..." keeps its "-I")
     while (start > done && !ends_a_path(text[start - 1])) --start;
+    start = std::min(text.find('/', start), at);
     size_t end = component_end(at + 1);                          // kz-scratch-<uid>
-    if (next_is(end, "")) end = component_end(end + 1);           // the worker's dir
-    if (next_is(end, "request-")) end = component_end(end + 1);   // a fork server's request dir
+    if (next_is(end, "")) end = component_end(after_slashes(end));          // the worker's dir
+    if (next_is(end, "request-")) end = component_end(after_slashes(end));  // a fork server's request dir
     out.append(text, done, start - done);
     out += "<scratch>";
     done = end;
   }
   out.append(text, done, std::string::npos);
-  return out;
+  // What is left of a path cut before its kz-scratch part (a traceback or stderr kept by its tail):
+  // a worker's dir or a request dir by its name alone.
+  static const std::regex kBareNames(
+      R"((?:[A-Za-z0-9._~+-]*/)*(?:kz-[a-z]+-[0-9a-f]{12}-[A-Za-z0-9]{6}|request-[0-9]+-[0-9a-f]{16}))");
+  return std::regex_replace(out, kBareNames, "<scratch>");
 }
 
 Result<fs::path> scratch_parent(const fs::path& scratch_root) {
@@ -86,18 +119,25 @@ Result<fs::path> scratch_parent(const fs::path& scratch_root) {
 int sweep_dead_owners(const fs::path& parent) {
   std::error_code error;
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(parent, error)) names.push_back(entry.path().filename().string());
+  for (auto it = fs::directory_iterator(parent, error); !error && it != fs::directory_iterator(); it.increment(error))
+    names.push_back(it->path().filename().string());
   int removed = 0;
   for (const std::string& name : names) {
     std::string token = token_of_lock(name);
     if (token.empty()) continue;
     int fd = ::open((parent / name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its owner is gone
-      const std::string mark = "-" + token + "-";
-      for (const std::string& other : names)
-        if (other.find(mark) != std::string::npos && fs::remove_all(parent / other, error) > 0 && !error) ++removed;
-      ::unlink((parent / name).c_str());
+    struct stat info {};
+    bool ours = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && info.st_uid == ::geteuid();
+    if (ours && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {  // its owner is gone
+      bool all_gone = true;
+      for (const std::string& other : names) {
+        if (!owned_by(other, token)) continue;
+        fs::remove_all(parent / other, error);
+        if (error) all_gone = false;  // the lock stays: a later sweep tries again
+        else ++removed;
+      }
+      if (all_gone) ::unlink((parent / name).c_str());
     }
     ::close(fd);
   }
@@ -117,12 +157,14 @@ Result<fs::path> make_scratch_dir(const fs::path& scratch_root, const std::strin
     if (it == tokens.end()) {
       sweep_dead_owners(*parent);
       auto taken = take_owner_lock(*parent);
-      if (!taken.ok()) return taken.status();
-      it = tokens.emplace(*parent, *taken).first;
+      if (!taken.ok())  // no lock (a filesystem without flock?): dirs without a token, never swept
+        std::fprintf(stderr, "kz: %s; scratch dirs there will not be swept after this process\n",
+                     taken.status().to_string().c_str());
+      it = tokens.emplace(*parent, taken.ok() ? *taken : "").first;
     }
     token = it->second;
   }
-  return make_unique_dir(*parent, prefix + token + "-");
+  return make_unique_dir(*parent, token.empty() ? prefix : prefix + token + "-");
 }
 
 }  // namespace kz

@@ -64,23 +64,40 @@ TEST_F(ScratchDirsTest, DirsSitInAnUnlistableParentNamedByTheirOwner) {
 
 TEST_F(ScratchDirsTest, OnlyTheDirsOfOwnersWhoseLockIsFreeAreSwept) {
   ASSERT_TRUE(scratch_parent(root_).ok());
-  touch(parent() / "owner-dead0001.lock");
-  touch(parent() / "kz-eval-dead0001-a1b2c3" / "request-1" / "candidate.py");
-  touch(parent() / "kz-validate-dead0001-d4e5f6" / "candidate.py");
-  touch(parent() / "owner-live0001.lock");
-  touch(parent() / "kz-eval-live0001-a1b2c3" / "candidate.py");
+  touch(parent() / "owner-dead00000001.lock");
+  touch(parent() / "kz-eval-dead00000001-a1b2c3" / "request-1" / "candidate.py");
+  touch(parent() / "kz-validate-dead00000001-d4e5f6" / "candidate.py");
+  touch(parent() / "owner-cafe00000001.lock");
+  touch(parent() / "kz-eval-cafe00000001-a1b2c3" / "candidate.py");
   touch(parent() / "kz-eval-oldstyle" / "candidate.py");  // before owner tokens: left alone
-  int held = ::open((parent() / "owner-live0001.lock").c_str(), O_RDWR);
+  int held = ::open((parent() / "owner-cafe00000001.lock").c_str(), O_RDWR);
   ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
 
   EXPECT_EQ(sweep_dead_owners(parent()), 2);
-  EXPECT_FALSE(fs::exists(parent() / "kz-eval-dead0001-a1b2c3"));
-  EXPECT_FALSE(fs::exists(parent() / "kz-validate-dead0001-d4e5f6"));
-  EXPECT_FALSE(fs::exists(parent() / "owner-dead0001.lock"));
-  EXPECT_TRUE(fs::exists(parent() / "kz-eval-live0001-a1b2c3" / "candidate.py"));
-  EXPECT_TRUE(fs::exists(parent() / "owner-live0001.lock"));
+  EXPECT_FALSE(fs::exists(parent() / "kz-eval-dead00000001-a1b2c3"));
+  EXPECT_FALSE(fs::exists(parent() / "kz-validate-dead00000001-d4e5f6"));
+  EXPECT_FALSE(fs::exists(parent() / "owner-dead00000001.lock"));
+  EXPECT_TRUE(fs::exists(parent() / "kz-eval-cafe00000001-a1b2c3" / "candidate.py"));
+  EXPECT_TRUE(fs::exists(parent() / "owner-cafe00000001.lock"));
   EXPECT_TRUE(fs::exists(parent() / "kz-eval-oldstyle"));
   ::close(held);
+}
+
+// Where the parent is writable (no read-only mount), a planted lock must not pass for a dead owner
+// of other processes' dirs: only owner-<12 hex>.lock, regular, this user's, names an owner, and
+// only <prefix>-<token>-XXXXXX are its dirs.
+TEST_F(ScratchDirsTest, PlantedLockNamesSweepNothingElse) {
+  auto live = make_scratch_dir(root_, "kz-eval-", false);
+  ASSERT_TRUE(live.ok());
+  touch(parent() / "owner-eval.lock");             // would match every kz-eval-* dir by "-eval-"
+  touch(parent() / "owner-a1b2c3d4e5f6.lock");     // a well-formed token: only its own dirs
+  touch(parent() / "kz-eval-x-a1b2c3d4e5f6-y-Q1w2e3");  // contains the mark, not where a token sits
+  fs::create_directories(parent() / "owner-0123456789ab.lock");  // a directory, not a lock file
+  touch(parent() / "kz-eval-0123456789ab-Q1w2e3" / "candidate.py");
+  EXPECT_EQ(sweep_dead_owners(parent()), 0);
+  EXPECT_TRUE(fs::is_directory(*live));
+  EXPECT_TRUE(fs::exists(parent() / "kz-eval-x-a1b2c3d4e5f6-y-Q1w2e3"));
+  EXPECT_TRUE(fs::exists(parent() / "kz-eval-0123456789ab-Q1w2e3" / "candidate.py"));
 }
 
 // A kz process killed with its scratch dir in place: the next one to make a scratch dir there
@@ -121,6 +138,12 @@ TEST(ScrubScratchPaths, WritesEveryScratchPathAsScratch) {
   EXPECT_EQ(scrub_scratch_paths("/tmp/kz-scratch-0"), "<scratch>");
   const std::string plain = "correct, speedup 1.02x; /tmp/other/kz-eval-x stays";
   EXPECT_EQ(scrub_scratch_paths(plain), plain);
+  // A path's lead-in stays; doubled slashes do not hide a dir's name.
+  EXPECT_EQ(scrub_scratch_paths("cwd=/tmp/kz-scratch-0/kz-eval-a end"), "cwd=<scratch> end");
+  EXPECT_EQ(scrub_scratch_paths("nvcc -I/tmp/kz-scratch-0//kz-eval-a/inc"), "nvcc -I<scratch>/inc");
+  // A path cut by a tail, its kz-scratch part gone: the dirs' names alone.
+  EXPECT_EQ(scrub_scratch_paths("ch-0/kz-eval-0123456789ab-Qw1e2r/request-3-0123456789abcdef/candidate.py\", line 9"),
+            "<scratch>/candidate.py\", line 9");
 }
 
 }  // namespace

@@ -25,8 +25,9 @@ Result<std::filesystem::path> make_scratch_dir(const std::filesystem::path& scra
                                                bool keep);
 
 // `text` with every scratch path (<root>/kz-scratch-<uid>/<dir>, and a request dir of a fork
-// server below it) written as "<scratch>": what a worker's traceback says must not tell a later
-// candidate where a fork server runs its next request.
+// server below it) written as "<scratch>", and what is left of one cut by a tail (a worker's or
+// request dir's name): what a worker's traceback says must not tell a later candidate where a fork
+// server runs its next request.
 std::string scrub_scratch_paths(const std::string& text);
 
 // Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
