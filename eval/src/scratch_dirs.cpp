@@ -3,9 +3,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -31,7 +30,7 @@ constexpr size_t kUniqueLength = 6;  // mkdtemp's XXXXXX
 
 bool is_token(std::string_view text) {
   return text.size() == kTokenLength &&
-         std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(c) || (c >= 'a' && c <= 'f'); });
+         std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f'); });
 }
 
 // The owner token in a lock file's name, or "" when `name` is none (exactly owner-<12 hex>.lock:
@@ -75,6 +74,10 @@ bool ends_a_path(char c) {
 }
 
 }  // namespace
+
+std::string request_dir_name(int n) {
+  return fmt::format("request-{}-{:08x}{:08x}", n, std::random_device{}(), std::random_device{}());
+}
 
 std::string scrub_scratch_paths(const std::string& text) {
   static const std::string kMark = "/kz-scratch-";

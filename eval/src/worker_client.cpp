@@ -291,22 +291,17 @@ Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& 
   fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
   auto scratch = make_scratch_dir(scratch_root, scratch_prefix, setup.keep_scratch);  // kz/eval/scratch_dirs.h
   if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
-  // A fork server's dir outlives its requests, whose dirs have random names: unlistable, so that a
-  // candidate who learnt the server's path cannot find the request (a sibling's) running there.
-  if (setup.fork_server) {
-    Status hidden = make_unlistable_dir(*scratch);
-    if (!hidden.is_ok()) {
-      std::error_code ignored;
-      fs::remove_all(*scratch, ignored);
-      return hidden.with_context("hiding the fork server's scratch dir");
-    }
-  }
-  auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
-  if (!worker.ok()) {
+  auto discard = [&](const Status& status) {
     std::error_code ignored;
     fs::remove_all(*scratch, ignored);
-    return worker.status();
-  }
+    return status;
+  };
+  // A fork server's dir outlives its requests, whose dirs have random names: unlistable, so that a
+  // candidate who learnt the server's path cannot find the request (a sibling's) running there.
+  if (Status hidden = setup.fork_server ? make_unlistable_dir(*scratch) : Status::ok(); !hidden.is_ok())
+    return discard(hidden.with_context("hiding the fork server's scratch dir"));
+  auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
+  if (!worker.ok()) return discard(worker.status());
   return StartedWorker(std::move(*worker), *scratch, setup.keep_scratch);
 }
 
@@ -412,9 +407,8 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     if (!fresh.ok()) return fresh.status();
     server.emplace(std::move(*fresh));
   }
-  server->keep_scratch = setup.keep_scratch;  // this request's choice, not the server's creator's
-  fs::path request_scratch =
-      server->scratch / fmt::format("request-{}-{:08x}{:08x}", ++server->requests, std::random_device{}(), std::random_device{}());
+  // server->keep_scratch is this request's choice: keep_scratch is part of the server's key.
+  fs::path request_scratch = server->scratch / request_dir_name(++server->requests);
   std::error_code error;
   if (!fs::create_directory(request_scratch, error))  // never one a child left behind
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),

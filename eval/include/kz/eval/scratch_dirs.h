@@ -24,6 +24,10 @@ Result<std::filesystem::path> scratch_parent(const std::filesystem::path& scratc
 Result<std::filesystem::path> make_scratch_dir(const std::filesystem::path& scratch_root, const std::string& prefix,
                                                bool keep);
 
+// The name of a fork server's `n`th request dir: request-<n>-<16 random hex>, a name no candidate
+// can guess from another's (scrub_scratch_paths knows it by this shape).
+std::string request_dir_name(int n);
+
 // `text` with every scratch path (<root>/kz-scratch-<uid>/<dir>, and a request dir of a fork
 // server below it) written as "<scratch>", and what is left of one cut by a tail (a worker's or
 // request dir's name): what a worker's traceback says must not tell a later candidate where a fork
