@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -44,6 +45,8 @@
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "sandbox_plan.h"
 
 extern char** environ;
 
@@ -120,47 +123,19 @@ ssize_t write_no_sigpipe(int fd, const char* data, size_t size) {
   return n;
 }
 
-// What the child reports on the error pipe: optional sandbox steps it skipped (kSkipped, any
-// number), and a fatal failure before _exit(127) (kFailed, last). 16 bytes: atomic on a pipe.
-struct ChildRecord {
-  int32_t kind;   // kFailed or kSkipped
-  int32_t what;   // kFailed: index into kStageNames; kSkipped: a SandboxStep
-  int32_t index;  // kSkipped: which writable path / mount, where the step has several
-  int32_t err;    // errno
-};
-constexpr int32_t kFailed = 0, kSkipped = 1;
+using namespace sandbox_plan;  // ChildRecord, Stage, Step, Plan: the child's side (sandbox_plan.h)
+
 constexpr const char* kStageNames[] = {"setpgid", "dup2", "chdir", "exec", "setrlimit",
                                        "making its mount namespace and mounting /proc"};
-constexpr int32_t kStageMountProc = 5;  // fatal: pid 1 must not see the parent namespace's /proc
-enum SandboxStep : int32_t {
-  kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
-};
 
-// Everything the child needs, prepared before fork() (no allocation after it).
+// Everything an exec'd child needs, prepared before fork() (no allocation after it).
 struct ChildPlan {
   std::vector<std::string> candidates;  // executable paths to try in order
   std::vector<std::string> argv_store, env_store;
   std::vector<char*> argv, envp;
-  std::string cwd;
-  bool new_group = false;
-  std::optional<int> nice;  // the child's nice value (setpriority), when one was asked for
-  int stdio[4] = {-1, -1, -1, -1};  // sources for fds 0..3 (3 only with a message pipe)
+  int stdio[5] = {-1, -1, -1, -1, -1};  // sources for fds 0..4 (3 only with a message pipe, 4 with a control fd)
   int error_fd = -1;
-  // Sandbox.
-  struct Limit {
-    int resource;
-    rlim_t soft, hard;
-  };
-  std::vector<Limit> limits;
-  std::string cgroup_procs;                  // the pids cgroup's cgroup.procs to join; empty: none
-  bool new_netns = false, read_only = false, drop_caps = false;
-  bool new_pidns = false;                    // cloned into a new PID namespace: mount its own /proc
-  std::vector<std::string> writable;         // bind-mounted onto themselves
-  struct ReadOnlyPath {
-    std::string path;
-    bool bind_first = false;  // not a mount point: bound onto itself first (e.g. /proc/sys)
-  };
-  std::vector<ReadOnlyPath> readonly_mounts;  // every other mount point, remounted read-only
+  Plan sandbox;
 };
 
 std::vector<std::string> path_candidates(const ProcessSpec& spec) {
@@ -186,114 +161,6 @@ std::vector<std::string> path_candidates(const ProcessSpec& spec) {
   return out;
 }
 
-[[noreturn]] void child_fail(int error_fd, int stage) {
-  ChildRecord r{kFailed, stage, 0, errno};
-  ssize_t ignored = ::write(error_fd, &r, sizeof r);
-  (void)ignored;
-  ::_exit(127);
-}
-
-void child_skipped(int error_fd, SandboxStep step, int index, int err) {
-  ChildRecord r{kSkipped, step, index, err};
-  ssize_t ignored = ::write(error_fd, &r, sizeof r);
-  (void)ignored;
-}
-
-// Empties the capability bounding, inheritable and ambient sets (a root process then execs with
-// no capabilities). Returns 0 or an errno.
-int drop_all_capabilities() {
-  for (int cap = 0; cap < 64; ++cap) {
-    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
-    if (errno == EINVAL) break;  // past the last capability this kernel knows
-    return errno;
-  }
-  ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);  // EINVAL before Linux 4.3: none to clear
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &header, data) != 0) return errno;
-  data[0].inheritable = data[1].inheritable = 0;
-  if (::syscall(SYS_capset, &header, data) != 0) return errno;
-  return 0;
-}
-
-// The mount namespace: private propagation, writable paths bound onto themselves (so they are
-// mounts of their own), then every other mount remounted read-only.
-//
-// In a new PID namespace a fresh procfs goes over /proc first (the read-only binds below then apply
-// to it): it lists the namespace's own processes only, so no sibling's cwd, cmdline or environment
-// is in sight. Without it, this pid 1 would read the parent namespace's /proc under pids that are
-// not its own (a fork server killing "its" descendants there would kill strangers): fatal.
-void child_read_only_filesystem(const ChildPlan& plan) {
-  if (::unshare(CLONE_NEWNS) != 0) {
-    if (plan.new_pidns) child_fail(plan.error_fd, kStageMountProc);
-    return child_skipped(plan.error_fd, kStepMountns, 0, errno);
-  }
-  // Without private propagation our remounts could reach the parent's namespace: stop here.
-  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    if (plan.new_pidns) child_fail(plan.error_fd, kStageMountProc);
-    return child_skipped(plan.error_fd, kStepMountPrivate, 0, errno);
-  }
-  if (plan.new_pidns && ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
-    child_fail(plan.error_fd, kStageMountProc);
-  for (size_t i = 0; i < plan.writable.size(); ++i) {
-    const char* path = plan.writable[i].c_str();
-    if (::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0)
-      return child_skipped(plan.error_fd, kStepBind, static_cast<int>(i), errno);  // nothing read-only
-  }
-  for (size_t i = 0; i < plan.readonly_mounts.size(); ++i) {
-    const char* path = plan.readonly_mounts[i].path.c_str();
-    if (plan.readonly_mounts[i].bind_first && ::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0) {
-      if (errno != ENOENT) child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
-      continue;
-    }
-    struct statfs st {};
-    if (::statfs(path, &st) != 0) {
-      if (errno != ENOENT) child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
-      continue;  // ENOENT: unmounted since the parent read the list
-    }
-    if (st.f_flags & ST_RDONLY) continue;
-    unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
-    // A bind remount sets the mount's flags to exactly these: keep the restrictive ones.
-    if (st.f_flags & ST_NOSUID) flags |= MS_NOSUID;
-    if (st.f_flags & ST_NODEV) flags |= MS_NODEV;
-    if (st.f_flags & ST_NOEXEC) flags |= MS_NOEXEC;
-    if (::mount(nullptr, path, nullptr, flags, nullptr) != 0)
-      child_skipped(plan.error_fd, kStepRemount, static_cast<int>(i), errno);
-  }
-}
-
-// The sandbox steps before chdir (see the file comment for the order).
-void child_sandbox(const ChildPlan& plan) {
-  for (const ChildPlan::Limit& limit : plan.limits) {
-    rlimit current{};
-    if (::getrlimit(limit.resource, &current) != 0) child_fail(plan.error_fd, 4);
-    rlimit wanted{limit.soft, limit.hard};
-    // Never loosen a limit the parent already has (root could raise the hard limit).
-    if (current.rlim_max != RLIM_INFINITY) {
-      wanted.rlim_max = std::min(wanted.rlim_max, current.rlim_max);
-      wanted.rlim_cur = std::min(wanted.rlim_cur, current.rlim_max);
-    }
-    if (::setrlimit(limit.resource, &wanted) != 0) child_fail(plan.error_fd, 4);
-  }
-  if (!plan.cgroup_procs.empty()) {
-    int fd = ::open(plan.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::write(fd, "0", 1) != 1) child_skipped(plan.error_fd, kStepCgroup, 0, errno);
-    if (fd >= 0) ::close(fd);
-  }
-  if (plan.new_netns && ::unshare(CLONE_NEWNET) != 0) child_skipped(plan.error_fd, kStepNetns, 0, errno);
-  if (plan.read_only) child_read_only_filesystem(plan);
-}
-
-// Last step before exec: after the mounts (which need CAP_SYS_ADMIN).
-void child_drop_privileges(const ChildPlan& plan) {
-  if (!plan.drop_caps) return;
-  int err = drop_all_capabilities();
-  // Without CAP_SETPCAP (not root) there is nothing to drop: no_new_privs below keeps file
-  // capabilities and setuid bits from granting any at exec.
-  if (err != 0 && !(err == EPERM && ::geteuid() != 0)) child_skipped(plan.error_fd, kStepCaps, 0, err);
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_skipped(plan.error_fd, kStepNoNewPrivs, 0, errno);
-}
-
 // Runs in the forked child: async-signal-safe calls only.
 [[noreturn]] void child_exec(const ChildPlan& plan) {
   // Signal handlers and ignored signals (e.g. SIGPIPE) must not leak into the child; the parent
@@ -305,11 +172,9 @@ void child_drop_privileges(const ChildPlan& plan) {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 
-  if (plan.new_group && ::setpgid(0, 0) != 0) child_fail(plan.error_fd, 0);
-  if (plan.nice) ::setpriority(PRIO_PROCESS, 0, *plan.nice);  // best effort: only the CPU's order changes
-  int nstd = plan.stdio[3] >= 0 ? 4 : 3;
+  int nstd = plan.stdio[4] >= 0 ? 5 : plan.stdio[3] >= 0 ? 4 : 3;
   for (int target = 0; target < nstd; ++target) {
-    if (::dup2(plan.stdio[target], target) < 0) child_fail(plan.error_fd, 1);
+    if (::dup2(plan.stdio[target], target) < 0) child_fail(plan.error_fd, kStageDup2);
   }
   // Anything else the parent had open (other threads' fds without CLOEXEC) must not reach the
   // program; mark it CLOEXEC rather than closing so the error pipe survives until exec.
@@ -320,10 +185,7 @@ void child_drop_privileges(const ChildPlan& plan) {
                      : 65536;
     for (int fd = nstd; fd < max_fd; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
-  child_sandbox(plan);
-  // After the mounts, so that a writable cwd is the writable bind mount.
-  if (!plan.cwd.empty() && ::chdir(plan.cwd.c_str()) != 0) child_fail(plan.error_fd, 2);
-  child_drop_privileges(plan);
+  apply_sandbox_plan(plan.sandbox, plan.error_fd);
 
   // Like execvp: try each PATH entry; remember EACCES so it wins over a later ENOENT.
   int saved = ENOENT;
@@ -333,7 +195,7 @@ void child_drop_privileges(const ChildPlan& plan) {
     else if (errno != ENOENT && errno != ENOTDIR) saved = errno;
   }
   errno = saved;
-  child_fail(plan.error_fd, 3);
+  child_fail(plan.error_fd, kStageExec);
 }
 
 ExitInfo decode(const siginfo_t& info) {
@@ -355,6 +217,11 @@ void append_tail(std::string& tail, const char* data, size_t n, size_t cap) {
   }
   tail.append(data, n);
   if (tail.size() > cap) tail.erase(0, tail.size() - cap);
+}
+
+bool poll_readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 int remaining_ms(Clock::time_point deadline) {
@@ -548,7 +415,7 @@ long long cgroup_max_events(const std::string& dir) {
 // global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
 // Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
 // there to remount: their paths are bound onto themselves first, as /proc/sys is.
-std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
+std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
   auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
     std::string out;
     for (size_t i = 0; i < text.size(); ++i) {
@@ -565,9 +432,9 @@ std::vector<ChildPlan::ReadOnlyPath> mounts_to_protect(const std::vector<std::st
     return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
                            (dir.back() == '/' || path[dir.size()] == '/'));
   };
-  std::vector<ChildPlan::ReadOnlyPath> mounts;
+  std::vector<Plan::ReadOnlyPath> mounts;
   auto add = [&mounts](std::string path, bool bind_first) {
-    auto same = [&](const ChildPlan::ReadOnlyPath& m) { return m.path == path; };
+    auto same = [&](const Plan::ReadOnlyPath& m) { return m.path == path; };
     if (std::none_of(mounts.begin(), mounts.end(), same)) mounts.push_back({std::move(path), bind_first});
   };
   std::istringstream info(read_small_file("/proc/self/mountinfo").value_or(""));
@@ -617,6 +484,176 @@ std::string ExitInfo::describe() const {
   return "still running";
 }
 
+// The supervisor's end of a zygote's control socket (Zygote's protocol: subprocess.h). Shared by
+// the Zygote and every Process it spawned: they learn their exits here. One spawn at a time
+// (spawn_mutex); every message read is filed under `mutex`, whichever thread reads it.
+struct Zygote::Channel {
+  struct Exit {
+    ExitInfo info;
+    double cpu_s = -1;
+  };
+  Fd socket;
+  std::mutex spawn_mutex;
+  std::mutex mutex;
+  bool dead = false;                        // EOF, an error, or no answer in time
+  std::optional<nlohmann::json> reply;      // the answer to the spawn in flight
+  std::map<pid_t, Exit> exits;              // children that exited, until reaped
+
+  // Sends one message with descriptors (SCM_RIGHTS). False: the zygote is gone.
+  bool send(const nlohmann::json& message, const std::vector<int>& fds) {
+    std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    iovec iov{text.data(), text.size()};
+    msghdr header{};
+    header.msg_iov = &iov;
+    header.msg_iovlen = 1;
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+    if (!fds.empty()) {
+      header.msg_control = control.data();
+      header.msg_controllen = control.size();
+      cmsghdr* rights = CMSG_FIRSTHDR(&header);
+      rights->cmsg_level = SOL_SOCKET;
+      rights->cmsg_type = SCM_RIGHTS;
+      rights->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(rights), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n;
+    do n = ::sendmsg(socket.get(), &header, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == static_cast<ssize_t>(text.size());
+  }
+
+  // Files every message waiting on the socket, without blocking. Under `mutex`.
+  void pump() {
+    while (!dead) {
+      char buf[64 * 1024];
+      ssize_t n = ::recv(socket.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        dead = true;
+        return;
+      }
+      auto message = nlohmann::json::parse(std::string_view(buf, static_cast<size_t>(n)), nullptr, false);
+      std::string op = message.is_object() ? message.value("op", "") : "";
+      if (op == "exited" && message.contains("pid")) {
+        Exit exit;
+        if (message["exit_code"].is_number_integer()) {
+          exit.info.exited = true;
+          exit.info.exit_code = message["exit_code"].get<int>();
+        }
+        if (message["signal"].is_number_integer()) exit.info.term_signal = message["signal"].get<int>();
+        exit.cpu_s = message.value("cpu_s", -1.0);
+        exits[message["pid"].get<pid_t>()] = exit;
+      } else if (op == "spawned" || op == "spawn_failed") {
+        reply = std::move(message);
+      } else {
+        dead = true;  // not the protocol: trust nothing more from it
+      }
+    }
+  }
+
+  // Waits until `done()` (checked under `mutex` after each pump), the zygote is gone or `timeout`
+  // passes. Blocks in poll without the lock, so other threads file their messages meanwhile.
+  template <typename Done>
+  bool wait_until(Done done, std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard lock(mutex);
+        pump();
+        if (done()) return true;
+        if (dead) return false;
+      }
+      int left = remaining_ms(deadline);
+      if (left <= 0) return false;
+      pollfd readable{socket.get(), POLLIN, 0};
+      ::poll(&readable, 1, std::min(left, 50));
+    }
+  }
+
+  // The zygote's answer to `request` (with `fds`), or an error where it is gone or silent.
+  Result<nlohmann::json> spawn(const nlohmann::json& request, const std::vector<int>& fds,
+                               std::chrono::milliseconds timeout) {
+    std::lock_guard one_at_a_time(spawn_mutex);
+    {
+      std::lock_guard lock(mutex);
+      reply.reset();
+      if (dead) return io_error("the zygote is gone");
+    }
+    if (!send(request, fds)) {
+      std::lock_guard lock(mutex);
+      dead = true;
+      return io_error(fmt::format("the zygote is gone: {}", std::strerror(errno)));
+    }
+    if (!wait_until([&] { return reply.has_value(); }, timeout)) {
+      std::lock_guard lock(mutex);
+      bool silent = !dead;
+      dead = true;  // a late answer would be taken for the next request's
+      return io_error(silent ? fmt::format("the zygote did not answer within {} ms", timeout.count())
+                                : std::string("the zygote is gone"));
+    }
+    std::lock_guard lock(mutex);
+    return std::move(*reply);
+  }
+
+  // `pid`'s exit as the zygote reported it, waiting up to `timeout`.
+  std::optional<Exit> exit_of(pid_t pid, std::chrono::milliseconds timeout) {
+    std::optional<Exit> found;
+    wait_until([&] {
+      if (auto it = exits.find(pid); it != exits.end()) found = it->second;
+      return found.has_value();
+    }, timeout);
+    return found;
+  }
+
+  bool is_dead() {
+    std::lock_guard lock(mutex);
+    pump();
+    return dead;
+  }
+
+  // The zygote reaps `pid` now, or as soon as it exits.
+  void reap(pid_t pid) {
+    {
+      std::lock_guard lock(mutex);
+      exits.erase(pid);
+      if (dead) return;
+    }
+    send({{"op", "reap"}, {"pid", pid}}, {});
+  }
+};
+
+namespace {
+
+// Has the zygote fork the child `plan` describes, handing it the plan's descriptors; its pid. The
+// zygote makes the PID namespace itself; where it cannot, `pid_namespace_error` says why and the
+// plan says none.
+Result<pid_t> zygote_fork(Zygote::Channel& channel, ChildPlan& plan, const std::map<std::string, std::string>& env,
+                          std::string& pid_namespace_error, std::chrono::milliseconds timeout) {
+  std::vector<std::string> names;
+  std::vector<int> fds;
+  const char* stdio_names[] = {"stdin", "stdout", "stderr", "message", "control"};
+  for (int i = 0; i < 5; ++i) {
+    if (plan.stdio[i] < 0) continue;
+    names.push_back(stdio_names[i]);
+    fds.push_back(plan.stdio[i]);
+  }
+  names.push_back("error");
+  fds.push_back(plan.error_fd);
+  nlohmann::json request = {{"op", "spawn"}, {"plan", to_json(plan.sandbox)}, {"env", env}, {"fds", names}};
+  auto reply = channel.spawn(request, fds, timeout);
+  if (!reply.ok()) return reply.status();
+  if (reply->value("op", "") != "spawned" || !(*reply)["pid"].is_number_integer())
+    return io_error(fmt::format("the zygote could not fork it: {}", reply->value("error", reply->dump())));
+  if (reply->contains("pid_namespace_error")) {
+    pid_namespace_error = reply->value("pid_namespace_error", std::string("?"));
+    plan.sandbox.new_pidns = false;
+  }
+  return (*reply)["pid"].get<pid_t>();
+}
+
+}  // namespace
+
 struct Process::Impl {
   pid_t pid = -1;
   bool group = false;
@@ -639,6 +676,8 @@ struct Process::Impl {
   bool cap_hit = false;           // the task cap was reached (the group was then killed)
   bool signalled = false;         // we sent the child a signal
   double exit_cpu_s = -1;         // the child's CPU time, read when its exit was first seen
+  // Set for a zygote's child: not ours to wait for; the zygote reports its exit and reaps it.
+  std::shared_ptr<Zygote::Channel> zygote;
 
   ~Impl() {
     if (pid > 0) {
@@ -682,6 +721,7 @@ struct Process::Impl {
 
   void reap() {
     if (reaped) return;
+    if (zygote) return reap_zygote_child();
     siginfo_t info{};
     int rc;
     do rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED);
@@ -690,9 +730,36 @@ struct Process::Impl {
     reaped = true;
   }
 
+  // Gets the exit of a zygote's child (after a SIGKILL, where it was not seen yet), then has the
+  // zygote reap it.
+  void reap_zygote_child() {
+    if (!exit) note_zygote_exit(std::chrono::seconds(30));
+    zygote->reap(pid);
+    reaped = true;
+  }
+
+  // The exit of a zygote's child, once the zygote reported it (waiting up to `timeout`). A child
+  // whose zygote is gone has no exit to report: it counts as ended, how is unknown.
+  void note_zygote_exit(std::chrono::milliseconds timeout) {
+    if (auto reported = zygote->exit_of(pid, timeout)) {
+      exit = reported->info;
+      exit_cpu_s = reported->cpu_s;
+    } else if (zygote->is_dead()) {
+      exit = ExitInfo{};
+      report.notes.push_back("its zygote died: how it ended is unknown");
+    }
+  }
+
   // Notes the child's exit without reaping it.
   void check_exit() {
     if (exit) return;
+    if (zygote) {
+      // The pidfd says it exited: the zygote's report follows within milliseconds.
+      bool gone = pidfd.valid() && poll_readable(pidfd.get());
+      note_zygote_exit(gone ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0));
+      if (exit) note_task_cap_at_exit();
+      return;
+    }
     siginfo_t info{};
     int rc;
     do rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
@@ -700,11 +767,15 @@ struct Process::Impl {
     if (rc == 0 && info.si_pid == pid) {
       exit = decode(info);
       if (cpu_limit_s > 0) exit_cpu_s = process_cpu_seconds(pid);  // still a zombie: readable
-      // A last look: forks refused by the cgroup, or a group still past the cap (its children
-      // outlive a leader that died of a refused fork).
-      if (max_tasks > 0 && !cap_hit)
-        cap_hit = !cgroup.empty() ? cgroup_max_events(cgroup) > 0 : group && count_group_tasks(pid) > max_tasks;
+      note_task_cap_at_exit();
     }
+  }
+
+  // A last look: forks refused by the cgroup, or a group still past the cap (its children outlive
+  // a leader that died of a refused fork).
+  void note_task_cap_at_exit() {
+    if (max_tasks > 0 && !cap_hit)
+      cap_hit = !cgroup.empty() ? cgroup_max_events(cgroup) > 0 : group && count_group_tasks(pid) > max_tasks;
   }
 
   // Reads once from a readable fd; closes it on EOF or error. Returns bytes read.
@@ -814,22 +885,27 @@ void Process::check_task_cap() {
   if (!impl_->exit) impl_->check_task_cap();
 }
 
-Result<Process> Process::spawn(const ProcessSpec& spec) {
+Result<Process> Process::spawn(const ProcessSpec& spec) { return spawn_via(spec, nullptr, {}); }
+
+Result<Process> Process::spawn_via(const ProcessSpec& spec, Zygote* zygote, std::chrono::milliseconds timeout) {
   std::string pid_namespace_failure;
-  Result<Process> process = spawn_once(spec, pid_namespace_failure);
+  Result<Process> process = spawn_once(spec, pid_namespace_failure, zygote, timeout);
   if (!process.ok() && !pid_namespace_failure.empty()) {  // the child could not make its own /proc
     ProcessSpec without = spec;
     without.new_pid_namespace = false;
     std::string ignored;
-    process = spawn_once(without, ignored);
+    process = spawn_once(without, ignored, zygote, timeout);
   }
   if (process.ok() && !pid_namespace_failure.empty())
     process->impl_->report.notes.push_back("own PID namespace: " + pid_namespace_failure);
   return process;
 }
 
-Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure) {
+Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure, Zygote* zygote,
+                                    std::chrono::milliseconds zygote_timeout) {
   if (spec.argv.empty()) return invalid_argument("spawning a process: empty argv");
+  if (spec.control_fd >= 0 && !spec.message_pipe)
+    return invalid_argument(fmt::format("spawning {}: a control fd (fd 4) needs the message pipe (fd 3)", spec.argv[0]));
   const std::string& prog = spec.argv[0];
   auto fail = [&](const char* what) {
     return io_error(fmt::format("spawning {}: {}: {}", prog, what, std::strerror(errno)));
@@ -843,39 +919,39 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   for (const auto& [k, v] : spec.env) plan.env_store.push_back(k + "=" + v);
   for (auto& e : plan.env_store) plan.envp.push_back(e.data());
   plan.envp.push_back(nullptr);
-  plan.cwd = spec.cwd.string();
-  plan.new_group = spec.new_process_group;
+  plan.sandbox.cwd = spec.cwd.string();
+  plan.sandbox.new_group = spec.new_process_group;
   if (spec.nice_increment != 0) {
     errno = 0;
     int current = ::getpriority(PRIO_PROCESS, 0);  // -1 is a valid nice value: errno tells
-    if (errno == 0) plan.nice = std::clamp(current + spec.nice_increment, -20, 19);
+    if (errno == 0) plan.sandbox.nice = std::clamp(current + spec.nice_increment, -20, 19);
   }
 
-  plan.new_netns = spec.new_network_namespace;
-  plan.read_only = spec.read_only_filesystem;
-  plan.drop_caps = spec.drop_capabilities;
-  plan.new_pidns = spec.new_pid_namespace && spec.read_only_filesystem;
-  if (plan.read_only) {
+  plan.sandbox.new_netns = spec.new_network_namespace;
+  plan.sandbox.read_only = spec.read_only_filesystem;
+  plan.sandbox.drop_caps = spec.drop_capabilities;
+  plan.sandbox.new_pidns = spec.new_pid_namespace && spec.read_only_filesystem;
+  if (plan.sandbox.read_only) {
     for (const auto& path : spec.writable_paths) {
       std::error_code ec;
       auto canonical = std::filesystem::canonical(path, ec);
       if (ec) return invalid_argument(fmt::format("spawning {}: writable path {}: {}", prog, path.string(), ec.message()));
-      plan.writable.push_back(canonical.string());
+      plan.sandbox.writable.push_back(canonical.string());
     }
-    plan.readonly_mounts = mounts_to_protect(plan.writable, plan.new_pidns);
+    plan.sandbox.readonly_mounts = mounts_to_protect(plan.sandbox.writable, plan.sandbox.new_pidns);
   }
 
   auto impl = std::make_unique<Impl>();
   // Sandbox: everything the child will need, and the pids cgroup.
   const ResourceLimits& lim = spec.limits;
   auto add_limit = [&](int resource, uint64_t value, uint64_t extra_hard = 0) {
-    if (value > 0) plan.limits.push_back({resource, static_cast<rlim_t>(value), static_cast<rlim_t>(value + extra_hard)});
+    if (value > 0) plan.sandbox.limits.push_back({resource, static_cast<rlim_t>(value), static_cast<rlim_t>(value + extra_hard)});
   };
   add_limit(RLIMIT_CPU, lim.cpu_time_s, 2);  // SIGXCPU at the soft limit, SIGKILL at the hard one
   add_limit(RLIMIT_FSIZE, lim.file_size_bytes);
   add_limit(RLIMIT_AS, lim.address_space_bytes);
   add_limit(RLIMIT_NOFILE, lim.open_files);
-  if (lim.no_core_dumps) plan.limits.push_back({RLIMIT_CORE, 0, 0});
+  if (lim.no_core_dumps) plan.sandbox.limits.push_back({RLIMIT_CORE, 0, 0});
   // Root: the kernel ignores RLIMIT_NPROC. Otherwise one more than the cap, so that a group stopped
   // by it is seen past the cap.
   if (lim.max_processes > 0 && ::getuid() != 0)
@@ -890,7 +966,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       std::string dir = fmt::format("{}/{}-{}", base, ::getpid(), counter++);
       if (::mkdir(dir.c_str(), 0755) == 0 && write_small_file(dir + "/pids.max", std::to_string(lim.max_processes))) {
         impl->cgroup = dir;
-        plan.cgroup_procs = dir + "/cgroup.procs";
+        plan.sandbox.cgroup_procs = dir + "/cgroup.procs";
       } else {
         why = fmt::format("creating {}: {}", dir, std::strerror(errno));
         ::rmdir(dir.c_str());
@@ -909,39 +985,56 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   plan.stdio[1] = child_out.get();
   plan.stdio[2] = child_err.get();
   plan.stdio[3] = child_msg.get();
+  Fd control;
+  if (spec.control_fd >= 0) {
+    control.reset(::fcntl(spec.control_fd, F_DUPFD_CLOEXEC, kHighFd));  // clear of the 0..4 targets
+    if (!control.valid()) return fail("dup of the control fd");
+    plan.stdio[4] = control.get();
+  }
   plan.error_fd = error_w.get();
 
-  // Block all signals across fork() so no parent handler runs in the child before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  // clone() with no new stack returns twice like fork(); the child makes only async-signal-safe
-  // calls, so glibc's fork bookkeeping (atfork handlers, malloc locks) is not missed.
-  pid_t pid = plan.new_pidns ? static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr, nullptr, 0))
-                             : ::fork();
-  if (pid < 0 && plan.new_pidns) {  // EPERM without CAP_SYS_ADMIN, ENOSPC past the namespace limit
-    impl->report.notes.push_back(fmt::format("own PID namespace: clone(CLONE_NEWPID): {}", std::strerror(errno)));
-    plan.new_pidns = false;
-    pid = ::fork();
-  }
-  if (pid == 0) child_exec(plan);
-  int fork_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    errno = fork_errno;
-    return fail("fork");
+  pid_t pid = -1;
+  if (zygote) {
+    std::string pid_namespace_error;
+    auto forked = zygote_fork(*zygote->channel_, plan, spec.env, pid_namespace_error, zygote_timeout);
+    if (!forked.ok()) return forked.status().with_context(fmt::format("spawning {} through its zygote", prog));
+    pid = *forked;
+    if (!pid_namespace_error.empty()) impl->report.notes.push_back("own PID namespace: " + pid_namespace_error);
+    impl->zygote = zygote->channel_;
+  } else {
+    // Block all signals across fork() so no parent handler runs in the child before it resets them.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    // clone() with no new stack returns twice like fork(); the child makes only async-signal-safe
+    // calls, so glibc's fork bookkeeping (atfork handlers, malloc locks) is not missed.
+    pid = plan.sandbox.new_pidns ? static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr, nullptr, 0))
+                                 : ::fork();
+    if (pid < 0 && plan.sandbox.new_pidns) {  // EPERM without CAP_SYS_ADMIN, ENOSPC past the namespace limit
+      impl->report.notes.push_back(fmt::format("own PID namespace: clone(CLONE_NEWPID): {}", std::strerror(errno)));
+      plan.sandbox.new_pidns = false;
+      pid = ::fork();
+    }
+    if (pid == 0) child_exec(plan);
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) {
+      errno = fork_errno;
+      return fail("fork");
+    }
   }
 
   impl->pid = pid;
   impl->group = spec.new_process_group;
   // Also set the group from the parent, so kill_group works even before the child runs
   // (EACCES after the child's exec is harmless: it already did it itself).
-  if (spec.new_process_group) ::setpgid(pid, pid);
+  if (spec.new_process_group && !zygote) ::setpgid(pid, pid);
   error_w.reset();
   child_in.reset();
   child_out.reset();
   child_err.reset();
   child_msg.reset();
+  control.reset();
 
   // The child's records until exec (EOF: the pipe is CLOEXEC) or its _exit.
   std::string records;
@@ -960,16 +1053,16 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       impl->reap();  // the child already _exit()ed
       impl->pid = -1;
       std::string msg = fmt::format("spawning {}: {}{}: {}", prog, kStageNames[r.what],
-                                    r.what == 2 ? " " + plan.cwd : std::string(), std::strerror(r.err));
+                                    r.what == 2 ? " " + plan.sandbox.cwd : std::string(), std::strerror(r.err));
       if (r.what == kStageMountProc) pid_namespace_failure = fmt::format("{}: {}", kStageNames[r.what], std::strerror(r.err));
       return r.err == ENOENT && r.what == 3 ? not_found(std::move(msg)) : io_error(std::move(msg));
     }
     skipped.push_back(r.what);
     std::string what = step_name(r.what);
-    if (r.what == kStepBind && r.index >= 0 && static_cast<size_t>(r.index) < plan.writable.size())
-      what += " (" + plan.writable[r.index] + ")";
-    if (r.what == kStepRemount && r.index >= 0 && static_cast<size_t>(r.index) < plan.readonly_mounts.size())
-      what += " (" + plan.readonly_mounts[r.index].path + ")";
+    if (r.what == kStepBind && r.index >= 0 && static_cast<size_t>(r.index) < plan.sandbox.writable.size())
+      what += " (" + plan.sandbox.writable[r.index] + ")";
+    if (r.what == kStepRemount && r.index >= 0 && static_cast<size_t>(r.index) < plan.sandbox.readonly_mounts.size())
+      what += " (" + plan.sandbox.readonly_mounts[r.index].path + ")";
     impl->report.notes.push_back(fmt::format("{}: {}", what, std::strerror(r.err)));
   }
   auto was_skipped = [&](std::initializer_list<int32_t> steps) {
@@ -980,7 +1073,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   impl->report.filesystem_read_only =
       spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
   impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
-  impl->report.pids_isolated = plan.new_pidns;  // the child failed (above) where it could not mount /proc
+  impl->report.pids_isolated = plan.sandbox.new_pidns;  // the child failed (above) where it could not mount /proc
   if (!impl->cgroup.empty() && was_skipped({kStepCgroup})) {  // the child is not in it: poll instead
     ::rmdir(impl->cgroup.c_str());
     impl->cgroup.clear();
@@ -1067,6 +1160,42 @@ ExitInfo Process::kill_and_reap() {
   p.drain();
   return p.exit.value_or(ExitInfo{});
 }
+
+Zygote::Zygote(Process process, std::shared_ptr<Channel> channel)
+    : process_(std::move(process)), channel_(std::move(channel)) {}
+
+Zygote::~Zygote() {
+  std::lock_guard lock(channel_->mutex);
+  channel_->dead = true;
+  channel_->socket.reset();  // EOF: the zygote exits; ~Process kills it if it does not
+}
+
+Result<std::shared_ptr<Zygote>> Zygote::start(ProcessSpec spec) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+    return io_error(fmt::format("starting a zygote: socketpair: {}", std::strerror(errno)));
+  Fd ours(pair[0]), theirs(pair[1]);
+  spec.control_fd = theirs.get();
+  spec.message_pipe = true;
+  spec.defer_stdin = true;  // its stdin stays open and empty: it reads nothing there
+  auto process = Process::spawn(spec);
+  if (!process.ok()) return process.status().with_context("starting a zygote");
+  auto channel = std::make_shared<Channel>();
+  channel->socket = std::move(ours);
+  return std::shared_ptr<Zygote>(new Zygote(std::move(*process), std::move(channel)));
+}
+
+Result<Process> Zygote::spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
+  auto process = Process::spawn_via(spec, this, timeout);
+  if (!process.ok() && !alive()) process_.kill_and_reap();  // silent or gone: no later spawn waits on it
+  return process;
+}
+
+bool Zygote::alive() { return !channel_->is_dead() && !process_.wait_for(std::chrono::milliseconds(0)); }
+
+pid_t Zygote::pid() const { return process_.pid(); }
+
+std::string Zygote::stderr_tail() const { return process_.stderr_tail(); }
 
 Result<RunResult> run_process(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
   Result<Process> proc = Process::spawn(spec);

@@ -46,6 +46,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.keep_scratch", o.worker.keep_scratch},
       {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
       {"worker.fork_server", o.worker.fork_server},
+      {"worker.zygote", o.worker.zygote},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
       {"cache.enabled", o.cache.enabled},

@@ -20,6 +20,9 @@
 #ifndef KZ_DEFAULT_PYTHON
 #define KZ_DEFAULT_PYTHON "python3"
 #endif
+#ifndef KZ_DEFAULT_ZYGOTE_LIBRARY
+#define KZ_DEFAULT_ZYGOTE_LIBRARY ""
+#endif
 #ifndef KZ_DEFAULT_WORKER_DIR
 #define KZ_DEFAULT_WORKER_DIR "worker"
 #endif
@@ -31,6 +34,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // How long a fork server may take, after its child's result, to report the child gone.
 constexpr std::chrono::seconds kServerCleanUp{30};
+// How long a zygote may take to fork a server: its first answer comes once its imports are done
+// (~4 s on a busy H200 host).
+constexpr std::chrono::seconds kZygoteAnswer{120};
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
@@ -286,6 +292,98 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
   return spec;
 }
 
+std::string server_key(const WorkerSetup& setup, const std::string& scratch_prefix,
+                       const std::function<void(ProcessSpec&)>& customize);
+
+// A zygote and the scratch dir it runs in (removed with it, unless keep_scratch).
+struct StartedZygote {
+  std::shared_ptr<Zygote> zygote;
+  fs::path scratch;
+  bool keep_scratch = false;
+  ~StartedZygote() {
+    zygote.reset();  // its socket closes: it exits
+    std::error_code ignored;
+    if (!scratch.empty() && !keep_scratch) fs::remove_all(scratch, ignored);
+  }
+};
+
+// A zygote per kind of fork server (server_key), started at the first server of that kind and kept
+// for the process's life. Process-wide, like IdleServers.
+class Zygotes {
+ public:
+  static Zygotes& instance() {
+    static Zygotes zygotes;
+    return zygotes;
+  }
+
+  // The zygote for servers like `spec` (of `key`), started now where there is none; nullptr (with
+  // the reason in `why`) where it cannot start or failed before: servers of that kind then start
+  // on their own.
+  std::shared_ptr<Zygote> get(const std::string& key, const WorkerSetup& setup, const std::string& scratch_prefix,
+                              const ProcessSpec& spec, std::string& why) {
+    std::lock_guard lock(mutex_);
+    auto& entry = zygotes_[key];
+    if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
+    if (entry) {  // it failed: no second try, whose wait every server would pay again
+      why = "it failed before";
+      return nullptr;
+    }
+    entry = std::make_unique<StartedZygote>();
+    fs::path root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
+    auto scratch = make_scratch_dir(root, scratch_prefix + "zygote-", setup.keep_scratch);
+    if (!scratch.ok()) {
+      why = scratch.status().message();
+      return nullptr;
+    }
+    entry->scratch = *scratch;
+    entry->keep_scratch = setup.keep_scratch;
+    auto started = Zygote::start(zygote_spec(setup, spec, *scratch));
+    if (!started.ok()) {
+      why = started.status().message();
+      return nullptr;
+    }
+    entry->zygote = std::move(*started);
+    return entry->zygote;
+  }
+
+ private:
+  // The servers' spec for the zygote itself: their program and environment (its own scratch dir in
+  // it), without the sandbox, which each server applies to itself after the fork.
+  static ProcessSpec zygote_spec(const WorkerSetup& setup, const ProcessSpec& server, const fs::path& scratch) {
+    ProcessSpec spec;
+    spec.argv = server.argv;
+    spec.env = server.env;
+    for (const auto& [name, value] : worker_environment(setup, scratch))
+      if (name == "HOME" || name == "TMPDIR" || name == "TORCH_EXTENSIONS_DIR" || name == "TRITON_CACHE_DIR")
+        spec.env[name] = value;
+    spec.env["KZ_WORKER_ZYGOTE"] = "1";
+    spec.env["KZ_ZYGOTE_LIB"] = setup.zygote_library.string();
+    spec.cwd = scratch;
+    spec.nice_increment = server.nice_increment;
+    return spec;
+  }
+
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<StartedZygote>> zygotes_;
+};
+
+// A fork server forked by its kind's zygote; started as a program of its own where there is no
+// zygote (a warning, once per kind), or where the zygote failed this time.
+Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& scratch_prefix,
+                                  const std::function<void(ProcessSpec&)>& customize, const ProcessSpec& spec) {
+  std::string key = server_key(setup, scratch_prefix, customize);
+  std::string why;
+  if (auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, spec, why)) {
+    auto forked = zygote->spawn(spec, kZygoteAnswer);
+    if (forked.ok()) return forked;
+    why = forked.status().message();
+    if (std::string tail = to_valid_utf8(zygote->stderr_tail()); !tail.empty()) why += "; its stderr:\n" + tail;
+  }
+  if (why != "it failed before")
+    fmt::print(stderr, "kz: worker zygote: {}; fork servers of this kind start on their own\n", why);
+  return Process::spawn(spec);
+}
+
 Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
                                    const std::function<void(ProcessSpec&)>& customize) {
   fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
@@ -300,7 +398,10 @@ Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& 
   // candidate who learnt the server's path cannot find the request (a sibling's) running there.
   if (Status hidden = setup.fork_server ? make_unlistable_dir(*scratch) : Status::ok(); !hidden.is_ok())
     return discard(hidden.with_context("hiding the fork server's scratch dir"));
-  auto worker = Process::spawn(worker_spec(setup, *scratch, customize));
+  ProcessSpec spec = worker_spec(setup, *scratch, customize);
+  auto worker = setup.fork_server && !setup.zygote_library.empty()
+                    ? spawn_from_zygote(setup, scratch_prefix, customize, spec)
+                    : Process::spawn(spec);
   if (!worker.ok()) return discard(worker.status());
   return StartedWorker(std::move(*worker), *scratch, setup.keep_scratch);
 }
@@ -452,6 +553,11 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.keep_scratch = options.keep_scratch;
   setup.fork_server = uses_fork_server(options, device);
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
+  if (options.zygote) {
+    fs::path library = env_or("KZ_ZYGOTE_LIBRARY", KZ_DEFAULT_ZYGOTE_LIBRARY);
+    std::error_code missing;
+    if (!library.empty() && fs::exists(library, missing)) setup.zygote_library = fs::absolute(library);
+  }
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;
   // Absolute: workers run in their scratch dirs.

@@ -1,7 +1,9 @@
 // run_worker_request through real Python processes: the real fork server
 // (worker/kz_worker/fork_server.py) and entry point, with a stand-in for the harness (process.py)
 // that reports its pids and scratch dir and misbehaves on request (exits, crashes, leaves a daemon,
-// forges the server's message, hangs).
+// forges the server's message, hangs). Every test runs twice: with each fork server a program of its
+// own, and with fork servers forked from the real zygote (worker/kz_worker/zygote.py, the built
+// kz_zygote_child library).
 #include "kz/eval/worker_client.h"
 
 #include <gtest/gtest.h>
@@ -27,8 +29,12 @@ using namespace std::chrono_literals;
 constexpr const char* kStandInProcess = R"(import json, os, signal, subprocess, sys, time
 started = time.monotonic()
 
+prepared_by = None
+
 def prepare_host(device):
+    global prepared_by
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
+    prepared_by = os.getpid()
 
 prepared_at = None
 
@@ -57,7 +63,7 @@ def evaluate(request):
              "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
              "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
              "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at,
-             "token": token}
+             "token": token, "prepared_by": prepared_by}
     if action == "look_for":  # an earlier request left in this process: in a frame below, or anywhere the gc sees
         import gc
         frames, frame = [], sys._getframe()
@@ -124,7 +130,7 @@ def evaluate(request):
     os._exit(0)
 )";
 
-class WorkerClientTest : public ::testing::Test {
+class WorkerClientTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     auto dir = make_unique_dir(fs::temp_directory_path(), "kz-worker-client-test-");
@@ -135,16 +141,29 @@ class WorkerClientTest : public ::testing::Test {
     fs::create_directories(root_ / "scratch");
     const char* source_dir = std::getenv("KZ_SOURCE_DIR");  // set by CTest; by hand, from the repository root
     fs::path real = fs::path(source_dir ? source_dir : ".") / "worker" / "kz_worker";
-    for (const char* name : {"__init__.py", "__main__.py", "fork_server.py"}) fs::copy_file(real / name, package / name);
+    for (const char* name : {"__init__.py", "__main__.py", "fork_server.py", "zygote.py"})
+      fs::copy_file(real / name, package / name);
     ASSERT_TRUE(write_file_atomic(package / "process.py", kStandInProcess).is_ok());
+    if (zygote()) {
+      WorkerOptions options;
+      options.python = "python3";
+      options.worker_dir = root_ / "worker";
+      auto resolved = resolve_worker_setup(options, "cpu");
+      ASSERT_TRUE(resolved.ok()) << resolved.status().to_string();
+      zygote_library_ = resolved->zygote_library;
+      ASSERT_FALSE(zygote_library_.empty()) << "the build's kz_zygote_child library";
+    }
   }
+  bool zygote() const { return GetParam(); }
   void TearDown() override {
     std::error_code ignored;
     fs::remove_all(root_, ignored);
   }
 
   WorkerSetup setup(bool fork_server) const {
-    return WorkerSetup{"python3", root_ / "worker", root_ / "cache", root_ / "scratch", false, fork_server};
+    WorkerSetup setup{"python3", root_ / "worker", root_ / "cache", root_ / "scratch", false, fork_server};
+    setup.zygote_library = zygote_library_;
+    return setup;
   }
 
   WorkerOutcome run(const WorkerSetup& s, nlohmann::json fields = nlohmann::json::object(),
@@ -171,9 +190,13 @@ class WorkerClientTest : public ::testing::Test {
   }
 
   fs::path root_;
+  fs::path zygote_library_;
 };
 
-TEST_F(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
+INSTANTIATE_TEST_SUITE_P(ForkServers, WorkerClientTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "FromAZygote" : "OnTheirOwn"; });
+
+TEST_P(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
   auto first = result(setup(true));
   auto second = result(setup(true));
   ASSERT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();
@@ -196,7 +219,7 @@ TEST_F(WorkerClientTest, ForkServerRunsEachRequestInAFreshChild) {
 
 // Bytecode compiled by scripts/setup.sh for an interpreter without its own reaches every worker, a
 // fork server's children and fresh workers alike; without one, Python keeps its own __pycache__.
-TEST_F(WorkerClientTest, WorkersGetTheBytecodePrefix) {
+TEST_P(WorkerClientTest, WorkersGetTheBytecodePrefix) {
   for (bool fork_server : {true, false}) {
     WorkerSetup with = setup(fork_server);
     with.bytecode_prefix = root_ / "pycache";
@@ -207,7 +230,7 @@ TEST_F(WorkerClientTest, WorkersGetTheBytecodePrefix) {
 
 // Each request's Triton cache is its own, in its scratch dir (fork server's child or fresh worker),
 // and the driver helper that setup built reaches it (worker/kz_worker/triton_helpers.py).
-TEST_F(WorkerClientTest, EachRequestHasItsOwnTritonCacheAndTheSetupHelpers) {
+TEST_P(WorkerClientTest, EachRequestHasItsOwnTritonCacheAndTheSetupHelpers) {
   for (bool fork_server : {true, false}) {
     WorkerSetup with = setup(fork_server);
     with.triton_helpers_dir = root_ / "triton-helpers";
@@ -238,7 +261,7 @@ class ScopedEnv {
 
 // resolve_worker_setup takes the prefix only once setup finished it (its marker), and only for the
 // interpreter it was made with: another interpreter's own bytecode would be hidden by it.
-TEST_F(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
+TEST_P(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
   const char* source_dir = std::getenv("KZ_SOURCE_DIR");
   ASSERT_NE(source_dir, nullptr) << "run through ctest";
   fs::path prefix = root_ / "pycache";
@@ -263,7 +286,7 @@ TEST_F(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
 }
 
 // Setup's Triton helpers are handed over only once setup finished them (their marker).
-TEST_F(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
+TEST_P(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
   const char* source_dir = std::getenv("KZ_SOURCE_DIR");
   ASSERT_NE(source_dir, nullptr) << "run through ctest";
   fs::path helpers = root_ / "triton-helpers";
@@ -282,7 +305,7 @@ TEST_F(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
 
 // The next request's child is forked as soon as a child has its request, and prepares its device
 // (the stand-in's prepare_device takes 0.3 s) while the server relays or waits.
-TEST_F(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
+TEST_P(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
   auto first = result(setup(true));
   std::this_thread::sleep_for(700ms);
   auto second = result(setup(true));
@@ -294,7 +317,7 @@ TEST_F(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
 
 // The spare for the next request is forked while this one runs, but after the server dropped it:
 // nothing of this request (its source, its seed) is an object in the next candidate's process.
-TEST_F(WorkerClientTest, TheNextChildHoldsNothingOfThePreviousRequest) {
+TEST_P(WorkerClientTest, TheNextChildHoldsNothingOfThePreviousRequest) {
   auto first = result(setup(true), {{"token", "kz-previous-request"}});
   auto second = result(setup(true), {{"action", "look_for"}, {"look_for", "kz-previous-request"}});
   ASSERT_TRUE(second.contains("found")) << second.dump();
@@ -304,7 +327,7 @@ TEST_F(WorkerClientTest, TheNextChildHoldsNothingOfThePreviousRequest) {
 
 // A spare child runs no candidate code, but a candidate can signal it (same uid, same process
 // group): one that is stopped or killed is replaced, never handed the next request.
-TEST_F(WorkerClientTest, ASpareStoppedOrKilledByACandidateIsReplaced) {
+TEST_P(WorkerClientTest, ASpareStoppedOrKilledByACandidateIsReplaced) {
   for (int sig : {SIGSTOP, SIGKILL}) {
     auto stopper = result(setup(true), {{"action", "signal_siblings"}, {"signal", sig}});
     ASSERT_TRUE(stopper.contains("stopped")) << stopper.dump();
@@ -318,7 +341,7 @@ TEST_F(WorkerClientTest, ASpareStoppedOrKilledByACandidateIsReplaced) {
   }
 }
 
-TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {
+TEST_P(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {
   auto before = result(setup(true));
   WorkerOutcome exited = run(setup(true), {{"action", "exit"}});
   EXPECT_EQ(exited.kind, WorkerOutcome::Kind::crashed);
@@ -334,7 +357,7 @@ TEST_F(WorkerClientTest, ChildDeathIsACrashAndTheServerGoesOn) {
   EXPECT_EQ(after["ppid"], before["ppid"]) << "the server survived its children's deaths";
 }
 
-TEST_F(WorkerClientTest, ProcessesAChildLeftBehindAreKilledBeforeTheNextRequest) {
+TEST_P(WorkerClientTest, ProcessesAChildLeftBehindAreKilledBeforeTheNextRequest) {
   fs::path pid_file = root_ / "daemon.pid";
   auto outcome = result(setup(true), {{"action", "daemon"}, {"daemon_pid_file", pid_file.string()}});
   ASSERT_TRUE(outcome.contains("pid")) << outcome.dump();
@@ -345,7 +368,7 @@ TEST_F(WorkerClientTest, ProcessesAChildLeftBehindAreKilledBeforeTheNextRequest)
   EXPECT_EQ(next["ppid"], outcome["ppid"]);
 }
 
-TEST_F(WorkerClientTest, ThreadGroupWhoseLeaderExitedIsKilledToo) {
+TEST_P(WorkerClientTest, ThreadGroupWhoseLeaderExitedIsKilledToo) {
 #if defined(__x86_64__)
   const int sys_exit = 60;
 #elif defined(__aarch64__)
@@ -363,7 +386,7 @@ TEST_F(WorkerClientTest, ThreadGroupWhoseLeaderExitedIsKilledToo) {
       << "a process that /proc shows as a zombie while its thread runs on is gone before the next request";
 }
 
-TEST_F(WorkerClientTest, ProcessCapCrossedInOneRequestIsNotChargedToTheNext) {
+TEST_P(WorkerClientTest, ProcessCapCrossedInOneRequestIsNotChargedToTheNext) {
   auto capped = [](ProcessSpec& spec) { spec.limits.max_processes = 8; };
   WorkerOutcome burst = run(setup(true), {{"action", "fork_burst"}}, "kz-test-", 30, capped);
   if (burst.sandbox.process_cap == "cgroup") {  // it counts the forks it refused; polling may miss a burst
@@ -374,7 +397,7 @@ TEST_F(WorkerClientTest, ProcessCapCrossedInOneRequestIsNotChargedToTheNext) {
   EXPECT_EQ(next.limit_hit, LimitHit::none) << "the previous request's burst is not this one's";
 }
 
-TEST_F(WorkerClientTest, MessageTooDeepToParseIsAProtocolError) {
+TEST_P(WorkerClientTest, MessageTooDeepToParseIsAProtocolError) {
   WorkerOutcome nested = run(setup(true), {{"action", "nested"}});
   EXPECT_EQ(nested.kind, WorkerOutcome::Kind::protocol_error) << nested.message;
   EXPECT_NE(nested.message.find("invalid_message"), std::string::npos) << nested.message;
@@ -382,7 +405,7 @@ TEST_F(WorkerClientTest, MessageTooDeepToParseIsAProtocolError) {
 
 // A child that cannot set up (here: its scratch dir is missing) fails before any candidate code:
 // not the candidate's failure, so the request runs once more before it is reported.
-TEST_F(WorkerClientTest, ServerFailureBeforeTheChildsFirstMessageIsRetried) {
+TEST_P(WorkerClientTest, ServerFailureBeforeTheChildsFirstMessageIsRetried) {
   WorkerOutcome failed = run(setup(true), {{"scratch_dir", (root_ / "missing").string()}});
   EXPECT_EQ(failed.kind, WorkerOutcome::Kind::crashed) << failed.message;
   EXPECT_NE(failed.message.find("could not set up"), std::string::npos) << failed.message;
@@ -394,7 +417,7 @@ TEST_F(WorkerClientTest, ServerFailureBeforeTheChildsFirstMessageIsRetried) {
   EXPECT_EQ(name.size(), std::string("request-3-").size() + 16) << name;
 }
 
-TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
+TEST_P(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
   WorkerOutcome forged = run(setup(true), {{"action", "forge"}});
   EXPECT_EQ(forged.kind, WorkerOutcome::Kind::protocol_error) << forged.message;
   EXPECT_NE(forged.message.find("forged_message"), std::string::npos) << forged.message;
@@ -402,7 +425,7 @@ TEST_F(WorkerClientTest, ForgedServerMessageIsAProtocolError) {
 
 // Candidate code that writes a verdict of its own on the message pipe does not know the request's
 // token: the supervisor refuses the message, on a fork server and on a worker started for it.
-TEST_F(WorkerClientTest, AMessageWithoutTheRequestsTokenIsAForgery) {
+TEST_P(WorkerClientTest, AMessageWithoutTheRequestsTokenIsAForgery) {
   for (bool fork_server : {true, false}) {
     WorkerOutcome forged = run(setup(fork_server), {{"action", "forge_result"}});
     EXPECT_EQ(forged.kind, WorkerOutcome::Kind::forged) << forged.message;
@@ -413,7 +436,7 @@ TEST_F(WorkerClientTest, AMessageWithoutTheRequestsTokenIsAForgery) {
   EXPECT_FALSE(honest.contains("token")) << "the supervisor strips the token: " << honest.dump();
 }
 
-TEST_F(WorkerClientTest, TimeoutKillsTheServerAndTheNextRequestGetsANewOne) {
+TEST_P(WorkerClientTest, TimeoutKillsTheServerAndTheNextRequestGetsANewOne) {
   auto before = result(setup(true));
   WorkerOutcome hung = run(setup(true), {{"action", "hang"}}, "kz-test-", 1.0);
   EXPECT_EQ(hung.kind, WorkerOutcome::Kind::timeout) << hung.message;
@@ -422,7 +445,7 @@ TEST_F(WorkerClientTest, TimeoutKillsTheServerAndTheNextRequestGetsANewOne) {
   EXPECT_NE(after["ppid"], before["ppid"]) << "the killed server is not reused";
 }
 
-TEST_F(WorkerClientTest, ServerKilledWhileIdleIsReplaced) {
+TEST_P(WorkerClientTest, ServerKilledWhileIdleIsReplaced) {
   auto first = result(setup(true));
   ASSERT_EQ(::kill(first["ppid"].get<int>(), SIGKILL), 0);
   std::this_thread::sleep_for(200ms);
@@ -431,7 +454,7 @@ TEST_F(WorkerClientTest, ServerKilledWhileIdleIsReplaced) {
   EXPECT_NE(next["ppid"], first["ppid"]);
 }
 
-TEST_F(WorkerClientTest, IdleServersBeyondTheCapAreKilled) {
+TEST_P(WorkerClientTest, IdleServersBeyondTheCapAreKilled) {
   WorkerSetup capped = setup(true);
   capped.max_idle_servers = 1;
   nlohmann::json first, second;
@@ -445,14 +468,28 @@ TEST_F(WorkerClientTest, IdleServersBeyondTheCapAreKilled) {
   EXPECT_EQ(alive, 1) << "one server kept idle, the other killed when its request ended";
 }
 
-TEST_F(WorkerClientTest, StartedServersTakeTheFirstRequests) {
+TEST_P(WorkerClientTest, StartedServersTakeTheFirstRequests) {
   ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-", {}, 2).is_ok());
   std::this_thread::sleep_for(1500ms);  // they start meanwhile
   auto first = result(setup(true));
   EXPECT_GE(first["process_s"].get<double>(), 1.0) << "forked from a server started before the request";
 }
 
-TEST_F(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {
+TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {
+  if (!zygote()) GTEST_SKIP() << "servers on their own prepare each for itself";
+  ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-zygote-", {}, 2).is_ok());
+  auto first = result(setup(true), nlohmann::json::object(), "kz-test-zygote-");
+  auto second = result(setup(true), nlohmann::json::object(), "kz-test-zygote-");
+  ASSERT_TRUE(first.contains("prepared_by") && second.contains("prepared_by")) << first.dump() << second.dump();
+  EXPECT_NE(first["ppid"], second["ppid"]) << "two servers";
+  EXPECT_EQ(first["prepared_by"], second["prepared_by"]) << "both forked from the process that prepared";
+  EXPECT_NE(first["prepared_by"], first["ppid"]) << "not prepared by the server itself";
+  EXPECT_NE(first["prepared_by"], ::getpid());
+  EXPECT_TRUE(first["imports_env"].is_null()) << "the server has the supervisor's environment, not the zygote's";
+  EXPECT_EQ(first["home"], first["scratch"]);
+}
+
+TEST_P(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {
   auto first = result(setup(false));
   auto second = result(setup(false));
   ASSERT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();

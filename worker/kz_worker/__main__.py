@@ -1,7 +1,8 @@
 """Entry point: `python -m kz_worker` reads one JSON request on stdin, evaluates it (or, with
 "mode": "validate_module", validates a proposed module) and writes the verdict on fd 3
 (protocol.py). Run by the C++ supervisor, one process per evaluation, or, with
-KZ_WORKER_FORK_SERVER=1, as a fork server (fork_server.py) that forks one child per request."""
+KZ_WORKER_FORK_SERVER=1, as a fork server (fork_server.py) that forks one child per request, or,
+with KZ_WORKER_ZYGOTE=1 too, as a zygote (zygote.py) that forks fork servers."""
 import json
 import os
 import sys
@@ -10,6 +11,10 @@ from . import process
 
 
 def main() -> int:
+    if os.environ.get("KZ_WORKER_ZYGOTE") == "1":
+        from . import fork_server, zygote
+        child = zygote.serve(os.environ.get("KZ_WORKER_DEVICE") or "cpu")
+        return fork_server.serve_prepared(child.device, child.env) if child is not None else 0
     if os.environ.get("KZ_WORKER_FORK_SERVER") == "1":
         from . import fork_server
         return fork_server.serve(os.environ.get("KZ_WORKER_DEVICE") or "cpu")

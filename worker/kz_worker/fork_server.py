@@ -61,13 +61,19 @@ class TooMuchOutput(Exception):
 def serve(device_name: str) -> int:
     environment = dict(os.environ)
     process.quietly(process.prepare_host, device_name)
-    # What the imports put in the environment points into the server's scratch dir (torch sets
-    # TORCHINDUCTOR_CACHE_DIR there): a child gets the supervisor's environment, as a fresh worker does.
+    return serve_prepared(device_name, environment)
+
+
+def serve_prepared(device_name: str, environment: dict) -> int:
+    """Serves requests once the host part is prepared, here or in a zygote (zygote.py)."""
+    # What the imports put in the environment points into the scratch dir of whoever imported
+    # (torch sets TORCHINDUCTOR_CACHE_DIR there): a child gets the supervisor's environment, as a
+    # fresh worker does.
     os.environ.clear()
     os.environ.update(environment)
-    _refuse_if_cuda_initialized()
-    _prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
+    refuse_if_cuda_initialized()
+    prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
     spare = Spare.start_if_possible(device_name)
     try:
         while line := sys.stdin.buffer.readline():
@@ -84,7 +90,7 @@ def serve(device_name: str) -> int:
     return 0
 
 
-def _refuse_if_cuda_initialized() -> None:
+def refuse_if_cuda_initialized() -> None:
     """A CUDA context does not survive fork: with one here every child would fail, and its failure
     would look like the candidate's."""
     torch = sys.modules.get("torch")  # not imported: nothing initialised CUDA
@@ -199,7 +205,7 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
     process.quietly(process.prepare_device, device)
     chunks = []
     while chunk := os.read(request_fd, 1 << 16):
@@ -241,7 +247,7 @@ def run_child(request: dict) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
     evaluation, as a worker started for it would run it."""
     try:
-        _prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
+        prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
         scratch = request["scratch_dir"]
         os.chdir(scratch)
         os.environ["HOME"] = os.environ["TMPDIR"] = scratch
@@ -292,7 +298,7 @@ def relay_until_exit(pid: int, read_fd: int):
         _send({"type": "forged_message", "why": "more messages than a worker sends"})
     if pidfd is not None:
         os.close(pidfd)
-    cpu_s = _own_cpu_seconds(pid)  # a zombie now: its own CPU time, without its reaped children's
+    cpu_s = own_cpu_seconds(pid)  # a zombie now: its own CPU time, without its reaped children's
     _, status = os.waitpid(pid, 0)
     return status, cpu_s
 
@@ -419,7 +425,7 @@ def _stat_fields(pid: int) -> list:
     return stat[stat.rfind(b")") + 2:].split()
 
 
-def _own_cpu_seconds(pid: int) -> float:
+def own_cpu_seconds(pid: int) -> float:
     """utime + stime of a (zombie) process, without its children's."""
     fields = _stat_fields(pid)
     try:
@@ -457,7 +463,7 @@ def _send_line(line: bytes) -> None:
         data = data[os.write(MESSAGE_FD, data):]
 
 
-def _prctl(option: int, value: int) -> None:
+def prctl(option: int, value: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):

@@ -62,6 +62,8 @@ struct ProcessSpec {
   size_t output_tail_bytes = 64 * 1024;       // how much of stdout/stderr to keep (the last bytes)
   int nice_increment = 0;                     // added to the parent's nice value (capped at 19), inherited
                                               // by all the child starts; a failure to set it is ignored
+  int control_fd = -1;                        // with message_pipe: this descriptor of the caller's becomes
+                                              // fd 4 in the child (a Zygote's control socket)
 
   // ---- sandbox (all off by default) ----
   ResourceLimits limits;
@@ -107,6 +109,8 @@ struct ExitInfo {
   // "exit code 3", "killed by signal 11 (Segmentation fault)".
   std::string describe() const;
 };
+
+class Zygote;
 
 class Process {
  public:
@@ -163,8 +167,60 @@ class Process {
   // spawn() without its retry: `pid_namespace_failure` says why the child, cloned into its own PID
   // namespace, failed before exec to make its mount namespace or /proc (then spawn tries without).
   // Where clone itself refuses the namespace, the child is forked without one, with a note.
-  static Result<Process> spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure);
+  // Both with `zygote`: the child is the zygote's (Zygote::spawn), which answers within `timeout`.
+  static Result<Process> spawn_via(const ProcessSpec& spec, Zygote* zygote, std::chrono::milliseconds timeout);
+  static Result<Process> spawn_once(const ProcessSpec& spec, std::string& pid_namespace_failure, Zygote* zygote,
+                                    std::chrono::milliseconds timeout);
   std::unique_ptr<Impl> impl_;
+  friend class Zygote;
+};
+
+// A process that forks children on request, so that every child starts from what the zygote
+// prepared once (a Python worker's imports) instead of exec'ing a program and preparing again.
+// Each child still gets the whole sandbox its ProcessSpec asks for: the same steps as
+// Process::spawn's child (core/src/sandbox_plan.h), applied by the child itself right after the
+// fork (kz_zygote_child_setup, the shared library kz_zygote_child), before it runs anything of its
+// own. Its Process behaves as a spawned one (pipes, deadlines, groups, limits, SandboxReport);
+// the zygote, its parent, tells the supervisor when it exits and reaps it only when asked, so its
+// pid stays reserved until the Process reaps it, as with a child of ours.
+//
+// The zygote itself runs unsandboxed (it needs its capabilities to give each child its
+// namespaces) and must never run untrusted code. Its protocol, on the control socket at fd 4 (a
+// SOCK_SEQPACKET pair, one JSON object per message): the supervisor sends
+//   {"op": "spawn", "plan": <sandbox plan>, "env": {...}, "fds": ["stdin", "stdout", ...]}
+// with those descriptors (SCM_RIGHTS, the error pipe last) and gets {"op": "spawned", "pid": N}
+// (where it could not make the PID namespace asked for, also "pid_namespace_error") or
+// {"op": "spawn_failed", "error": "..."}; later, unprompted, {"op": "exited", "pid": N,
+// "exit_code": N | null, "signal": N | null, "cpu_s": F} with the child still a zombie, and it
+// answers {"op": "reap", "pid": N} by reaping it. EOF on the socket ends the zygote.
+class Zygote {
+ public:
+  // Starts `spec` (with message_pipe) as a zygote: its control socket at fd 4, in its own process
+  // group. The caller leaves the sandbox flags off: the zygote needs what they would take away.
+  static Result<std::shared_ptr<Zygote>> start(ProcessSpec spec);
+  ~Zygote();
+  Zygote(const Zygote&) = delete;
+  Zygote& operator=(const Zygote&) = delete;
+
+  // A child of the zygote as `spec` describes it, but that spec.argv is not run: the child goes on
+  // with the zygote's program (spec.argv[0] names it in errors). Waits up to `timeout` for the
+  // zygote's answer (a zygote still preparing answers when it is done). An error where the zygote
+  // is gone, refused or did not answer in time (it is then killed, and every later spawn fails):
+  // the caller may spawn the program itself instead.
+  Result<Process> spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout);
+  // False once the zygote died, closed its socket or failed to answer.
+  bool alive();
+  pid_t pid() const;
+  // The zygote's stderr so far (its imports' complaints, a traceback when it died).
+  std::string stderr_tail() const;
+
+  struct Channel;  // the socket, shared with the Processes this zygote spawned (their exits)
+
+ private:
+  friend class Process;
+  Zygote(Process process, std::shared_ptr<Channel> channel);
+  Process process_;
+  std::shared_ptr<Channel> channel_;
 };
 
 struct RunResult {

@@ -61,6 +61,12 @@ struct WorkerOptions {
   // of ~12 s. Every evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or
   // "never" (a new interpreter per evaluation).
   std::string fork_server = "always";
+  // Fork servers are forked from a zygote of their kind (worker/kz_worker/zygote.py), which did their
+  // imports once, instead of each importing on its own: a cold batch starts ~20 servers beside the
+  // `cuda` pre-builds' nvcc. Each server still gets its whole sandbox (namespaces, limits, scratch
+  // dir), applied by the supervisor's own code in the forked child. Where no zygote can start or
+  // answer, servers are started as programs of their own, with a warning.
+  bool zygote = true;
   // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
   // them with the rest; none on the CPU, where a child is ready at once: spare_servers()). A server
   // handed back by a short evaluation is still preparing its next child (CUDA context, profiler:

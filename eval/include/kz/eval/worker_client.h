@@ -29,6 +29,10 @@ struct WorkerSetup {
   std::filesystem::path scratch_root;  // per-run scratch dirs; empty: $TMPDIR or /tmp, read at each run
   bool keep_scratch = false;           // keep scratch dirs (debugging)
   bool fork_server = false;            // requests run in children of prepared fork servers (worker/kz_worker/fork_server.py)
+  // Fork servers are forked from a zygote per kind of server (worker/kz_worker/zygote.py) through
+  // this library (kz_zygote_child: the sandbox steps in the forked child). Empty: each server is a
+  // program of its own.
+  std::filesystem::path zygote_library;
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
