@@ -31,8 +31,10 @@ void child_skipped(int error_fd, Step step, int index, int err) {
   (void)ignored;
 }
 
-// Empties the capability bounding, inheritable and ambient sets (a root process then execs with
-// no capabilities). Returns 0 or an errno.
+// Empties every capability set: bounding, ambient, inheritable, and the permitted and effective
+// sets too. An exec'd root child would lose the last two at exec (nothing left in the bounding
+// set); a zygote's child never execs, and would otherwise run candidates with all of them
+// (remount, ptrace, setns). Returns 0 or an errno.
 int drop_all_capabilities() {
   for (int cap = 0; cap < 64; ++cap) {
     if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
@@ -41,10 +43,8 @@ int drop_all_capabilities() {
   }
   ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);  // EINVAL before Linux 4.3: none to clear
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &header, data) != 0) return errno;
-  data[0].inheritable = data[1].inheritable = 0;
-  if (::syscall(SYS_capset, &header, data) != 0) return errno;
+  __user_cap_data_struct none[2]{};
+  if (::syscall(SYS_capset, &header, none) != 0) return errno;
   return 0;
 }
 
