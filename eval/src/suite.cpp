@@ -192,6 +192,8 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   // On the CPU a `cuda` evaluation is a build and no more (compiled_not_run): nothing to pre-build.
   std::vector<size_t> to_build;
   if (evaluator.options().device != "cpu") to_build = cuda_entries(evaluator, entries);
+  // Build servers come from their own zygote, where there is one: it imports beside the other's.
+  if (!to_build.empty()) (void)pools->at(0).start_fork_servers(0, EvalMode::compile_only);
   SuiteRecorder recorder(entries.size(), to_build.size(), options.results_path, progress_out);
   // A pre-build that the evaluation follows: when it started (from the batch's start) and its
   // seconds. Written by the build, read after it.

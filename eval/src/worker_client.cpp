@@ -367,6 +367,10 @@ class Zygotes {
   std::map<std::string, std::unique_ptr<StartedZygote>> zygotes_;
 };
 
+void warn_without_zygote(const std::string& why) {
+  fmt::print(stderr, "kz: worker zygote: {}; fork servers of this kind start on their own\n", why);
+}
+
 // A fork server forked by its kind's zygote; started as a program of its own where there is no
 // zygote (a warning, once per kind), or where the zygote failed this time.
 Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& scratch_prefix,
@@ -379,8 +383,7 @@ Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& s
     why = forked.status().message();
     if (std::string tail = to_valid_utf8(zygote->stderr_tail()); !tail.empty()) why += "; its stderr:\n" + tail;
   }
-  if (why != "it failed before")
-    fmt::print(stderr, "kz: worker zygote: {}; fork servers of this kind start on their own\n", why);
+  if (why != "it failed before") warn_without_zygote(why);
   return Process::spawn(spec);
 }
 
@@ -503,11 +506,15 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
                                       const std::function<void(ProcessSpec&)>& customize,
                                       const std::function<void(const fs::path&)>& after_request) {
   std::optional<StartedWorker> server = IdleServers::instance().take(key);
+  auto spawn_started = Clock::now();
   if (!server) {
     auto fresh = start_worker(setup, scratch_prefix, customize);
     if (!fresh.ok()) return fresh.status();
     server.emplace(std::move(*fresh));
   }
+  // Forking from a zygote waits for its imports the first time: the request's start-up, as a
+  // server's own imports are.
+  double spawn_s = std::chrono::duration<double>(Clock::now() - spawn_started).count();
   // server->keep_scratch is this request's choice: keep_scratch is part of the server's key.
   fs::path request_scratch = server->scratch / request_dir_name(++server->requests);
   std::error_code error;
@@ -515,6 +522,8 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
                                       error ? error.message() : "it exists already"));
   Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
+  auto& stages = supervised.outcome.stage_s;
+  if (!stages.empty() && stages.front().first == "startup") stages.front().second += spawn_s;
   if (after_request) after_request(request_scratch);
   // With keep_scratch the files stay, so the server does not serve again.
   if (supervised.server_reusable && !setup.keep_scratch && clear_scratch(*server))
@@ -600,6 +609,11 @@ Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_p
                           const std::function<void(ProcessSpec&)>& customize, int count) {
   if (!setup.fork_server) return Status::ok();
   std::string key = server_key(setup, scratch_prefix, customize);
+  if (!setup.zygote_library.empty()) {
+    std::string why;
+    if (Zygotes::instance().get(key, setup, scratch_prefix, worker_spec(setup, "/<scratch>", customize), why)) return Status::ok();
+    warn_without_zygote(why);
+  }
   for (int i = 0; i < count; ++i) {
     auto server = start_worker(setup, scratch_prefix, customize);
     if (!server.ok()) return server.status().with_context(fmt::format("starting fork server {} of {}", i + 1, count));

@@ -487,12 +487,14 @@ TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {
   auto without_capabilities = [](ProcessSpec& spec) { spec.drop_capabilities = true; };
   ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-zygote-", without_capabilities, 2).is_ok());
   auto request = [&] {
-    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-zygote-", 30, without_capabilities);
+    WorkerOutcome outcome = run(setup(true), {{"action", "linger"}}, "kz-test-zygote-", 30, without_capabilities);
     EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
     return outcome.result;
   };
-  auto first = request();
-  auto second = request();
+  nlohmann::json first, second;
+  std::thread beside([&] { first = request(); });  // at once: two servers
+  second = request();
+  beside.join();
   ASSERT_TRUE(first.contains("prepared_by") && second.contains("prepared_by")) << first.dump() << second.dump();
   EXPECT_NE(first["ppid"], second["ppid"]) << "two servers";
   EXPECT_EQ(first["prepared_by"], second["prepared_by"]) << "both forked from the process that prepared";

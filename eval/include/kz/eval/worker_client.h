@@ -111,7 +111,10 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
 
 // With setup.fork_server: starts `count` fork servers of the kind run_worker_request(setup,
 // scratch_prefix, ..., customize) takes, so that the first requests of a batch find theirs
-// prepared. Nothing without setup.fork_server.
+// prepared. With a zygote (setup.zygote_library) it starts that kind's zygote instead and returns
+// at once: servers are forked from it as requests come, each request that finds none idle forking
+// its own, and no batch waits for the zygote's imports before its first request (they overlap the
+// `cuda` pre-builds' start). Nothing without setup.fork_server.
 Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,
                           const std::function<void(ProcessSpec&)>& customize, int count);
 
