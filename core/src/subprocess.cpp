@@ -475,6 +475,16 @@ const char* step_name(int32_t step) {
 
 }  // namespace
 
+std::vector<std::string> missing_isolation(const ProcessSpec& spec, const SandboxReport& report) {
+  std::vector<std::string> missing;
+  if (spec.new_network_namespace && !report.network_isolated) missing.push_back("its own network namespace");
+  if (spec.read_only_filesystem && !report.filesystem_read_only) missing.push_back("a read-only filesystem");
+  if (spec.drop_capabilities && !report.capabilities_dropped) missing.push_back("no capabilities");
+  if (spec.new_pid_namespace && spec.read_only_filesystem && !report.pids_isolated)
+    missing.push_back("its own PID namespace");
+  return missing;
+}
+
 std::string ExitInfo::describe() const {
   if (exited) return fmt::format("exit code {}", exit_code);
   if (term_signal != 0) {

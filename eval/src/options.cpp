@@ -60,6 +60,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.network", o.sandbox.network},
       {"sandbox.read_only_filesystem", o.sandbox.read_only_filesystem},
       {"sandbox.pid_namespace", o.sandbox.pid_namespace},
+      {"sandbox.require_isolation", o.sandbox.require_isolation},
       {"sandbox.gpu_memory_fraction", o.sandbox.gpu_memory_fraction},
   };
 }

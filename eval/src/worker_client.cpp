@@ -2,6 +2,7 @@
 #include "kz/eval/worker_client.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -406,6 +407,11 @@ Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& 
                     ? spawn_from_zygote(setup, scratch_prefix, customize, spec)
                     : Process::spawn(spec);
   if (!worker.ok()) return discard(worker.status());
+  if (auto missing = missing_isolation(spec, worker->sandbox()); setup.require_isolation && !missing.empty()) {
+    worker->kill_and_reap();
+    return discard(io_error(fmt::format("the worker did not get {} ([sandbox] require_isolation): {}",
+                                        fmt::join(missing, ", "), fmt::join(worker->sandbox().notes, "; "))));
+  }
   return StartedWorker(std::move(*worker), *scratch, setup.keep_scratch);
 }
 

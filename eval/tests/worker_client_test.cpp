@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <linux/capability.h>
 #include <signal.h>
-
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -504,6 +506,46 @@ TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {
   EXPECT_EQ(first["home"], first["scratch"]);
   // Forked, never exec'd: the capabilities go with the sandbox's own step, not with an exec.
   EXPECT_EQ(first["cap_eff"], "0000000000000000") << "a zygote's server kept its capabilities";
+}
+
+// Drops CAP_SYS_ADMIN from this process and all it execs, as a container's root lacks it: the
+// namespaces and mounts are then refused.
+void drop_cap_sys_admin() {
+  ASSERT_EQ(::prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0), 0);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  ASSERT_EQ(::syscall(SYS_capget, &header, data), 0);
+  data[0].effective &= ~(1u << CAP_SYS_ADMIN);
+  data[0].permitted &= ~(1u << CAP_SYS_ADMIN);
+  ASSERT_EQ(::syscall(SYS_capset, &header, data), 0);
+}
+
+TEST_P(WorkerClientTest, RequiredIsolationTheMachineRefusesIsAnError) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: the test drops CAP_SYS_ADMIN to see the namespaces refused";
+  auto isolated = [](ProcessSpec& spec) {
+    spec.new_network_namespace = spec.read_only_filesystem = spec.new_pid_namespace = true;
+    spec.drop_capabilities = true;
+    spec.writable_paths = {spec.cwd, "/dev/shm"};
+  };
+  WorkerSetup required = setup(true);
+  required.require_isolation = true;
+  WorkerOutcome granted = run(required, nlohmann::json::object(), "kz-test-isolated-", 30, isolated);
+  EXPECT_EQ(granted.kind, WorkerOutcome::Kind::result) << "with the capability every isolation holds: "
+                                                       << granted.message;
+  auto refused = [&](const WorkerSetup& s) {
+    drop_cap_sys_admin();
+    auto outcome = run_worker_request(
+        s, "kz-test-refused-", [](const fs::path& scratch) {
+          return nlohmann::json{{"scratch_dir", scratch.string()}, {"device", "cpu"}};
+        },
+        [](const std::string&) { return 30.0; }, isolated);
+    std::fprintf(stderr, "%s\n", outcome.ok() ? "the request ran" : outcome.status().message().c_str());
+    std::_Exit(outcome.ok() ? 0 : 3);
+  };
+  EXPECT_EXIT(refused(required), ::testing::ExitedWithCode(3),
+              "did not get its own network namespace.*its own PID namespace.*require_isolation");
+  WorkerSetup tolerant = setup(true);  // the default: it runs without, with notes
+  EXPECT_EXIT(refused(tolerant), ::testing::ExitedWithCode(0), "the request ran");
 }
 
 TEST_P(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {

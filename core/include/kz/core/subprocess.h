@@ -99,6 +99,10 @@ struct SandboxReport {
   std::vector<std::string> notes;    // what was asked for but not applied, and why
 };
 
+// What `spec` asked for that `report` says the child did not get ("its own network namespace",
+// "a read-only filesystem", "no capabilities", "its own PID namespace"); empty when all of it holds.
+std::vector<std::string> missing_isolation(const ProcessSpec& spec, const SandboxReport& report);
+
 // Which limit ended (or, for `processes`, was crossed by) a sandboxed process.
 enum class LimitHit { none, cpu_time, file_size, processes };
 

@@ -103,6 +103,12 @@ struct SandboxOptions {
   bool read_only_filesystem = true;  // everything read-only but scratch and /dev/shm
   bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
                                  // /proc (no other worker's process, cwd or cmdline in sight)
+  // What happens where the machine refuses an isolation asked for above (the network, the
+  // read-only filesystem, dropped capabilities, the PID namespace: no root, a container without
+  // CAP_SYS_ADMIN). false: the worker runs without it and kz says so once on stderr. true: no
+  // worker runs without it; the evaluation is an error (no verdict), which stops `kz eval-suite`.
+  // For RL runs, where one hole is a reward hack the policy will find.
+  bool require_isolation = false;
   double gpu_memory_fraction = 0.9;  // torch.cuda.set_per_process_memory_fraction before any candidate code:
                                      // the caching allocator refuses more (an OOM error); 0: no limit
 };

@@ -33,6 +33,9 @@ struct WorkerSetup {
   // this library (kz_zygote_child: the sandbox steps in the forked child). Empty: each server is a
   // program of its own.
   std::filesystem::path zygote_library;
+  // Every isolation the worker's spec asks for must hold ([sandbox] require_isolation): a worker
+  // that did not get one is killed, and its start is an error naming what is missing.
+  bool require_isolation = false;
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
