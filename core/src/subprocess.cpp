@@ -526,10 +526,15 @@ struct Zygote::Channel {
       rights->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(rights), fds.data(), sizeof(int) * fds.size());
     }
-    ssize_t n;
-    do n = ::sendmsg(socket.get(), &header, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == static_cast<ssize_t>(text.size());
+    // A zygote that stopped reading (stopped, hung) must not hang us: a few seconds, then it is gone.
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      ssize_t n = ::sendmsg(socket.get(), &header, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n >= 0) return n == static_cast<ssize_t>(text.size());
+      if (errno == EINTR) continue;
+      pollfd writable{socket.get(), POLLOUT, 0};
+      if ((errno != EAGAIN && errno != EWOULDBLOCK) || ::poll(&writable, 1, remaining_ms(deadline)) <= 0) return false;
+    }
   }
 
   // Files every message waiting on the socket, without blocking. Under `mutex`.
@@ -555,6 +560,8 @@ struct Zygote::Channel {
         exit.cpu_s = message.value("cpu_s", -1.0);
         exits[message["pid"].get<pid_t>()] = exit;
       } else if (op == "spawned" || op == "spawn_failed") {
+        // A pid the zygote hands out again: an exit filed under it is an earlier child's.
+        if (message.contains("pid") && message["pid"].is_number_integer()) exits.erase(message["pid"].get<pid_t>());
         reply = std::move(message);
       } else {
         dead = true;  // not the protocol: trust nothing more from it
@@ -701,6 +708,9 @@ struct Process::Impl {
     if (!cgroup.empty())
       for (pid_t member : cgroup_members(cgroup)) ::kill(member, sig);
     if (reaped) return;  // the pid may belong to someone else now
+    // A zygote's child whose zygote died was reparented, and is reaped by someone else once it
+    // exits: its pid (and group id) are ours only while its pidfd says it lives.
+    if (zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get()))) return;
     signalled = true;
     if (group && ::kill(-pid, sig) == 0) return;
     ::kill(pid, sig);
@@ -754,8 +764,8 @@ struct Process::Impl {
     if (auto reported = zygote->exit_of(pid, timeout)) {
       exit = reported->info;
       exit_cpu_s = reported->cpu_s;
-    } else if (zygote->is_dead()) {
-      exit = ExitInfo{};
+    } else if (zygote->is_dead() && !(pidfd.valid() ? !poll_readable(pidfd.get()) : ::kill(pid, 0) == 0)) {
+      exit = ExitInfo{};  // gone, and nobody left to say how
       report.notes.push_back("its zygote died: how it ended is unknown");
     }
   }
@@ -766,7 +776,7 @@ struct Process::Impl {
     if (zygote) {
       // The pidfd says it exited: the zygote's report follows within milliseconds.
       bool gone = pidfd.valid() && poll_readable(pidfd.get());
-      note_zygote_exit(gone ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0));
+      note_zygote_exit(gone ? std::chrono::milliseconds(500) : std::chrono::milliseconds(0));
       if (exit) note_task_cap_at_exit();
       return;
     }
@@ -1046,9 +1056,23 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   child_msg.reset();
   control.reset();
 
-  // The child's records until exec (EOF: the pipe is CLOEXEC) or its _exit.
+  // The child's records until exec (EOF: the pipe is CLOEXEC) or its _exit. A zygote's child
+  // runs Python before it is set up (where a lock held by another thread at the fork could stop
+  // it): it gets the zygote's deadline, then it is killed and the spawn fails.
   std::string records;
+  auto setup_deadline = Clock::now() + zygote_timeout;
   for (;;) {
+    if (zygote) {
+      pollfd readable{error_r.get(), POLLIN, 0};
+      int left = remaining_ms(setup_deadline);
+      if (left == 0 || ::poll(&readable, 1, left) == 0) {
+        impl->kill_group(SIGKILL);
+        impl->reap();
+        impl->pid = -1;
+        return io_error(fmt::format("spawning {} through its zygote: the child did not set itself up within {} ms",
+                                    prog, zygote_timeout.count()));
+      }
+    }
     char buf[4096];
     ssize_t n = ::read(error_r.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -1177,7 +1201,9 @@ Zygote::Zygote(Process process, std::shared_ptr<Channel> channel)
 Zygote::~Zygote() {
   std::lock_guard lock(channel_->mutex);
   channel_->dead = true;
-  channel_->socket.reset();  // EOF: the zygote exits; ~Process kills it if it does not
+  // EOF: the zygote exits (~Process kills it if it does not). The descriptor itself stays open
+  // until the last Process of this zygote is gone: another thread may be polling it.
+  ::shutdown(channel_->socket.get(), SHUT_RDWR);
 }
 
 Result<std::shared_ptr<Zygote>> Zygote::start(ProcessSpec spec) {
@@ -1196,12 +1222,13 @@ Result<std::shared_ptr<Zygote>> Zygote::start(ProcessSpec spec) {
 }
 
 Result<Process> Zygote::spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
+  (void)process_.wait_for(std::chrono::milliseconds(1));  // takes what it wrote on stderr meanwhile
   auto process = Process::spawn_via(spec, this, timeout);
   if (!process.ok() && !alive()) process_.kill_and_reap();  // silent or gone: no later spawn waits on it
   return process;
 }
 
-bool Zygote::alive() { return !channel_->is_dead() && !process_.wait_for(std::chrono::milliseconds(0)); }
+bool Zygote::alive() { return !channel_->is_dead() && !process_.wait_for(std::chrono::milliseconds(1)); }
 
 pid_t Zygote::pid() const { return process_.pid(); }
 

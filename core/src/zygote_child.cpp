@@ -1,9 +1,13 @@
 // kz_zygote_child: the shared library a zygote (worker/kz_worker/zygote.py) loads, so that its
 // children apply to themselves the very sandbox steps Process::spawn's children do
 // (sandbox_plan.h), not a second copy of them in Python.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
 
 #include <cerrno>
 #include <map>
@@ -16,10 +20,25 @@ using namespace kz::sandbox_plan;
 
 constexpr int kHighFd = 10;  // received descriptors move here first, clear of the 0..4 targets
 
-// Marks every descriptor from `first` on but `keep` to be closed: the child keeps only its own.
-void close_all_from(int first, int keep) {
-  if (keep > first) ::syscall(SYS_close_range, first, keep - 1, 0);
-  ::syscall(SYS_close_range, std::max(first, keep + 1), ~0U, 0);
+// Closes every descriptor from `first` on but `keep`: the child keeps only its own. Any of the
+// zygote's left open (its control socket above all: a candidate holding it could ask for an
+// unsandboxed process) is an escape, so where close_range is refused (kernels before 5.9, seccomp
+// profiles) the descriptors /proc/self/fd lists are closed one by one; false where neither works.
+bool close_all_from(int first, int keep) {
+  bool ranged = (keep <= first || ::syscall(SYS_close_range, first, keep - 1, 0) == 0) &&
+                ::syscall(SYS_close_range, std::max(first, keep + 1), ~0U, 0) == 0;
+  if (ranged) return true;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return false;
+  std::vector<int> open;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    int fd = std::atoi(entry->d_name);
+    if (fd >= first && fd != keep && fd != ::dirfd(dir)) open.push_back(fd);
+  }
+  ::closedir(dir);
+  for (int fd : open) ::close(fd);
+  return true;
 }
 }  // namespace
 
@@ -60,7 +79,8 @@ extern "C" int kz_zygote_child_setup(const char* request_text, const int* fds, i
       child_fail(error_fd, kStageDup2);
     first_free = std::max(first_free, target->second + 1);
   }
-  close_all_from(first_free, error_fd);
+  errno = 0;
+  if (!close_all_from(first_free, error_fd)) child_fail(error_fd, kStageDup2);
   apply_sandbox_plan(plan, error_fd);
   ::close(error_fd);
   return 0;

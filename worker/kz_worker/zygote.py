@@ -42,6 +42,10 @@ class Child:
 
 def serve(device_name: str):
     """The zygote's loop; returns only in a forked child (a Child), or None when the supervisor is gone."""
+    # Nobody reads the zygote's stdout while it serves: a full pipe would stop it.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
     process.quietly(process.prepare_host, device_name)
     fork_server.refuse_if_cuda_initialized()
     fork_server.prctl(fork_server.PR_SET_DUMPABLE, 0)
@@ -93,6 +97,7 @@ class Zygote:
             if self.libc.unshare(CLONE_NEWPID) != 0:
                 reply["pid_namespace_error"] = f"unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno())}"
                 plan["new_pidns"] = False
+                self.reset_pid_namespace()  # the child must not go where an earlier one went
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -102,7 +107,7 @@ class Zygote:
         if pid == 0:
             return self.become_child(request, fds, setup)
         if plan.get("new_pidns"):  # the next child gets a namespace of its own, not this one
-            self.libc.setns(self.own_pid_namespace, CLONE_NEWPID)
+            self.reset_pid_namespace()
         for fd in fds:
             os.close(fd)
         if pid is not None:
@@ -112,6 +117,19 @@ class Zygote:
             reply["pid"] = pid
         self.send(reply)
         return None
+
+    def reset_pid_namespace(self) -> None:
+        """Children go into the zygote's own PID namespace again. Where that fails, the next child
+        would be forked into the last one's namespace, beside another server's candidates: the
+        zygote ends instead (the supervisor then starts servers as programs of their own)."""
+        try:
+            if os.stat("/proc/self/ns/pid_for_children").st_ino == os.fstat(self.own_pid_namespace).st_ino:
+                return  # nothing to undo (an unshare refused for want of the capability)
+        except OSError:
+            pass  # before Linux 4.12: set it anyway
+        if self.libc.setns(self.own_pid_namespace, CLONE_NEWPID) != 0:
+            sys.stderr.write(f"kz zygote: setns to its own PID namespace: {os.strerror(ctypes.get_errno())}\n")
+            os._exit(1)
 
     def become_child(self, request: dict, fds: list, setup):
         """In the forked child: forgets the zygote's descriptors, sets up its sandbox, takes the
