@@ -636,7 +636,10 @@ struct Zygote::Channel {
       exits.erase(pid);
       if (dead) return;
     }
-    send({{"op", "reap"}, {"pid", pid}}, {});
+    if (!send({{"op", "reap"}, {"pid", pid}}, {})) {
+      std::lock_guard lock(mutex);
+      dead = true;  // it does not read: the next kill need not wait on it again
+    }
   }
 };
 
@@ -1021,6 +1024,8 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
     pid = *forked;
     if (!pid_namespace_error.empty()) impl->report.notes.push_back("own PID namespace: " + pid_namespace_error);
     impl->zygote = zygote->channel_;
+    // Now, while the zygote keeps it (a zombie at worst): kill_group needs it where the zygote dies.
+    impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   } else {
     // Block all signals across fork() so no parent handler runs in the child before it resets them.
     sigset_t all, old;
@@ -1065,7 +1070,9 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
     if (zygote) {
       pollfd readable{error_r.get(), POLLIN, 0};
       int left = remaining_ms(setup_deadline);
-      if (left == 0 || ::poll(&readable, 1, left) == 0) {
+      int ready = left == 0 ? 0 : ::poll(&readable, 1, left);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
         impl->kill_group(SIGKILL);
         impl->reap();
         impl->pid = -1;
@@ -1115,7 +1122,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   }
   impl->next_cap_check = Clock::now() + kCapPollInterval;
 
-  impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));  // -1: slice instead
+  if (!impl->pidfd.valid()) impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));  // -1: slice instead
   impl->has_msg_pipe = spec.message_pipe;
   impl->tail_cap = spec.output_tail_bytes;
   impl->stdin_data = spec.stdin_data;
@@ -1222,17 +1229,30 @@ Result<std::shared_ptr<Zygote>> Zygote::start(ProcessSpec spec) {
 }
 
 Result<Process> Zygote::spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
-  (void)process_.wait_for(std::chrono::milliseconds(1));  // takes what it wrote on stderr meanwhile
+  {
+    std::lock_guard lock(process_mutex_);
+    (void)process_.wait_for(std::chrono::milliseconds(1));  // takes what it wrote on stderr meanwhile
+  }
   auto process = Process::spawn_via(spec, this, timeout);
-  if (!process.ok() && !alive()) process_.kill_and_reap();  // silent or gone: no later spawn waits on it
+  if (!process.ok() && !alive()) {  // silent or gone: no later spawn waits on it
+    std::lock_guard lock(process_mutex_);
+    process_.kill_and_reap();
+  }
   return process;
 }
 
-bool Zygote::alive() { return !channel_->is_dead() && !process_.wait_for(std::chrono::milliseconds(1)); }
+bool Zygote::alive() {
+  if (channel_->is_dead()) return false;
+  std::lock_guard lock(process_mutex_);
+  return !process_.wait_for(std::chrono::milliseconds(1));
+}
 
 pid_t Zygote::pid() const { return process_.pid(); }
 
-std::string Zygote::stderr_tail() const { return process_.stderr_tail(); }
+std::string Zygote::stderr_tail() const {
+  std::lock_guard lock(process_mutex_);
+  return process_.stderr_tail();
+}
 
 Result<RunResult> run_process(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
   Result<Process> proc = Process::spawn(spec);

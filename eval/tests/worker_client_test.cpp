@@ -553,7 +553,9 @@ TEST_P(WorkerClientTest, RequiredIsolationTheMachineRefusesIsAnError) {
     std::_Exit(outcome.ok() ? 0 : 3);
   };
   EXPECT_EXIT(refused(required), ::testing::ExitedWithCode(3),
-              "did not get its own network namespace.*its own PID namespace.*require_isolation");
+              zygote() ? "did not get its own network namespace.*its own PID namespace.*require_isolation.*"
+                         "own PID namespace: unshare\\(CLONE_NEWPID\\)"  // the zygote's refusal, not a fallback's
+                       : "did not get its own network namespace.*its own PID namespace.*require_isolation");
   WorkerSetup tolerant = setup(true);  // the default: it runs without, with notes
   EXPECT_EXIT(refused(tolerant), ::testing::ExitedWithCode(0), "the request ran");
 }

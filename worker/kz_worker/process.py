@@ -22,11 +22,6 @@ def prepare_host(device_name: str) -> None:
     once and fork children that inherit it."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
-    if torch.device(device_name).type == "cuda":
-        # load_inline's module, which every `cuda` candidate and pre-build imports (~0.5-1 s of CPU
-        # each, on the pre-builds' critical path). Not on the CPU: with no CUDA runtime it warns on
-        # stderr at import, into every fresh worker's tail.
-        import torch.utils.cpp_extension  # noqa: F401
     if not builds_only():
         # Triton fixes interpreter mode at import: only where it is decided already (the supervisor
         # sets TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.

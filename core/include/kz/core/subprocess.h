@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -223,6 +224,7 @@ class Zygote {
  private:
   friend class Process;
   Zygote(Process process, std::shared_ptr<Channel> channel);
+  mutable std::mutex process_mutex_;  // spawns run from several threads; process_ drains its pipes
   Process process_;
   std::shared_ptr<Channel> channel_;
 };
