@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "commands.h"
@@ -35,9 +36,11 @@ sigset_t block_stop_signals() {
   return signals;
 }
 
-// Kills the process group of every child of this process. In `kz serve-eval` the only children
-// are evaluation workers, each the leader of its own group (nvcc and the like die with it).
+// Kills the process group of every descendant of this process. In `kz serve-eval` they are the
+// evaluation workers and fork servers, each the leader of its own group (nvcc and the like die
+// with it), and the zygotes whose children the fork servers are (kz/core/subprocess.h).
 void kill_worker_groups() {
+  std::map<pid_t, std::vector<pid_t>> children;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     pid_t pid = std::atoi(entry.path().filename().c_str());
     if (pid <= 0) continue;
@@ -47,10 +50,15 @@ void kill_worker_groups() {
     if (close == std::string::npos) continue;
     char state = 0;
     pid_t ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == getpid()) {
-      ::kill(-pid, SIGKILL);
-      ::kill(pid, SIGKILL);
-    }
+    if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &ppid) == 2) children[ppid].push_back(pid);
+  }
+  std::vector<pid_t> frontier = children[getpid()];
+  while (!frontier.empty()) {
+    pid_t pid = frontier.back();
+    frontier.pop_back();
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);
+    for (pid_t child : children[pid]) frontier.push_back(child);
   }
 }
 
