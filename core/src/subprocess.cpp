@@ -509,8 +509,18 @@ struct Zygote::Channel {
   std::optional<nlohmann::json> reply;      // the answer to the spawn in flight
   std::map<pid_t, Exit> exits;              // children that exited, until reaped
 
-  // Sends one message with descriptors (SCM_RIGHTS). False: the zygote is gone.
+  // Sends one message with descriptors (SCM_RIGHTS). False (errno says why): the zygote is gone,
+  // and is marked so.
   bool send(const nlohmann::json& message, const std::vector<int>& fds) {
+    if (send_once(message, fds)) return true;
+    int error = errno;
+    std::lock_guard lock(mutex);
+    dead = true;
+    errno = error;
+    return false;
+  }
+
+  bool send_once(const nlohmann::json& message, const std::vector<int>& fds) {
     std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     iovec iov{text.data(), text.size()};
     msghdr header{};
@@ -597,11 +607,7 @@ struct Zygote::Channel {
       reply.reset();
       if (dead) return io_error("the zygote is gone");
     }
-    if (!send(request, fds)) {
-      std::lock_guard lock(mutex);
-      dead = true;
-      return io_error(fmt::format("the zygote is gone: {}", std::strerror(errno)));
-    }
+    if (!send(request, fds)) return io_error(fmt::format("the zygote is gone: {}", std::strerror(errno)));
     if (!wait_until([&] { return reply.has_value(); }, timeout)) {
       std::lock_guard lock(mutex);
       bool silent = !dead;
@@ -636,10 +642,7 @@ struct Zygote::Channel {
       exits.erase(pid);
       if (dead) return;
     }
-    if (!send({{"op", "reap"}, {"pid", pid}}, {})) {
-      std::lock_guard lock(mutex);
-      dead = true;  // it does not read: the next kill need not wait on it again
-    }
+    send({{"op", "reap"}, {"pid", pid}}, {});  // where it does not read, the next kill need not wait on it
   }
 };
 
@@ -1024,8 +1027,6 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
     pid = *forked;
     if (!pid_namespace_error.empty()) impl->report.notes.push_back("own PID namespace: " + pid_namespace_error);
     impl->zygote = zygote->channel_;
-    // Now, while the zygote keeps it (a zombie at worst): kill_group needs it where the zygote dies.
-    impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   } else {
     // Block all signals across fork() so no parent handler runs in the child before it resets them.
     sigset_t all, old;
@@ -1050,6 +1051,9 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   }
 
   impl->pid = pid;
+  // Now, while the pid is reserved (our zombie at worst, or the zygote's until we ask it to reap):
+  // kill_group needs it for a zygote's child whose zygote dies. -1 (before Linux 5.3): slices instead.
+  impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   impl->group = spec.new_process_group;
   // Also set the group from the parent, so kill_group works even before the child runs
   // (EACCES after the child's exec is harmless: it already did it itself).
@@ -1094,9 +1098,9 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       impl->reap();  // the child already _exit()ed
       impl->pid = -1;
       std::string msg = fmt::format("spawning {}: {}{}: {}", prog, kStageNames[r.what],
-                                    r.what == 2 ? " " + plan.sandbox.cwd : std::string(), std::strerror(r.err));
+                                    r.what == kStageChdir ? " " + plan.sandbox.cwd : std::string(), std::strerror(r.err));
       if (r.what == kStageMountProc) pid_namespace_failure = fmt::format("{}: {}", kStageNames[r.what], std::strerror(r.err));
-      return r.err == ENOENT && r.what == 3 ? not_found(std::move(msg)) : io_error(std::move(msg));
+      return r.err == ENOENT && r.what == kStageExec ? not_found(std::move(msg)) : io_error(std::move(msg));
     }
     skipped.push_back(r.what);
     std::string what = step_name(r.what);
@@ -1122,7 +1126,6 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   }
   impl->next_cap_check = Clock::now() + kCapPollInterval;
 
-  if (!impl->pidfd.valid()) impl->pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));  // -1: slice instead
   impl->has_msg_pipe = spec.message_pipe;
   impl->tail_cap = spec.output_tail_bytes;
   impl->stdin_data = spec.stdin_data;

@@ -49,6 +49,10 @@ fs::path default_cache_dir() {
   return fs::path(env_or("HOME", "/tmp")) / ".cache" / "kernelzero";
 }
 
+fs::path scratch_root_of(const WorkerSetup& setup) {
+  return !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
+}
+
 // The worker's environment: nothing inherited but what it needs (no API keys, no tokens).
 std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, const fs::path& scratch) {
   auto parent = current_environment();
@@ -317,11 +321,11 @@ class Zygotes {
     return zygotes;
   }
 
-  // The zygote for servers like `spec` (of `key`), started now where there is none; nullptr (with
-  // the reason in `why`) where it cannot start or failed before: servers of that kind then start
-  // on their own.
+  // The zygote for servers of `key` (setup, scratch_prefix, customize), started now where there is
+  // none; nullptr (with the reason in `why`) where it cannot start or failed before: servers of
+  // that kind then start on their own.
   std::shared_ptr<Zygote> get(const std::string& key, const WorkerSetup& setup, const std::string& scratch_prefix,
-                              const ProcessSpec& spec, std::string& why) {
+                              const std::function<void(ProcessSpec&)>& customize, std::string& why) {
     std::lock_guard lock(mutex_);
     auto& entry = zygotes_[key];
     if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
@@ -330,15 +334,14 @@ class Zygotes {
       return nullptr;
     }
     entry = std::make_unique<StartedZygote>();
-    fs::path root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
-    auto scratch = make_scratch_dir(root, scratch_prefix + "zygote-", setup.keep_scratch);
+    auto scratch = make_scratch_dir(scratch_root_of(setup), scratch_prefix + "zygote-", setup.keep_scratch);
     if (!scratch.ok()) {
       why = scratch.status().message();
       return nullptr;
     }
     entry->scratch = *scratch;
     entry->keep_scratch = setup.keep_scratch;
-    auto started = Zygote::start(zygote_spec(setup, spec, *scratch));
+    auto started = Zygote::start(zygote_spec(setup, worker_spec(setup, *scratch, customize)));
     if (!started.ok()) {
       why = started.status().message();
       return nullptr;
@@ -348,18 +351,15 @@ class Zygotes {
   }
 
  private:
-  // The servers' spec for the zygote itself: their program and environment (its own scratch dir in
-  // it), without the sandbox, which each server applies to itself after the fork.
-  static ProcessSpec zygote_spec(const WorkerSetup& setup, const ProcessSpec& server, const fs::path& scratch) {
+  // The zygote itself: a server's program and environment (`server`, made for the zygote's own
+  // scratch dir), without the sandbox, which each server applies to itself after the fork.
+  static ProcessSpec zygote_spec(const WorkerSetup& setup, const ProcessSpec& server) {
     ProcessSpec spec;
     spec.argv = server.argv;
     spec.env = server.env;
-    for (const auto& [name, value] : worker_environment(setup, scratch))
-      if (name == "HOME" || name == "TMPDIR" || name == "TORCH_EXTENSIONS_DIR" || name == "TRITON_CACHE_DIR")
-        spec.env[name] = value;
     spec.env["KZ_WORKER_ZYGOTE"] = "1";
     spec.env["KZ_ZYGOTE_LIB"] = setup.zygote_library.string();
-    spec.cwd = scratch;
+    spec.cwd = server.cwd;
     spec.nice_increment = server.nice_increment;
     return spec;
   }
@@ -378,7 +378,7 @@ Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& s
                                   const std::function<void(ProcessSpec&)>& customize, const ProcessSpec& spec) {
   std::string key = server_key(setup, scratch_prefix, customize);
   std::string why;
-  if (auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, spec, why)) {
+  if (auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) {
     auto forked = zygote->spawn(spec, kZygoteAnswer);
     if (forked.ok()) return forked;
     why = forked.status().message();
@@ -390,8 +390,7 @@ Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& s
 
 Result<StartedWorker> start_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
                                    const std::function<void(ProcessSpec&)>& customize) {
-  fs::path scratch_root = !setup.scratch_root.empty() ? setup.scratch_root : fs::path(env_or("TMPDIR", "/tmp"));
-  auto scratch = make_scratch_dir(scratch_root, scratch_prefix, setup.keep_scratch);  // kz/eval/scratch_dirs.h
+  auto scratch = make_scratch_dir(scratch_root_of(setup), scratch_prefix, setup.keep_scratch);  // kz/eval/scratch_dirs.h
   if (!scratch.ok()) return scratch.status().with_context("creating the scratch dir");
   auto discard = [&](const Status& status) {
     std::error_code ignored;
@@ -618,7 +617,7 @@ Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_p
   std::string key = server_key(setup, scratch_prefix, customize);
   if (!setup.zygote_library.empty()) {
     std::string why;
-    if (Zygotes::instance().get(key, setup, scratch_prefix, worker_spec(setup, "/<scratch>", customize), why)) return Status::ok();
+    if (Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) return Status::ok();
     warn_without_zygote(why);
   }
   for (int i = 0; i < count; ++i) {
