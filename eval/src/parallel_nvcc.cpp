@@ -1,0 +1,462 @@
+// kz-nvcc: nvcc's own plan with its host and device chains at once (kz/eval/parallel_nvcc.h).
+#include "kz/eval/parallel_nvcc.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kz/core/files.h"
+#include "kz/core/subprocess.h"
+
+namespace kz::nvcc {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr std::string_view kCommandPrefix = "#$ ";
+
+bool is_name_char(char c, bool first) {
+  return c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (!first && c >= '0' && c <= '9');
+}
+
+// Expands the $NAME or ${NAME} at line[i] (line[i] == '$') into `word`; false for anything else.
+bool expand_variable(std::string_view line, size_t& i, const std::map<std::string, std::string>& variables,
+                     std::string& word) {
+  size_t start = i + 1;
+  bool braced = start < line.size() && line[start] == '{';
+  if (braced) ++start;
+  size_t end = start;
+  while (end < line.size() && is_name_char(line[end], end == start)) ++end;
+  if (end == start) return false;
+  auto found = variables.find(std::string(line.substr(start, end - start)));
+  if (found == variables.end()) return false;
+  if (braced) {
+    if (end >= line.size() || line[end] != '}') return false;
+    ++end;
+  }
+  word += found->second;
+  i = end;
+  return true;
+}
+
+std::string base_name(const std::string& path) { return fs::path(path).filename().string(); }
+
+bool has_word(const Command& command, std::string_view word) {
+  return std::find(command.begin(), command.end(), word) != command.end();
+}
+
+// The value after `option` in `command` (nullopt where absent or last).
+std::optional<std::string> value_after(const Command& command, std::string_view option) {
+  auto it = std::find(command.begin(), command.end(), option);
+  if (it == command.end() || it + 1 == command.end()) return std::nullopt;
+  return *(it + 1);
+}
+
+enum class Step { host, device, final, unknown };
+
+// What a command of nvcc's plan is, by its tool and, for the host compiler, its mode.
+Step step_of(const Command& command) {
+  std::string tool = base_name(command.front());
+  if (tool == "cudafe++") return Step::host;
+  if (tool == "cicc" || tool == "ptxas" || tool == "fatbinary") return Step::device;
+  if (tool == "nvlink" || tool == "rm" || tool == "--") return Step::unknown;
+  bool device = std::any_of(command.begin(), command.end(),
+                            [](const std::string& word) { return word.starts_with("-D__CUDA_ARCH__="); });
+  if (has_word(command, "-E")) return device ? Step::device : Step::host;
+  if (has_word(command, "-c")) return Step::final;
+  return Step::unknown;
+}
+
+// The device chain with every cicc writing its own module id instead of reading cudafe++'s.
+std::vector<Command> with_own_module_id(std::vector<Command> chain, const std::string& own_file) {
+  for (Command& command : chain) {
+    if (base_name(command.front()) != "cicc") continue;
+    auto it = std::find(command.begin(), command.end(), "--module_id_file_name");
+    *(it + 1) = own_file;
+    command.insert(it, "--gen_module_id_file");
+  }
+  return chain;
+}
+
+// Options whose presence means a compile kz-nvcc does not run (their name, before any '=').
+const std::set<std::string_view>& options_left_to_nvcc() {
+  static const std::set<std::string_view> options = {
+      "-E", "--preprocess", "-M", "--generate-dependencies", "-MM", "--generate-nonsystem-dependencies",
+      "-MMD", "--generate-nonsystem-dependencies-with-compile", "-MT", "--dependency-target-name", "-MP",
+      "--generate-dependency-targets", "--generate-dependencies-with-compile", "--dependency-output",
+      "-dryrun", "--dryrun", "-keep", "--keep", "-keep-dir", "--keep-dir", "-save-temps", "--save-temps",
+      "-time", "--time", "-v", "--verbose", "-rdc", "--relocatable-device-code", "-dc", "--device-c", "-dw",
+      "--device-w", "-ptx", "--ptx", "-cubin", "--cubin", "-fatbin", "--fatbin", "-cuda", "--cuda", "-lib",
+      "--lib", "-link", "--link", "-dlink", "--device-link", "-run", "--run", "-odir", "--output-directory",
+      "-t", "--threads", "-optf", "--options-file", "-V", "--version", "-h", "--help", "-lto", "-dlto",
+      "-Xnvlink", "--nvlink-options", "-split-compile", "--split-compile", "--output-file"};
+  return options;
+}
+
+std::string option_name(const std::string& arg) { return arg.substr(0, arg.find('=')); }
+
+struct Outcome {
+  std::string stdout_text, stderr_text;
+  int status = 0;  // nvcc's: the tool's exit code, 128 + signal where a signal ended it
+};
+
+// Runs a chain's commands one after another until one fails or `abort` is set (then the running
+// one is killed: its output will not be shown). One Outcome per command run.
+std::vector<Outcome> run_chain(const std::vector<Command>& chain, const std::map<std::string, std::string>& env,
+                               const std::atomic<bool>* abort) {
+  std::vector<Outcome> outcomes;
+  for (const Command& command : chain) {
+    ProcessSpec spec;
+    spec.argv = command;
+    spec.env = env;
+    spec.new_process_group = false;  // the caller's group: a kill of the compile reaches every step
+    spec.output_tail_bytes = 64u << 20;
+    Outcome outcome;
+    Result<Process> process = Process::spawn(spec);
+    if (!process.ok()) {
+      outcome.stderr_text = fmt::format("kz-nvcc: cannot run {}: {}\n", command.front(), process.status().message());
+      outcome.status = 1;
+      outcomes.push_back(std::move(outcome));
+      return outcomes;
+    }
+    std::optional<ExitInfo> exit;
+    while (!(exit = process->wait_for(std::chrono::milliseconds(50)))) {
+      if (abort && abort->load()) {
+        process->kill_and_reap();
+        return outcomes;
+      }
+    }
+    outcome.stdout_text = process->stdout_tail();
+    outcome.stderr_text = process->stderr_tail();
+    outcome.status = exit->exited ? exit->exit_code : 128 + exit->term_signal;
+    bool failed = outcome.status != 0;
+    outcomes.push_back(std::move(outcome));
+    if (failed) return outcomes;
+  }
+  return outcomes;
+}
+
+// Writes each outcome's output as nvcc would have let its tool write it; the first failure's status.
+int emit(const std::vector<Outcome>& outcomes) {
+  for (const Outcome& outcome : outcomes) {
+    std::fwrite(outcome.stdout_text.data(), 1, outcome.stdout_text.size(), stdout);
+    std::fwrite(outcome.stderr_text.data(), 1, outcome.stderr_text.size(), stderr);
+    if (outcome.status != 0) return outcome.status;
+  }
+  return 0;
+}
+
+bool chain_failed(const std::vector<Outcome>& outcomes, size_t length) {
+  return outcomes.size() < length || (!outcomes.empty() && outcomes.back().status != 0);
+}
+
+// $KZ_NVCC_REPORT, where set: one JSON line per compile, what kz-nvcc did (tests, diagnosis).
+void report(const nlohmann::json& line) {
+  const char* path = std::getenv("KZ_NVCC_REPORT");
+  if (!path || !*path) return;
+  if (FILE* file = std::fopen(path, "a")) {
+    std::fprintf(file, "%s\n", line.dump().c_str());
+    std::fclose(file);
+  }
+}
+
+[[noreturn]] void exec_nvcc(const std::string& real_nvcc, const std::vector<std::string>& args,
+                            const fs::path& keep_dir, const std::string& why) {
+  report({{"parallel", false}, {"why", why}});
+  std::error_code ignored;
+  if (!keep_dir.empty()) fs::remove_all(keep_dir, ignored);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(real_nvcc.c_str()));
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(real_nvcc.c_str(), argv.data());
+  std::fprintf(stderr, "kz-nvcc: cannot run %s: %s\n", real_nvcc.c_str(), std::strerror(errno));
+  std::_Exit(127);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Removes the keep dir however run() ends.
+struct TemporaryDir {
+  fs::path path;
+  ~TemporaryDir() {
+    std::error_code ignored;
+    if (!path.empty()) fs::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
+std::optional<Command> split_command(std::string_view line, const std::map<std::string, std::string>& variables) {
+  Command words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < line.size();) {
+    char c = line[i];
+    if (c == ' ' || c == '\t') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      ++i;
+    } else if (c == '\'') {
+      size_t close = line.find('\'', i + 1);
+      if (close == std::string_view::npos) return std::nullopt;
+      word += line.substr(i + 1, close - i - 1);
+      in_word = true;
+      i = close + 1;
+    } else if (c == '"') {
+      in_word = true;
+      for (++i; i < line.size() && line[i] != '"';) {
+        if (line[i] == '\\' && i + 1 < line.size() && std::string_view("\"\\$`").find(line[i + 1]) != std::string_view::npos) {
+          word += line[i + 1];
+          i += 2;
+        } else if (line[i] == '$') {
+          if (!expand_variable(line, i, variables, word)) return std::nullopt;
+        } else if (line[i] == '`') {
+          return std::nullopt;
+        } else {
+          word += line[i++];
+        }
+      }
+      if (i >= line.size()) return std::nullopt;  // unterminated
+      ++i;
+    } else if (c == '$') {
+      if (!expand_variable(line, i, variables, word)) return std::nullopt;
+      in_word = true;
+    } else if (std::string_view("\\`;|&<>()*?[]{}~#!\n").find(c) != std::string_view::npos) {
+      return std::nullopt;  // sh would read these otherwise
+    } else {
+      word += c;
+      in_word = true;
+      ++i;
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  if (words.empty()) return std::nullopt;
+  return words;
+}
+
+Result<Plan> plan_from_dryrun(std::string_view dryrun_output, const std::string& own_module_id_file) {
+  Plan plan;
+  std::vector<Command> commands;
+  for (size_t start = 0, end; start < dryrun_output.size(); start = end + 1) {
+    end = std::min(dryrun_output.find('\n', start), dryrun_output.size());
+    std::string_view line = dryrun_output.substr(start, end - start);
+    if (line.empty()) continue;
+    if (!line.starts_with(kCommandPrefix)) {
+      return invalid_argument(fmt::format("nvcc printed more than its plan: '{}'", line));
+    }
+    line.remove_prefix(kCommandPrefix.size());
+    size_t equals = line.find('=');
+    size_t name_end = 0;
+    while (name_end < line.size() && is_name_char(line[name_end], name_end == 0)) ++name_end;
+    if (name_end > 0 && name_end == equals) {  // NAME=value: one of nvcc.profile's variables
+      std::string value(line.substr(equals + 1));
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\r')) value.pop_back();
+      plan.variables[std::string(line.substr(0, equals))] = value;
+      continue;
+    }
+    std::optional<Command> command = split_command(line, plan.variables);
+    if (!command) return invalid_argument(fmt::format("a command kz-nvcc does not read: '{}'", line));
+    commands.push_back(std::move(*command));
+  }
+
+  bool device_seen = false;
+  for (const Command& command : commands) {
+    Step step = step_of(command);
+    if (!plan.final_commands.empty() || step == Step::unknown) {
+      return invalid_argument(fmt::format("an unexpected step in nvcc's plan: {}", command.front()));
+    }
+    if (step == Step::host) {
+      if (device_seen) return invalid_argument("a host step after a device step in nvcc's plan");
+      plan.host_chain.push_back(command);
+    } else if (step == Step::device) {
+      device_seen = true;
+      plan.device_chain.push_back(command);
+    } else {
+      plan.final_commands.push_back(command);
+    }
+  }
+  size_t front_ends = std::count_if(plan.host_chain.begin(), plan.host_chain.end(),
+                                    [](const Command& c) { return base_name(c.front()) == "cudafe++"; });
+  if (front_ends != 1 || base_name(plan.host_chain.back().front()) != "cudafe++" ||
+      !has_word(plan.host_chain.back(), "--gen_module_id_file") || plan.final_commands.size() != 1) {
+    return invalid_argument("nvcc's plan is not one host front end and one host compile");
+  }
+  plan.module_id_file = value_after(plan.host_chain.back(), "--module_id_file_name").value_or("");
+  size_t device_front_ends = 0;
+  for (const Command& command : plan.device_chain) {
+    if (base_name(command.front()) != "cicc") continue;
+    ++device_front_ends;
+    if (has_word(command, "--gen_module_id_file") || plan.module_id_file.empty() ||
+        value_after(command, "--module_id_file_name") != plan.module_id_file) {
+      return invalid_argument("cicc does not read cudafe++'s module id in nvcc's plan");
+    }
+  }
+  if (device_front_ends == 0) return invalid_argument("no device front end in nvcc's plan");
+  plan.own_module_id_file = own_module_id_file;
+  plan.device_chain_own_id = with_own_module_id(plan.device_chain, own_module_id_file);
+  return plan;
+}
+
+std::optional<Invocation> plan_invocation(const std::vector<std::string>& args, const std::string& keep_dir) {
+  Invocation invocation;
+  std::optional<std::string> depfile, object;
+  bool compile_only = false, dependencies = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (options_left_to_nvcc().contains(option_name(arg))) return std::nullopt;
+    if (arg == "-MD") {
+      dependencies = true;
+      continue;
+    }
+    if (arg == "-MF") {
+      if (i + 1 == args.size()) return std::nullopt;
+      depfile = args[++i];
+      continue;
+    }
+    if (arg.starts_with("-MF") || arg.starts_with("-MD")) return std::nullopt;
+    if (arg == "-c" || arg == "--compile") compile_only = true;
+    if (arg == "-o" && i + 1 < args.size()) object = args[i + 1];
+    invocation.dryrun_arguments.push_back(arg);
+  }
+  if (!compile_only || !object || dependencies != depfile.has_value()) return std::nullopt;
+  if (dependencies) invocation.dependencies = DependencyFile{*depfile, *object};
+  for (const char* arg : {"--dryrun", "--keep", "--keep-dir"}) invocation.dryrun_arguments.push_back(arg);
+  invocation.dryrun_arguments.push_back(keep_dir);
+  return invocation;
+}
+
+Command with_dependency_output(Command command, const std::string& depfile, const std::string& target) {
+  for (const std::string& word : {std::string("-MD"), std::string("-MF"), depfile, std::string("-MT"), target}) {
+    command.push_back(word);
+  }
+  return command;
+}
+
+Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_depfiles, const std::string& target) {
+  std::vector<std::string> dependencies;
+  std::set<std::string> seen;
+  for (const std::string& path : gcc_depfiles) {
+    Result<std::string> text = read_file(path);
+    if (!text.ok()) return text.status();
+    size_t colon = text->find(": ");
+    if (colon == std::string::npos) return invalid_argument(fmt::format("{}: no 'target:' in the dependency file", path));
+    // Make syntax: backslash-newline continues the line, backslash-space is a space in a name.
+    std::string name;
+    auto flush = [&] {
+      if (!name.empty() && seen.insert(name).second) dependencies.push_back(name);
+      name.clear();
+    };
+    for (size_t i = colon + 1; i < text->size(); ++i) {
+      char c = (*text)[i];
+      if (c == '\\' && i + 1 < text->size() && ((*text)[i + 1] == '\n' || (*text)[i + 1] == ' ')) {
+        if ((*text)[i + 1] == ' ') name += "\\ ";
+        else flush();
+        ++i;
+      } else if (c == ' ' || c == '\n' || c == '\t') {
+        flush();
+      } else {
+        name += c;
+      }
+    }
+    flush();
+  }
+  std::string out = target + " :";
+  for (size_t i = 0; i < dependencies.size(); ++i) {
+    out += (i == 0 ? " " : " \\\n    ") + dependencies[i];
+  }
+  return out + "\n";
+}
+
+int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
+  std::string keep_template = (fs::path(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") / "kz-nvcc-XXXXXX").string();
+  if (!::mkdtemp(keep_template.data())) exec_nvcc(real_nvcc, args, {}, "no temporary directory");
+  TemporaryDir keep{keep_template};
+  std::optional<Invocation> invocation = plan_invocation(args, keep.path.string());
+  if (!invocation) exec_nvcc(real_nvcc, args, keep.path, "not a one-file compile kz-nvcc runs");
+
+  std::map<std::string, std::string> environment = current_environment();
+  Command dryrun{real_nvcc};
+  dryrun.insert(dryrun.end(), invocation->dryrun_arguments.begin(), invocation->dryrun_arguments.end());
+  std::vector<Outcome> planned = run_chain({dryrun}, environment, nullptr);
+  if (planned.size() != 1 || planned[0].status != 0) exec_nvcc(real_nvcc, args, keep.path, "nvcc --dryrun failed");
+  Result<Plan> plan = plan_from_dryrun(planned[0].stderr_text, (keep.path / "kz-device.module_id").string());
+  if (!plan.ok()) exec_nvcc(real_nvcc, args, keep.path, plan.status().message());
+  for (const auto& [name, value] : plan->variables) environment[name] = value;
+
+  std::vector<std::string> depfiles;
+  if (invocation->dependencies) {
+    // Each preprocessing writes its header list; both device chains' (one runs) to the same files.
+    auto preprocessed = [&](std::vector<Command>& chain, const std::string& side) {
+      for (size_t i = 0; i < chain.size(); ++i) {
+        if (!has_word(chain[i], "-E")) continue;
+        std::string depfile = (keep.path / fmt::format("kz-{}-{}.d", side, i)).string();
+        if (std::find(depfiles.begin(), depfiles.end(), depfile) == depfiles.end()) depfiles.push_back(depfile);
+        chain[i] = with_dependency_output(std::move(chain[i]), depfile, invocation->dependencies->target);
+      }
+    };
+    preprocessed(plan->device_chain, "device");  // nvcc's file lists the device side's headers first
+    preprocessed(plan->device_chain_own_id, "device");
+    preprocessed(plan->host_chain, "host");
+  }
+
+  auto started = std::chrono::steady_clock::now();
+  std::atomic<bool> host_failed = false;
+  std::vector<Outcome> device;
+  double device_s = 0;
+  std::thread device_thread([&] {
+    device = run_chain(plan->device_chain_own_id, environment, &host_failed);
+    device_s = seconds_since(started);
+  });
+  std::vector<Outcome> host = run_chain(plan->host_chain, environment, nullptr);
+  double host_s = seconds_since(started);
+  if (chain_failed(host, plan->host_chain.size())) host_failed = true;
+  device_thread.join();
+  nlohmann::json line = {{"parallel", true}, {"host_chain_s", host_s}, {"device_chain_s", device_s}};
+  if (host_failed) {  // nvcc would have stopped there, before any device step
+    line["status"] = emit(host);
+    report(line);
+    return line["status"];
+  }
+  if (!chain_failed(device, plan->device_chain.size())) {
+    Result<std::string> host_id = read_file(plan->module_id_file), device_id = read_file(plan->own_module_id_file);
+    line["module_ids_agree"] = host_id.ok() && device_id.ok() && *host_id == *device_id;
+    if (!line["module_ids_agree"]) device = run_chain(plan->device_chain, environment, nullptr);  // cudafe++'s id
+  }
+  int status = emit(host);
+  if (status == 0) status = emit(device);
+  if (status == 0) status = emit(run_chain(plan->final_commands, environment, nullptr));
+  if (status == 0 && invocation->dependencies) {
+    Result<std::string> merged = merge_dependency_files(depfiles, invocation->dependencies->target);
+    Status written = merged.ok() ? write_file_atomic(invocation->dependencies->path, *merged) : merged.status();
+    if (!written.is_ok()) {
+      std::fprintf(stderr, "kz-nvcc: the dependency file %s: %s\n", invocation->dependencies->path.c_str(),
+                   written.message().c_str());
+      status = 1;
+    }
+  }
+  line["status"] = status;
+  line["total_s"] = seconds_since(started);
+  report(line);
+  return status;
+}
+
+}  // namespace kz::nvcc

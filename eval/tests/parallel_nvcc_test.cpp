@@ -1,0 +1,266 @@
+// kz-nvcc (kz/eval/parallel_nvcc.h): reading nvcc's plan, and, with the real nvcc, the same object,
+// dependency file, messages and exit status as nvcc's for good and broken sources.
+#include "kz/eval/parallel_nvcc.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "kz/core/files.h"
+#include "kz/core/subprocess.h"
+#include "test_support.h"
+
+namespace kz::nvcc {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(ParallelNvccSplit, QuotesAndVariablesAsShDoes) {
+  std::map<std::string, std::string> vars = {{"CICC_PATH", "/cuda/nvvm/bin"}};
+  auto words = split_command(R"("$CICC_PATH/cicc" -I"/a b/inc" --opt="-x -y " 'it''s' ${CICC_PATH}x plain)", vars);
+  ASSERT_TRUE(words.has_value());
+  EXPECT_EQ(*words, (Command{"/cuda/nvvm/bin/cicc", "-I/a b/inc", "--opt=-x -y ", "its", "/cuda/nvvm/binx", "plain"}));
+  auto escaped = split_command(R"(gcc "-DQ=\"s\"" x)", vars);
+  ASSERT_TRUE(escaped.has_value());
+  EXPECT_EQ((*escaped)[1], R"(-DQ="s")");
+}
+
+TEST(ParallelNvccSplit, AnythingShWouldReadOtherwiseIsRefused) {
+  std::map<std::string, std::string> vars = {{"A", "1"}};
+  for (const char* line : {"gcc $UNKNOWN", "gcc $(rm -rf x)", "gcc `id`", "gcc a; rm b", "gcc a | b", "gcc > out",
+                           "gcc a && b", "gcc *.cu", "gcc \"unterminated", "-- Filter Dependencies -- > x.d", ""}) {
+    EXPECT_FALSE(split_command(line, vars).has_value()) << line;
+  }
+}
+
+// What load_inline's ninja runs: torch's flags, a dependency file, -c, -o.
+std::vector<std::string> torch_like_args() {
+  return {"-MD", "-MF", "cuda.cuda.o.d", "-DTORCH_EXTENSION_NAME=ext", "-isystem", "/torch/include",
+          "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC",
+          "-O3", "-std=c++17", "-c", "/build/cuda.cu", "-o", "cuda.cuda.o"};
+}
+
+TEST(ParallelNvccInvocation, ACompileToAnObjectIsPlannedWithItsDependencyFileApart) {
+  auto invocation = plan_invocation(torch_like_args(), "/tmp/keep");
+  ASSERT_TRUE(invocation.has_value());
+  ASSERT_TRUE(invocation->dependencies.has_value());
+  EXPECT_EQ(invocation->dependencies->path, "cuda.cuda.o.d");
+  EXPECT_EQ(invocation->dependencies->target, "cuda.cuda.o");
+  const auto& args = invocation->dryrun_arguments;
+  EXPECT_EQ(std::count(args.begin(), args.end(), "-MD") + std::count(args.begin(), args.end(), "-MF"), 0);
+  EXPECT_EQ(std::vector<std::string>(args.end() - 4, args.end()),
+            (std::vector<std::string>{"--dryrun", "--keep", "--keep-dir", "/tmp/keep"}));
+  EXPECT_EQ(args.size(), torch_like_args().size() - 3 + 4);
+}
+
+TEST(ParallelNvccInvocation, OtherCompilesAreLeftToNvcc) {
+  auto without = [](std::vector<std::string> args, const std::string& drop) {
+    args.erase(std::find(args.begin(), args.end(), drop));
+    return args;
+  };
+  auto with = [](std::vector<std::string> args, const std::string& extra) {
+    args.push_back(extra);
+    return args;
+  };
+  EXPECT_FALSE(plan_invocation(without(torch_like_args(), "-c"), "/k"));   // a link
+  EXPECT_FALSE(plan_invocation(without(torch_like_args(), "-o"), "/k"));   // no object named
+  EXPECT_FALSE(plan_invocation(without(torch_like_args(), "-MF"), "/k"));  // -MD without its file
+  for (const char* option : {"-E", "-M", "-MMD", "-rdc=true", "-dc", "-ptx", "--dryrun", "--keep", "--time=t.csv",
+                             "-v", "--threads=4", "-t", "--version", "-lto", "-odir"}) {
+    EXPECT_FALSE(plan_invocation(with(torch_like_args(), option), "/k")) << option;
+  }
+  EXPECT_TRUE(plan_invocation(without(without(torch_like_args(), "-MD"), "-MF"), "/k"));  // cuda.cuda.o.d left alone
+}
+
+// `nvcc --dryrun --keep` for one .cu (CUDA 13's order), shortened.
+constexpr const char* kDryrun =
+    "#$ _NVVM_BRANCH_=nvvm\n"
+    "#$ CICC_PATH=/cuda/bin/../nvvm/bin\n"
+    "#$ PATH=/cuda/bin/../nvvm/bin:/usr/bin\n"
+    "#$ INCLUDES=\"-I/cuda/include\"  \n"
+    "#$ gcc -D__CUDA_ARCH_LIST__=900 -E -x c++ -D__CUDACC__ \"k.cu\" -o \"keep/k.cpp4.ii\" \n"
+    "#$ cudafe++ --c++17 --gen_c_file_name \"keep/k.cudafe1.cpp\" --stub_file_name \"k.cudafe1.stub.c\" "
+    "--gen_module_id_file --module_id_file_name \"keep/k.module_id\" \"keep/k.cpp4.ii\" \n"
+    "#$ gcc -D__CUDA_ARCH__=900 -D__CUDA_ARCH_LIST__=900 -E -x c++ \"k.cu\" -o \"keep/k.cpp1.ii\" \n"
+    "#$ \"$CICC_PATH/cicc\" --c++17 -arch compute_90 --module_id_file_name \"keep/k.module_id\" "
+    "--stub_file_name \"keep/k.cudafe1.stub.c\" \"keep/k.cpp1.ii\" -o \"keep/k.ptx\"\n"
+    "#$ ptxas -arch=sm_90 -m64 \"keep/k.ptx\" -o \"keep/k.cubin\" \n"
+    "#$ fatbinary --create=\"keep/k.fatbin\" -64 \"--image3=kind=elf,sm=90,file=keep/k.cubin\" "
+    "--embedded-fatbin=\"keep/k.fatbin.c\" \n"
+    "#$ gcc -D__CUDA_ARCH__=900 -c -x c++ -fPIC \"keep/k.cudafe1.cpp\" -o \"k.o\" \n";
+
+TEST(ParallelNvccPlan, TheTwoChainsAndTheHostCompile) {
+  auto plan = plan_from_dryrun(kDryrun, "keep/own.module_id");
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->variables.at("CICC_PATH"), "/cuda/bin/../nvvm/bin");
+  ASSERT_EQ(plan->host_chain.size(), 2u);
+  EXPECT_EQ(plan->host_chain[1][0], "cudafe++");
+  ASSERT_EQ(plan->device_chain.size(), 4u);
+  EXPECT_EQ(plan->device_chain[1][0], "/cuda/bin/../nvvm/bin/cicc");
+  ASSERT_EQ(plan->final_commands.size(), 1u);
+  EXPECT_EQ(plan->module_id_file, "keep/k.module_id");
+  // The device chain that runs beside cudafe++ makes its own id; the other is nvcc's, word for word.
+  const Command& own = plan->device_chain_own_id[1];
+  auto at = std::find(own.begin(), own.end(), "--module_id_file_name");
+  ASSERT_NE(at, own.end());
+  EXPECT_EQ(*(at - 1), "--gen_module_id_file");
+  EXPECT_EQ(*(at + 1), "keep/own.module_id");
+  EXPECT_EQ(std::find(plan->device_chain[1].begin(), plan->device_chain[1].end(), "--gen_module_id_file"),
+            plan->device_chain[1].end());
+}
+
+TEST(ParallelNvccPlan, PlansItDoesNotKnowAreRefused) {
+  auto replaced = [](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+  };
+  std::string text = kDryrun;
+  EXPECT_FALSE(plan_from_dryrun(text + "#$ nvlink k.o -o k_dlink.o\n", "own").ok());
+  EXPECT_FALSE(plan_from_dryrun(text + "#$ gcc -c other.cpp -o other.o\n", "own").ok());  // two host compiles
+  EXPECT_FALSE(plan_from_dryrun("nvcc warning : something\n" + text, "own").ok());  // nvcc then says it itself
+  EXPECT_FALSE(plan_from_dryrun(replaced(text, "compute_90 --module_id_file_name \"keep/k.module_id\"",
+                                         "compute_90 --module_id_file_name \"keep/other\""), "own").ok());
+  EXPECT_FALSE(plan_from_dryrun(replaced(text, "--gen_module_id_file ", ""), "own").ok());
+  EXPECT_FALSE(plan_from_dryrun(replaced(text, "\"keep/k.cudafe1.cpp\" -o", "\"keep/k.cudafe1.cpp\" > x -o"), "own").ok());
+}
+
+TEST(ParallelNvccDependencies, TheUnionInTheOrderFirstSeen) {
+  fs::path dir = fs::path(::testing::TempDir()) / "kz-nvcc-deps";
+  fs::create_directories(dir);
+  std::ofstream(dir / "device.d") << "k.o: k.cu /inc/a.h \\\n /inc/with\\ space.h /inc/b.h\n";
+  std::ofstream(dir / "host.d") << "k.o: k.cu /inc/b.h \\\n  /inc/c.h\n";
+  auto merged = merge_dependency_files({(dir / "device.d").string(), (dir / "host.d").string()}, "out/k.o");
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  EXPECT_EQ(*merged, "out/k.o : k.cu \\\n    /inc/a.h \\\n    /inc/with\\ space.h \\\n    /inc/b.h \\\n    /inc/c.h\n");
+  EXPECT_FALSE(merge_dependency_files({(dir / "missing.d").string()}, "k.o").ok());
+}
+
+// ---- through the real nvcc ------------------------------------------------------------------------
+
+class ParallelNvccReal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::have_nvcc()) GTEST_SKIP() << "nvcc not found";
+    dir_ = fs::path(::testing::TempDir()) / ("kz-nvcc-real-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "nvcc-keep");
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return dir_ / name;
+  }
+
+  // Runs `tool` (nvcc or kz-nvcc) in dir_ with `args`; $KZ_NVCC_REPORT is dir_/report.jsonl.
+  RunResult compile(const std::string& tool, std::vector<std::string> args) {
+    ProcessSpec spec;
+    spec.argv = {tool};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.env = current_environment();
+    spec.env["KZ_NVCC_REPORT"] = (dir_ / "report.jsonl").string();
+    spec.env["TMPDIR"] = dir_.string();
+    spec.cwd = dir_;
+    auto result = run_process(spec, std::chrono::minutes(5));
+    EXPECT_TRUE(result.ok()) << result.status().to_string();
+    return result.ok() ? *result : RunResult{};
+  }
+
+  std::string last_report() {
+    auto text = read_file(dir_ / "report.jsonl");
+    if (!text.ok() || text->empty()) return "";
+    std::string trimmed = text->substr(0, text->size() - 1);
+    return trimmed.substr(trimmed.rfind('\n') == std::string::npos ? 0 : trimmed.rfind('\n') + 1);
+  }
+
+  static std::string nvcc() {
+    const char* home = std::getenv("CUDA_HOME");
+    if (home && fs::exists(fs::path(home) / "bin" / "nvcc")) return (fs::path(home) / "bin" / "nvcc").string();
+    return fs::exists("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : "nvcc";
+  }
+
+  // Messages name the intermediates' paths, which differ between the two (nvcc's temporary names).
+  static std::string without_paths(const std::string& text) {
+    return std::regex_replace(text, std::regex(R"([^ ,]*(tmpxft|kz-nvcc-)[^ ,]*)"), "<tmp>");
+  }
+
+  fs::path dir_;
+};
+
+constexpr const char* kKernel = R"(#include <cstdio>
+namespace { __device__ float twice(float v) { return 2 * v; } }
+__global__ void scale(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = twice(x[i]);
+}
+void launch(float* x, int n) { scale<<<(n + 255) / 256, 256>>>(x, n); }
+)";
+
+TEST_F(ParallelNvccReal, TheObjectAndDependencyFileAreNvccsByteForByte) {
+  write("k.cu", kKernel);
+  std::vector<std::string> flags = {"-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+                                    "--compiler-options", "-fPIC", "-O3", "-std=c++17", "-c", "k.cu"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  // nvcc keeps its intermediates under the same names kz-nvcc's keep dir gives them.
+  RunResult expected = compile(nvcc(), with({"-MD", "-MF", "nvcc.d", "-o", "k.o", "--keep", "--keep-dir", "nvcc-keep"}));
+  ASSERT_EQ(expected.exit.exit_code, 0) << expected.stderr_text;
+  fs::rename(dir_ / "k.o", dir_ / "nvcc.o");
+  RunResult got = compile(KZ_NVCC_TOOL, with({"-MD", "-MF", "kz.d", "-o", "k.o"}));
+  ASSERT_EQ(got.exit.exit_code, 0) << got.stderr_text;
+  EXPECT_NE(last_report().find(R"("module_ids_agree":true,"parallel":true)"), std::string::npos) << last_report();
+  EXPECT_EQ(*read_file(dir_ / "k.o"), *read_file(dir_ / "nvcc.o"));
+  EXPECT_EQ(*read_file(dir_ / "kz.d"), *read_file(dir_ / "nvcc.d"));
+  EXPECT_EQ(got.stderr_text, expected.stderr_text);
+  // Nothing of kz-nvcc's own is left in TMPDIR.
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().rfind("kz-nvcc-", 0), std::string::npos) << entry.path();
+  }
+}
+
+TEST_F(ParallelNvccReal, BrokenSourcesFailAsUnderNvccWithItsMessagesAndStatus) {
+  struct Case {
+    const char* name;
+    const char* source;
+  };
+  for (const Case& broken : {
+           Case{"host_front_end", "__global__ void k(float* x) { x[0] = undefined_name; }\n"},
+           Case{"device_front_end", "__host__ int h() { return 1; }\n__global__ void k(int* x) { x[0] = h(); }\n"},
+           Case{"ptxas", "__global__ void k(float* x) { asm(\"bogus.instr;\"); }\n"},
+           Case{"preprocessor", "#include \"no_such_header.h\"\n"},
+       }) {
+    SCOPED_TRACE(broken.name);
+    write(std::string(broken.name) + ".cu", broken.source);
+    std::vector<std::string> args = {"-arch=sm_90", "-c", std::string(broken.name) + ".cu", "-o", "broken.o"};
+    RunResult expected = compile(nvcc(), args);
+    RunResult got = compile(KZ_NVCC_TOOL, args);
+    EXPECT_NE(expected.exit.exit_code, 0);
+    EXPECT_EQ(got.exit.exit_code, expected.exit.exit_code);
+    EXPECT_EQ(without_paths(got.stderr_text), without_paths(expected.stderr_text));
+    EXPECT_NE(last_report().find(R"("parallel":true)"), std::string::npos) << last_report();
+  }
+}
+
+TEST_F(ParallelNvccReal, WhatItDoesNotRunIsNvccsOwn) {
+  write("k.cu", kKernel);
+  RunResult expected = compile(nvcc(), {"-E", "k.cu", "-o", "nvcc.ii"});
+  RunResult got = compile(KZ_NVCC_TOOL, {"-E", "k.cu", "-o", "kz.ii"});
+  ASSERT_EQ(got.exit.exit_code, 0) << got.stderr_text;
+  EXPECT_EQ(expected.exit.exit_code, 0);
+  EXPECT_EQ(*read_file(dir_ / "kz.ii"), *read_file(dir_ / "nvcc.ii"));
+  EXPECT_NE(last_report().find(R"("parallel":false)"), std::string::npos) << last_report();
+  RunResult bad = compile(KZ_NVCC_TOOL, {"--no-such-option", "-c", "k.cu", "-o", "k.o"});
+  EXPECT_NE(bad.exit.exit_code, 0);
+  EXPECT_NE(bad.stderr_text.find("no-such-option"), std::string::npos) << bad.stderr_text;  // nvcc's own message
+}
+
+}  // namespace
+}  // namespace kz::nvcc
