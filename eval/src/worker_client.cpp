@@ -82,6 +82,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
   if (!setup.lighter_builds_dir.empty()) env["KZ_LIGHTER_BUILDS_DIR"] = setup.lighter_builds_dir.string();
   if (!setup.triton_helpers_dir.empty()) env["KZ_TRITON_HELPERS_DIR"] = setup.triton_helpers_dir.string();
+  if (!setup.parallel_nvcc.empty()) env["KZ_PARALLEL_NVCC"] = setup.parallel_nvcc.string();
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -572,6 +573,11 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
     fs::path library = env_or("KZ_ZYGOTE_LIBRARY", KZ_DEFAULT_ZYGOTE_LIBRARY);
     std::error_code missing;
     if (!library.empty() && fs::exists(library, missing)) setup.zygote_library = fs::absolute(library);
+  }
+  if (options.parallel_nvcc) {
+    fs::path tool = env_or("KZ_PARALLEL_NVCC", KZ_DEFAULT_PARALLEL_NVCC);
+    std::error_code missing;
+    if (!tool.empty() && fs::exists(tool, missing)) setup.parallel_nvcc = fs::absolute(tool);
   }
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;

@@ -43,7 +43,22 @@ def prepare(fmt: str, device: torch.device, extensions=None) -> None:
             # No GPU to take the architecture from: torch's default then fails (IndexError in
             # _get_cuda_arch_flags). Build for kz_rtc's compile-only target instead.
             os.environ["TORCH_CUDA_ARCH_LIST"] = _torch_arch_list(os.environ.get("KZ_RTC_ARCH", "sm_90"))
+        _use_parallel_nvcc()
         _count_extension_builds()
+
+
+def _use_parallel_nvcc() -> None:
+    """load_inline's ninja runs $PYTORCH_NVCC as nvcc: kz-nvcc where the supervisor gives one
+    (KZ_PARALLEL_NVCC, [worker] parallel_nvcc), which runs nvcc's own steps with the host and device
+    halves at once and writes the same object (eval/include/kz/eval/parallel_nvcc.h). It runs the
+    nvcc torch would have (KZ_REAL_NVCC). A PYTORCH_NVCC set already (ccache, say) is kept."""
+    tool = os.environ.get("KZ_PARALLEL_NVCC")
+    if not tool or os.environ.get("PYTORCH_NVCC"):
+        return
+    from torch.utils import cpp_extension
+    if cpp_extension.CUDA_HOME:
+        os.environ["KZ_REAL_NVCC"] = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    os.environ["PYTORCH_NVCC"] = tool
 
 
 def _torch_arch_list(arch: str) -> str:

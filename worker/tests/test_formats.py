@@ -2,6 +2,7 @@
 do not share, and fight over, one build directory; identical sources do), and CUDA sources built
 with lighter headers where they compile so, as written where not."""
 import functools
+import json
 import os
 import re
 
@@ -227,6 +228,11 @@ def recorded_builds(tmp_path, monkeypatch):
         return torch_load_inline(name, *args, **kwargs)
 
     monkeypatch.setattr(cpp_extension, "load_inline", recording)
+    for name in ("PYTORCH_NVCC", "KZ_REAL_NVCC"):  # recorded, so the test's own are undone after it
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("KZ_NVCC_REPORT", str(tmp_path / "kz-nvcc.jsonl"))
+    formats._use_parallel_nvcc()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
     formats._count_extension_builds()
     return cpp_extension.load_inline, built, tmp_path
 
@@ -240,6 +246,9 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     assert "// <torch/extension.h>" in (ext_dir / built[0] / "cuda.cu").read_text()
     main = (ext_dir / built[0] / "main.cpp").read_text()
     assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
+    if os.environ.get("KZ_PARALLEL_NVCC"):  # under CTest: nvcc was kz-nvcc, its two halves at once
+        report = [json.loads(line) for line in (ext_dir / "kz-nvcc.jsonl").read_text().splitlines()]
+        assert report and all(r["parallel"] and r["module_ids_agree"] and r["status"] == 0 for r in report), report
 
 
 def keep_like_the_supervisor(ext_dir, kept_dir):

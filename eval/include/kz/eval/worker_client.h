@@ -36,6 +36,9 @@ struct WorkerSetup {
   // Every isolation the worker's spec asks for must hold ([sandbox] require_isolation): a worker
   // that did not get one is killed, and its start is an error naming what is missing.
   bool require_isolation = false;
+  // Workers' KZ_PARALLEL_NVCC: kz-nvcc, which their load_inline runs as nvcc ([worker] parallel_nvcc).
+  // Empty: nvcc itself.
+  std::filesystem::path parallel_nvcc;
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
@@ -57,7 +60,8 @@ struct WorkerSetup {
 // (uses_fork_server), bytecode_prefix (for the build's interpreter only: $KZ_BYTECODE_PREFIX, else
 // build/pycache, where scripts/setup.sh finished it), lighter_builds_dir ($KZ_LIGHTER_BUILDS_DIR,
 // else build/lighter-builds, where it exists), triton_helpers_dir ($KZ_TRITON_HELPERS_DIR, else
-// build/triton-helpers, where setup finished it). not_found when the worker or Python is missing.
+// build/triton-helpers, where setup finished it), parallel_nvcc (with the option: $KZ_PARALLEL_NVCC,
+// else the kz-nvcc built beside kz). not_found when the worker or Python is missing.
 Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
 
 // Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
