@@ -36,11 +36,13 @@
 #                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
 #                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, A and B side by
 #                   side (~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
+#   PART = nvcc:    build kz only; bench/nvcc_probe.py: one `cuda` candidate's build through nvcc and
+#                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
 #                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, service, timing, startup, multigpu or model}
+PART=${1:?rtc, others, checks, compare, ab, nvcc, service, timing, startup, multigpu or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -52,7 +54,7 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
-[[ $PART == multigpu || $PART == service || $PART == ab ]] && export KZ_BUILD_TARGETS=kz
+[[ $PART == multigpu || $PART == service || $PART == ab || $PART == nvcc ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -148,6 +150,10 @@ elif [[ $PART == timing ]]; then
       --out "$OUT/probe$run.json" > "$OUT/probe$run.txt" 2>&1 || tail -5 "$OUT/probe$run.txt"
   done
   python3 bench/timing_spread.py "$OUT"/probe?.json | tee "$OUT/spread.txt"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == nvcc ]]; then
+  PYTHONPATH=worker python3 bench/nvcc_probe.py --out "$OUT/nvcc" --copies "${KZ_NVCC_COPIES:-1,10}" 2>&1 \
+    | tee "$OUT/nvcc.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == startup ]]; then
   PYTHONPATH=worker python3 bench/worker_startup_probe.py --device cuda:0 --concurrency 1,8 \
