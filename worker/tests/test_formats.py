@@ -302,36 +302,30 @@ def test_a_kept_build_is_imported_only_where_load_inline_would_return_a_module(t
     assert formats.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
 
 
-def test_a_kernel_that_needs_the_full_header_is_built_as_written(recorded_builds):
+def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(recorded_builds, tmp_path_factory,
+                                                                             monkeypatch):
+    """One build as written (nvcc on torch's whole headers, ~2 min on a 2-core CPU) for both halves:
+    the process that built it, and the evaluation after a pre-build, which skips the lighter build the
+    pre-build found failing."""
     load_inline, built, ext_dir = recorded_builds
     # torch::cuda::device_count comes with torch/extension.h (torch/all.h), not torch/types.h.
     needs_full = KERNEL.replace("auto y =", "TORCH_CHECK(torch::cuda::device_count() >= 0);\n    auto y =")
     kwargs = dict(cpp_sources="torch::Tensor twice(torch::Tensor x);", cuda_sources=FULL_INCLUDE + needs_full,
                   functions=["twice"])
-    assert hasattr(load_inline("kz_full", **kwargs), "twice")
+    assert hasattr(load_inline("kz_full", **kwargs), "twice")  # the pre-build: lighter (fails), then as written
     light, full = built
     assert (ext_dir / light / formats._LIGHTER_BUILD_FAILED).exists()
     assert "#include <torch/extension.h>" in (ext_dir / full / "cuda.cu").read_text()
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[2:] == [full], "a second load goes straight to the build as written"
 
-
-def test_an_evaluation_skips_the_lighter_build_its_pre_build_found_failing(recorded_builds, tmp_path_factory,
-                                                                          monkeypatch):
-    load_inline, built, ext_dir = recorded_builds
-    needs_full = KERNEL.replace("auto y =", "TORCH_CHECK(torch::cuda::device_count() >= 0);\n    auto y =")
-    # Other bytes than the test above's: in one process torch would version a second build of a name.
-    kwargs = dict(cpp_sources="torch::Tensor twice(torch::Tensor x);",
-                  cuda_sources=FULL_INCLUDE + needs_full + "\n// kept", functions=["twice"])
-    load_inline("kz_full", **kwargs)  # the pre-build: lighter (fails), then as written
-    assert len(built) == 2, built
     kept = tmp_path_factory.mktemp("kept")
     keep_like_the_supervisor(ext_dir, kept)
     evaluation_dir = tmp_path_factory.mktemp("evaluation")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
     monkeypatch.setattr(formats, "_kept_builds", str(kept))
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
-    assert len(built) == 2, f"the evaluation built again: {built}"
+    assert built[3:] == [], f"the evaluation built again: {built}"
     assert not any(evaluation_dir.iterdir())
 
 
