@@ -2,6 +2,7 @@
 #include "kz/eval/parallel_nvcc.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -187,6 +188,25 @@ void report(const nlohmann::json& line) {
   ::execvp(real_nvcc.c_str(), argv.data());
   std::fprintf(stderr, "kz-nvcc: cannot run %s: %s\n", real_nvcc.c_str(), std::strerror(errno));
   std::_Exit(127);
+}
+
+// Runnable tasks on the host, this one included (/proc/stat's procs_running; 0 where unknown): the
+// most of three looks 5 ms apart, since one look may fall between two bursts of other work.
+int runnable_tasks() {
+  int most = 0;
+  for (int look = 0; look < 3; ++look) {
+    if (look > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    Result<std::string> stat = read_file("/proc/stat");
+    size_t at = stat.ok() ? stat->find("procs_running ") : std::string::npos;
+    if (at != std::string::npos) most = std::max(most, std::atoi(stat->c_str() + at + std::strlen("procs_running ")));
+  }
+  return most;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -386,7 +406,18 @@ Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_d
   return out + "\n";
 }
 
+bool side_by_side(std::string_view policy, int running, int cores) {
+  if (policy == "always") return true;
+  if (policy == "never") return false;
+  return running < cores;
+}
+
 int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
+  const char* policy = std::getenv("KZ_NVCC_SIDE_BY_SIDE");
+  int running = runnable_tasks(), cores = usable_cores();
+  if (!side_by_side(policy ? policy : "idle", running, cores)) {
+    exec_nvcc(real_nvcc, args, {}, fmt::format("no idle core ({} runnable on {} cores)", running, cores));
+  }
   std::string keep_template = (fs::path(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") / "kz-nvcc-XXXXXX").string();
   if (!::mkdtemp(keep_template.data())) exec_nvcc(real_nvcc, args, {}, "no temporary directory");
   TemporaryDir keep{keep_template};

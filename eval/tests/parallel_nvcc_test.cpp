@@ -138,6 +138,15 @@ TEST(ParallelNvccDependencies, TheUnionInTheOrderFirstSeen) {
   EXPECT_FALSE(merge_dependency_files({(dir / "missing.d").string()}, "k.o").ok());
 }
 
+TEST(ParallelNvccPolicy, SideBySideOnlyWhileACoreIsIdleUnlessTold) {
+  EXPECT_TRUE(side_by_side("idle", 3, 16));
+  EXPECT_TRUE(side_by_side("idle", 15, 16));
+  EXPECT_FALSE(side_by_side("idle", 16, 16));  // the second chain would take a core from other work
+  EXPECT_FALSE(side_by_side("idle", 40, 16));
+  EXPECT_TRUE(side_by_side("always", 40, 16));
+  EXPECT_FALSE(side_by_side("never", 1, 16));
+}
+
 // ---- through the real nvcc ------------------------------------------------------------------------
 
 class ParallelNvccReal : public ::testing::Test {
@@ -164,6 +173,7 @@ class ParallelNvccReal : public ::testing::Test {
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     spec.env = current_environment();
     spec.env["KZ_NVCC_REPORT"] = (dir_ / "report.jsonl").string();
+    spec.env["KZ_NVCC_SIDE_BY_SIDE"] = side_by_side_;
     spec.env["TMPDIR"] = dir_.string();
     spec.cwd = dir_;
     auto result = run_process(spec, std::chrono::minutes(5));
@@ -190,6 +200,7 @@ class ParallelNvccReal : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string side_by_side_ = "always";  // these tests check the side-by-side path, whatever else runs
 };
 
 constexpr const char* kKernel = R"(#include <cstdio>
@@ -260,6 +271,11 @@ TEST_F(ParallelNvccReal, WhatItDoesNotRunIsNvccsOwn) {
   RunResult bad = compile(KZ_NVCC_TOOL, {"--no-such-option", "-c", "k.cu", "-o", "k.o"});
   EXPECT_NE(bad.exit.exit_code, 0);
   EXPECT_NE(bad.stderr_text.find("no-such-option"), std::string::npos) << bad.stderr_text;  // nvcc's own message
+  side_by_side_ = "never";  // as on a host with no idle core: nvcc itself, the same object
+  RunResult serial = compile(KZ_NVCC_TOOL, {"-arch=sm_90", "-c", "k.cu", "-o", "serial.o"});
+  EXPECT_EQ(serial.exit.exit_code, 0) << serial.stderr_text;
+  EXPECT_TRUE(fs::exists(dir_ / "serial.o"));
+  EXPECT_NE(last_report().find(R"("parallel":false)"), std::string::npos) << last_report();
 }
 
 }  // namespace

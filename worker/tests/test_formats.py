@@ -246,7 +246,7 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     assert "// <torch/extension.h>" in (ext_dir / built[0] / "cuda.cu").read_text()
     main = (ext_dir / built[0] / "main.cpp").read_text()
     assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
-    if os.environ.get("KZ_PARALLEL_NVCC"):  # under CTest: nvcc was kz-nvcc, its two halves at once
+    if os.environ.get("KZ_NVCC_SIDE_BY_SIDE") == "always":  # under CTest: nvcc was kz-nvcc, its two halves at once
         report = [json.loads(line) for line in (ext_dir / "kz-nvcc.jsonl").read_text().splitlines()]
         assert report and all(r["parallel"] and r["module_ids_agree"] and r["status"] == 0 for r in report), report
 

@@ -72,8 +72,15 @@ Command with_dependency_output(Command command, const std::string& depfile, cons
 // the preprocessors' dependency files (gcc's make syntax) in the order first seen.
 Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_depfiles, const std::string& target);
 
-// kz-nvcc's main: runs the compile as above with `real_nvcc`, or execs real_nvcc with `args` where
-// it does not apply. Returns the exit status nvcc would.
+// Whether to run the two chains side by side: `policy` "always", "never", or "idle" (the default):
+// only while a core is idle (`running`: the host's runnable tasks, this one included, /proc/stat's
+// procs_running; `cores`: this process's). A second chain on a busy host only takes a core from
+// other work (a batch's evaluations beside its pre-builds), and the build is no sooner.
+bool side_by_side(std::string_view policy, int running, int cores);
+
+// kz-nvcc's main: runs the compile as above with `real_nvcc` (side by side as $KZ_NVCC_SIDE_BY_SIDE
+// says, see side_by_side), or execs real_nvcc with `args` where it does not apply. Returns the exit
+// status nvcc would.
 int run(const std::string& real_nvcc, const std::vector<std::string>& args);
 
 }  // namespace kz::nvcc
