@@ -323,17 +323,14 @@ class Zygotes {
   }
 
   // The zygote for servers of `key` (setup, scratch_prefix, customize), started now where there is
-  // none; nullptr (with the reason in `why`) where it cannot start or failed before: servers of
-  // that kind then start on their own.
+  // none; nullptr where it cannot start (the reason in `why`) or failed before (`why` left empty:
+  // that was said then): servers of that kind then start on their own.
   std::shared_ptr<Zygote> get(const std::string& key, const WorkerSetup& setup, const std::string& scratch_prefix,
                               const std::function<void(ProcessSpec&)>& customize, std::string& why) {
     std::lock_guard lock(mutex_);
     auto& entry = zygotes_[key];
     if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
-    if (entry) {  // it failed: no second try, whose wait every server would pay again
-      why = "it failed before";
-      return nullptr;
-    }
+    if (entry) return nullptr;  // it failed: no second try, whose wait every server would pay again
     entry = std::make_unique<StartedZygote>();
     auto scratch = make_scratch_dir(scratch_root_of(setup), scratch_prefix + "zygote-", setup.keep_scratch);
     if (!scratch.ok()) {
@@ -369,7 +366,9 @@ class Zygotes {
   std::map<std::string, std::unique_ptr<StartedZygote>> zygotes_;
 };
 
+// Once per kind: Zygotes::get says why only the first time.
 void warn_without_zygote(const std::string& why) {
+  if (why.empty()) return;
   fmt::print(stderr, "kz: worker zygote: {}; fork servers of this kind start on their own\n", why);
 }
 
@@ -385,7 +384,7 @@ Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& s
     why = forked.status().message();
     if (std::string tail = to_valid_utf8(zygote->stderr_tail()); !tail.empty()) why += "; its stderr:\n" + tail;
   }
-  if (why != "it failed before") warn_without_zygote(why);
+  warn_without_zygote(why);
   return Process::spawn(spec);
 }
 

@@ -497,6 +497,25 @@ TEST_P(WorkerClientTest, StartedServersTakeTheFirstRequests) {
   EXPECT_LT(first["imported_at"].get<double>(), sent_at) << "forked from a server prepared before the request";
 }
 
+// A zygote that dies before its first fork (here: its library is missing) costs no verdict: servers
+// of that kind start on their own, with one warning that says why, not one per server or batch.
+TEST_P(WorkerClientTest, ServersStartOnTheirOwnWhereTheirZygoteFailsWithOneWarning) {
+  if (!zygote()) GTEST_SKIP() << "no zygote on this side";
+  WorkerSetup broken = setup(true);
+  broken.zygote_library = root_ / "no-such-kz_zygote_child.so";
+  ::testing::internal::CaptureStderr();
+  auto first = result(broken, nlohmann::json::object(), "kz-no-zygote-");
+  EXPECT_TRUE(start_fork_servers(broken, "kz-no-zygote-", {}, 1).is_ok());  // as eval-suite's next batch
+  auto second = result(broken, nlohmann::json::object(), "kz-no-zygote-");
+  std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();
+  EXPECT_NE(first["pid"], second["pid"]);
+  size_t at = warnings.find("kz: worker zygote:");
+  ASSERT_NE(at, std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find("kz: worker zygote:", at + 1), std::string::npos) << "warned again:\n" << warnings;
+  EXPECT_NE(warnings.find("no-such-kz_zygote_child.so"), std::string::npos) << "says why:\n" << warnings;
+}
+
 TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {
   if (!zygote()) GTEST_SKIP() << "servers on their own prepare each for itself";
   auto without_capabilities = [](ProcessSpec& spec) { spec.drop_capabilities = true; };
