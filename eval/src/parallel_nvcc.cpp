@@ -288,9 +288,9 @@ Result<Plan> plan_from_dryrun(std::string_view dryrun_output, const std::string&
     size_t name_end = 0;
     while (name_end < line.size() && is_name_char(line[name_end], name_end == 0)) ++name_end;
     if (name_end > 0 && name_end == equals) {  // NAME=value: one of nvcc.profile's variables
-      std::string value(line.substr(equals + 1));
-      while (!value.empty() && (value.back() == ' ' || value.back() == '\r')) value.pop_back();
-      plan.variables[std::string(line.substr(0, equals))] = value;
+      // Only ahead of the steps, where nvcc prints them; the value as printed (_SPACE_ is " ").
+      if (!commands.empty()) return invalid_argument(fmt::format("a variable among nvcc's steps: '{}'", line));
+      plan.variables[std::string(line.substr(0, equals))] = std::string(line.substr(equals + 1));
       continue;
     }
     std::optional<Command> command = split_command(line, plan.variables);
@@ -343,12 +343,16 @@ std::optional<Invocation> plan_invocation(const std::vector<std::string>& args, 
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (options_left_to_nvcc().contains(option_name(arg))) return std::nullopt;
+    // nvcc hands some values to sh unquoted (-Xcompiler's): there $ expands, words split and a
+    // newline starts a line of its own, which kz-nvcc, reading nvcc's printed plan, would not do.
+    if (arg.find_first_of("$`\\\n") != std::string::npos) return std::nullopt;
     if (arg == "-MD") {
+      if (dependencies) return std::nullopt;  // nvcc warns of a repeated option: let it
       dependencies = true;
       continue;
     }
     if (arg == "-MF") {
-      if (i + 1 == args.size()) return std::nullopt;
+      if (i + 1 == args.size() || depfile) return std::nullopt;
       depfile = args[++i];
       continue;
     }
@@ -358,6 +362,8 @@ std::optional<Invocation> plan_invocation(const std::vector<std::string>& args, 
     invocation.dryrun_arguments.push_back(arg);
   }
   if (!compile_only || !object || dependencies != depfile.has_value()) return std::nullopt;
+  // The dependency file's "target : ..." would not parse back with a ':' or blank in the target.
+  if (dependencies && object->find_first_of(": \t") != std::string::npos) return std::nullopt;
   if (dependencies) invocation.dependencies = DependencyFile{*depfile, *object};
   for (const char* arg : {"--dryrun", "--keep", "--keep-dir"}) invocation.dryrun_arguments.push_back(arg);
   invocation.dryrun_arguments.push_back(keep_dir);
@@ -432,6 +438,9 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   Result<Plan> plan = plan_from_dryrun(planned[0].stderr_text, (keep.path / "kz-device.module_id").string());
   if (!plan.ok()) exec_nvcc(real_nvcc, args, keep.path, plan.status().message());
   for (const auto& [name, value] : plan->variables) environment[name] = value;
+  // What the steps leave in TMPDIR (cicc's bitcode, when it is killed because cudafe++ failed) goes
+  // with the keep dir.
+  environment["TMPDIR"] = keep.path.string();
 
   std::vector<std::string> depfiles;
   if (invocation->dependencies) {

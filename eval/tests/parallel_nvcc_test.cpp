@@ -74,6 +74,16 @@ TEST(ParallelNvccInvocation, OtherCompilesAreLeftToNvcc) {
     EXPECT_FALSE(plan_invocation(with(torch_like_args(), option), "/k")) << option;
   }
   EXPECT_TRUE(plan_invocation(without(without(torch_like_args(), "-MD"), "-MF"), "/k"));  // cuda.cuda.o.d left alone
+  // Values nvcc may give sh unquoted (found by a review: $ expanding, words splitting, a newline
+  // forging a line of nvcc's plan), repeated options nvcc warns of, a target the depfile cannot hold.
+  for (const char* value : {"-DNAME=a$_SPACE_b", "-DNAME=`id`", "-DNAME=a\\b", "/dev/null\n#$ PATH=/evil"}) {
+    EXPECT_FALSE(plan_invocation(with(with(torch_like_args(), "-Xcompiler"), value), "/k")) << value;
+  }
+  EXPECT_FALSE(plan_invocation(with(with(torch_like_args(), "-MF"), "other.d"), "/k"));
+  EXPECT_FALSE(plan_invocation(with(torch_like_args(), "-MD"), "/k"));
+  std::vector<std::string> colon = torch_like_args();
+  colon.back() = "c: d.o";
+  EXPECT_FALSE(plan_invocation(colon, "/k"));
 }
 
 // `nvcc --dryrun --keep` for one .cu (CUDA 13's order), shortened.
@@ -125,6 +135,14 @@ TEST(ParallelNvccPlan, PlansItDoesNotKnowAreRefused) {
                                          "compute_90 --module_id_file_name \"keep/other\""), "own").ok());
   EXPECT_FALSE(plan_from_dryrun(replaced(text, "--gen_module_id_file ", ""), "own").ok());
   EXPECT_FALSE(plan_from_dryrun(replaced(text, "\"keep/k.cudafe1.cpp\" -o", "\"keep/k.cudafe1.cpp\" > x -o"), "own").ok());
+  EXPECT_FALSE(plan_from_dryrun(text + "#$ PATH=/elsewhere\n", "own").ok());  // variables come first, as nvcc prints them
+}
+
+TEST(ParallelNvccPlan, VariablesKeepTheirValueAsPrinted) {
+  auto plan = plan_from_dryrun(std::string("#$ _SPACE_= \n") + kDryrun, "own");
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->variables.at("_SPACE_"), " ");
+  EXPECT_EQ(plan->variables.at("CICC_PATH"), "/cuda/bin/../nvvm/bin");
 }
 
 TEST(ParallelNvccDependencies, TheUnionInTheOrderFirstSeen) {
