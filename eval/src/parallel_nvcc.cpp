@@ -6,13 +6,18 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -114,16 +119,49 @@ struct Outcome {
   int status = 0;  // nvcc's: the tool's exit code, 128 + signal where a signal ended it
 };
 
-// Runs a chain's commands one after another until one fails or `abort` is set (then the running
-// one is killed: its output will not be shown). One Outcome per command run.
+// Whether to stop a chain now (its running step is then killed: its output will not be shown).
+using Stop = std::function<bool()>;
+
+// SIGINT, SIGTERM or SIGHUP while the steps run: kz-nvcc blocks them then, and a thread waits for
+// them, so that the steps are killed and the keep dir removed before kz-nvcc ends by that signal.
+std::atomic<int> stop_signal{0};
+
+void wait_for_stop_signals() {
+  static sigset_t signals;  // static: the waiting thread outlives run()
+  sigemptyset(&signals);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, sig);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread([] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) == 0) stop_signal = sig;
+  }).detach();
+}
+
+[[noreturn]] void end_by_signal(int sig, const fs::path& keep_dir) {
+  std::error_code ignored;
+  fs::remove_all(keep_dir, ignored);
+  std::signal(sig, SIG_DFL);
+  sigset_t own;
+  sigemptyset(&own);
+  sigaddset(&own, sig);
+  pthread_sigmask(SIG_UNBLOCK, &own, nullptr);
+  ::raise(sig);
+  std::_Exit(128 + sig);
+}
+
+// Runs a chain's commands one after another until one fails or `stop` says so. One Outcome per
+// command run to its end.
 std::vector<Outcome> run_chain(const std::vector<Command>& chain, const std::map<std::string, std::string>& env,
-                               const std::atomic<bool>* abort) {
+                               const Stop& stop) {
   std::vector<Outcome> outcomes;
   for (const Command& command : chain) {
     ProcessSpec spec;
     spec.argv = command;
     spec.env = env;
-    spec.new_process_group = false;  // the caller's group: a kill of the compile reaches every step
+    // A group of its own, so that stopping a step stops its children too (gcc's cc1plus and as). A
+    // compile stopped by a signal stops its steps itself (above); in a kz worker, whatever outlives
+    // a killed kz-nvcc is killed with the worker's other descendants.
+    spec.new_process_group = true;
     spec.output_tail_bytes = 64u << 20;
     Outcome outcome;
     Result<Process> process = Process::spawn(spec);
@@ -135,7 +173,7 @@ std::vector<Outcome> run_chain(const std::vector<Command>& chain, const std::map
     }
     std::optional<ExitInfo> exit;
     while (!(exit = process->wait_for(std::chrono::milliseconds(50)))) {
-      if (abort && abort->load()) {
+      if (stop && stop()) {
         process->kill_and_reap();
         return outcomes;
       }
@@ -433,7 +471,7 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   std::map<std::string, std::string> environment = current_environment();
   Command dryrun{real_nvcc};
   dryrun.insert(dryrun.end(), invocation->dryrun_arguments.begin(), invocation->dryrun_arguments.end());
-  std::vector<Outcome> planned = run_chain({dryrun}, environment, nullptr);
+  std::vector<Outcome> planned = run_chain({dryrun}, environment, {});
   if (planned.size() != 1 || planned[0].status != 0) exec_nvcc(real_nvcc, args, keep.path, "nvcc --dryrun failed");
   Result<Plan> plan = plan_from_dryrun(planned[0].stderr_text, (keep.path / "kz-device.module_id").string());
   if (!plan.ok()) exec_nvcc(real_nvcc, args, keep.path, plan.status().message());
@@ -459,17 +497,20 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   }
 
   auto started = std::chrono::steady_clock::now();
+  wait_for_stop_signals();  // not before: nvcc exec'd in its place would inherit them blocked
+  Stop signalled = [] { return stop_signal.load() != 0; };
   std::atomic<bool> host_failed = false;
   std::vector<Outcome> device;
   double device_s = 0;
   std::thread device_thread([&] {
-    device = run_chain(plan->device_chain_own_id, environment, &host_failed);
+    device = run_chain(plan->device_chain_own_id, environment, [&] { return host_failed || signalled(); });
     device_s = seconds_since(started);
   });
-  std::vector<Outcome> host = run_chain(plan->host_chain, environment, nullptr);
+  std::vector<Outcome> host = run_chain(plan->host_chain, environment, signalled);
   double host_s = seconds_since(started);
   if (chain_failed(host, plan->host_chain.size())) host_failed = true;
   device_thread.join();
+  if (signalled()) end_by_signal(stop_signal, keep.path);
   nlohmann::json line = {{"parallel", true}, {"host_chain_s", host_s}, {"device_chain_s", device_s}};
   if (host_failed) {  // nvcc would have stopped there, before any device step
     line["status"] = emit(host);
@@ -479,11 +520,16 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   if (!chain_failed(device, plan->device_chain.size())) {
     Result<std::string> host_id = read_file(plan->module_id_file), device_id = read_file(plan->own_module_id_file);
     line["module_ids_agree"] = host_id.ok() && device_id.ok() && *host_id == *device_id;
-    if (!line["module_ids_agree"]) device = run_chain(plan->device_chain, environment, nullptr);  // cudafe++'s id
+    if (!line["module_ids_agree"]) device = run_chain(plan->device_chain, environment, signalled);  // cudafe++'s id
   }
+  if (signalled()) end_by_signal(stop_signal, keep.path);
   int status = emit(host);
   if (status == 0) status = emit(device);
-  if (status == 0) status = emit(run_chain(plan->final_commands, environment, nullptr));
+  if (status == 0) {
+    std::vector<Outcome> final_outcomes = run_chain(plan->final_commands, environment, signalled);
+    if (signalled()) end_by_signal(stop_signal, keep.path);
+    status = emit(final_outcomes);
+  }
   if (status == 0 && invocation->dependencies) {
     Result<std::string> merged = merge_dependency_files(depfiles, invocation->dependencies->target);
     Status written = merged.ok() ? write_file_atomic(invocation->dependencies->path, *merged) : merged.status();

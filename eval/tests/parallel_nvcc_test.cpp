@@ -8,8 +8,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <csignal>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "kz/core/files.h"
 #include "kz/core/subprocess.h"
@@ -275,6 +278,51 @@ TEST_F(ParallelNvccReal, BrokenSourcesFailAsUnderNvccWithItsMessagesAndStatus) {
     EXPECT_EQ(got.exit.exit_code, expected.exit.exit_code);
     EXPECT_EQ(without_paths(got.stderr_text), without_paths(expected.stderr_text));
     EXPECT_NE(last_report().find(R"("parallel":true)"), std::string::npos) << last_report();
+  }
+}
+
+// Stopped mid-compile (Ctrl-C, a deadline's SIGTERM): the steps are killed, the keep dir goes, and
+// kz-nvcc ends by that signal.
+TEST_F(ParallelNvccReal, ASignalMidCompileLeavesNothingBehind) {
+  write("slow.cu", std::string("#include <iostream>\n#include <map>\n#include <regex>\n") + kKernel);
+  for (int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sig);
+    ProcessSpec spec;
+    spec.argv = {KZ_NVCC_TOOL, "-arch=sm_90", "-c", "slow.cu", "-o", "slow.o"};
+    spec.env = current_environment();
+    spec.env["KZ_NVCC_SIDE_BY_SIDE"] = "always";
+    spec.env["TMPDIR"] = dir_.string();
+    spec.cwd = dir_;
+    auto compile = Process::spawn(spec);  // a process group of its own: the steps join it
+    ASSERT_TRUE(compile.ok()) << compile.status().to_string();
+    // Until the steps run: the keep dir holds cudafe++'s input.
+    for (int i = 0; i < 200; ++i) {
+      bool running = false;
+      for (const auto& entry : fs::directory_iterator(dir_)) {
+        if (entry.path().filename().string().rfind("kz-nvcc-", 0) == 0 && fs::exists(entry.path() / "slow.cpp4.ii")) running = true;
+      }
+      if (running) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(compile->pid(), sig);
+    auto exit = compile->wait_for(std::chrono::seconds(30));
+    ASSERT_TRUE(exit.has_value());
+    EXPECT_EQ(exit->term_signal, sig) << "ended by the signal (exit code " << exit->exit_code << ")";
+    // Every step names the keep dir in its arguments (gcc's cc1plus too): none may still run.
+    std::string left;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      auto cmdline = read_file(entry.path() / "cmdline");
+      auto stat = read_file(entry.path() / "stat");
+      bool zombie = stat.ok() && stat->find(") Z ") != std::string::npos;
+      if (cmdline.ok() && !zombie && cmdline->find((dir_ / "kz-nvcc-").string()) != std::string::npos) {
+        left += entry.path().filename().string() + ": " + *cmdline + "\n";
+      }
+    }
+    EXPECT_EQ(left, "") << "a step still runs";
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      EXPECT_EQ(entry.path().filename().string().rfind("kz-nvcc-", 0), std::string::npos) << entry.path();
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "slow.o"));
   }
 }
 
