@@ -2,7 +2,6 @@
 #include "kz/eval/parallel_nvcc.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -26,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
+#include "kz/core/parallel.h"
 #include "kz/core/subprocess.h"
 
 namespace kz::nvcc {
@@ -84,17 +84,6 @@ Step step_of(const Command& command) {
   if (has_word(command, "-E")) return device ? Step::device : Step::host;
   if (has_word(command, "-c")) return Step::final;
   return Step::unknown;
-}
-
-// The device chain with every cicc writing its own module id instead of reading cudafe++'s.
-std::vector<Command> with_own_module_id(std::vector<Command> chain, const std::string& own_file) {
-  for (Command& command : chain) {
-    if (base_name(command.front()) != "cicc") continue;
-    auto it = std::find(command.begin(), command.end(), "--module_id_file_name");
-    *(it + 1) = own_file;
-    command.insert(it, "--gen_module_id_file");
-  }
-  return chain;
 }
 
 // Options whose presence means a compile kz-nvcc does not run (their name, before any '=').
@@ -241,12 +230,6 @@ int runnable_tasks() {
   return most;
 }
 
-int usable_cores() {
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -370,8 +353,18 @@ Result<Plan> plan_from_dryrun(std::string_view dryrun_output, const std::string&
   }
   if (device_front_ends == 0) return invalid_argument("no device front end in nvcc's plan");
   plan.own_module_id_file = own_module_id_file;
-  plan.device_chain_own_id = with_own_module_id(plan.device_chain, own_module_id_file);
   return plan;
+}
+
+std::vector<Command> device_chain_with_own_id(const Plan& plan) {
+  std::vector<Command> chain = plan.device_chain;
+  for (Command& command : chain) {
+    if (base_name(command.front()) != "cicc") continue;
+    auto it = std::find(command.begin(), command.end(), "--module_id_file_name");
+    *(it + 1) = plan.own_module_id_file;
+    command.insert(it, "--gen_module_id_file");
+  }
+  return chain;
 }
 
 std::optional<Invocation> plan_invocation(const std::vector<std::string>& args, const std::string& keep_dir) {
@@ -458,7 +451,7 @@ bool side_by_side(std::string_view policy, int running, int cores) {
 
 int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   const char* policy = std::getenv("KZ_NVCC_SIDE_BY_SIDE");
-  int running = runnable_tasks(), cores = usable_cores();
+  int running = runnable_tasks(), cores = cpu_cores();  // both the host's
   if (!side_by_side(policy ? policy : "idle", running, cores)) {
     exec_nvcc(real_nvcc, args, {}, fmt::format("no idle core ({} runnable on {} cores)", running, cores));
   }
@@ -482,17 +475,15 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
 
   std::vector<std::string> depfiles;
   if (invocation->dependencies) {
-    // Each preprocessing writes its header list; both device chains' (one runs) to the same files.
+    // Each preprocessing writes its header list.
     auto preprocessed = [&](std::vector<Command>& chain, const std::string& side) {
       for (size_t i = 0; i < chain.size(); ++i) {
         if (!has_word(chain[i], "-E")) continue;
-        std::string depfile = (keep.path / fmt::format("kz-{}-{}.d", side, i)).string();
-        if (std::find(depfiles.begin(), depfiles.end(), depfile) == depfiles.end()) depfiles.push_back(depfile);
-        chain[i] = with_dependency_output(std::move(chain[i]), depfile, invocation->dependencies->target);
+        depfiles.push_back((keep.path / fmt::format("kz-{}-{}.d", side, i)).string());
+        chain[i] = with_dependency_output(std::move(chain[i]), depfiles.back(), invocation->dependencies->target);
       }
     };
     preprocessed(plan->device_chain, "device");  // nvcc's file lists the device side's headers first
-    preprocessed(plan->device_chain_own_id, "device");
     preprocessed(plan->host_chain, "host");
   }
 
@@ -503,7 +494,7 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   std::vector<Outcome> device;
   double device_s = 0;
   std::thread device_thread([&] {
-    device = run_chain(plan->device_chain_own_id, environment, [&] { return host_failed || signalled(); });
+    device = run_chain(device_chain_with_own_id(*plan), environment, [&] { return host_failed || signalled(); });
     device_s = seconds_since(started);
   });
   std::vector<Outcome> host = run_chain(plan->host_chain, environment, signalled);

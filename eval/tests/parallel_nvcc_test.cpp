@@ -117,7 +117,7 @@ TEST(ParallelNvccPlan, TheTwoChainsAndTheHostCompile) {
   ASSERT_EQ(plan->final_commands.size(), 1u);
   EXPECT_EQ(plan->module_id_file, "keep/k.module_id");
   // The device chain that runs beside cudafe++ makes its own id; the other is nvcc's, word for word.
-  const Command& own = plan->device_chain_own_id[1];
+  const Command own = device_chain_with_own_id(*plan)[1];
   auto at = std::find(own.begin(), own.end(), "--module_id_file_name");
   ASSERT_NE(at, own.end());
   EXPECT_EQ(*(at - 1), "--gen_module_id_file");
@@ -209,12 +209,6 @@ class ParallelNvccReal : public ::testing::Test {
     return trimmed.substr(trimmed.rfind('\n') == std::string::npos ? 0 : trimmed.rfind('\n') + 1);
   }
 
-  static std::string nvcc() {
-    const char* home = std::getenv("CUDA_HOME");
-    if (home && fs::exists(fs::path(home) / "bin" / "nvcc")) return (fs::path(home) / "bin" / "nvcc").string();
-    return fs::exists("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : "nvcc";
-  }
-
   // Messages name the intermediates' paths, which differ between the two (nvcc's temporary names).
   static std::string without_paths(const std::string& text) {
     return std::regex_replace(text, std::regex(R"([^ ,]*(tmpxft|kz-nvcc-)[^ ,]*)"), "<tmp>");
@@ -243,7 +237,7 @@ TEST_F(ParallelNvccReal, TheObjectAndDependencyFileAreNvccsByteForByte) {
     return args;
   };
   // nvcc keeps its intermediates under the same names kz-nvcc's keep dir gives them.
-  RunResult expected = compile(nvcc(), with({"-MD", "-MF", "nvcc.d", "-o", "k.o", "--keep", "--keep-dir", "nvcc-keep"}));
+  RunResult expected = compile(test::nvcc_path(), with({"-MD", "-MF", "nvcc.d", "-o", "k.o", "--keep", "--keep-dir", "nvcc-keep"}));
   ASSERT_EQ(expected.exit.exit_code, 0) << expected.stderr_text;
   fs::rename(dir_ / "k.o", dir_ / "nvcc.o");
   RunResult got = compile(KZ_NVCC_TOOL, with({"-MD", "-MF", "kz.d", "-o", "k.o"}));
@@ -272,7 +266,7 @@ TEST_F(ParallelNvccReal, BrokenSourcesFailAsUnderNvccWithItsMessagesAndStatus) {
     SCOPED_TRACE(broken.name);
     write(std::string(broken.name) + ".cu", broken.source);
     std::vector<std::string> args = {"-arch=sm_90", "-c", std::string(broken.name) + ".cu", "-o", "broken.o"};
-    RunResult expected = compile(nvcc(), args);
+    RunResult expected = compile(test::nvcc_path(), args);
     RunResult got = compile(KZ_NVCC_TOOL, args);
     EXPECT_NE(expected.exit.exit_code, 0);
     EXPECT_EQ(got.exit.exit_code, expected.exit.exit_code);
@@ -328,7 +322,7 @@ TEST_F(ParallelNvccReal, ASignalMidCompileLeavesNothingBehind) {
 
 TEST_F(ParallelNvccReal, WhatItDoesNotRunIsNvccsOwn) {
   write("k.cu", kKernel);
-  RunResult expected = compile(nvcc(), {"-E", "k.cu", "-o", "nvcc.ii"});
+  RunResult expected = compile(test::nvcc_path(), {"-E", "k.cu", "-o", "nvcc.ii"});
   RunResult got = compile(KZ_NVCC_TOOL, {"-E", "k.cu", "-o", "kz.ii"});
   ASSERT_EQ(got.exit.exit_code, 0) << got.stderr_text;
   EXPECT_EQ(expected.exit.exit_code, 0);

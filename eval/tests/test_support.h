@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 namespace kz::test {
 
@@ -13,12 +14,17 @@ inline std::filesystem::path source_dir() {
   return dir && *dir ? std::filesystem::path(dir) : std::filesystem::path();
 }
 
-// Whether load_inline can find nvcc (CUDA_HOME, /usr/local/cuda or PATH): the `cuda` builds' tests skip
-// without it.
-inline bool have_nvcc() {
+// nvcc as load_inline finds it: $CUDA_HOME/bin/nvcc, /usr/local/cuda/bin/nvcc, else "nvcc" (PATH).
+inline std::string nvcc_path() {
   const char* cuda_home = std::getenv("CUDA_HOME");
-  if (cuda_home && std::filesystem::exists(std::filesystem::path(cuda_home) / "bin" / "nvcc")) return true;
-  return std::filesystem::exists("/usr/local/cuda/bin/nvcc") || std::system("command -v nvcc > /dev/null 2>&1") == 0;
+  if (cuda_home && std::filesystem::exists(std::filesystem::path(cuda_home) / "bin" / "nvcc"))
+    return (std::filesystem::path(cuda_home) / "bin" / "nvcc").string();
+  return std::filesystem::exists("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : "nvcc";
+}
+
+// Whether load_inline can find nvcc (nvcc_path): the `cuda` builds' tests skip without it.
+inline bool have_nvcc() {
+  return nvcc_path() != "nvcc" || std::system("command -v nvcc > /dev/null 2>&1") == 0;
 }
 
 }  // namespace kz::test

@@ -32,10 +32,9 @@ struct Plan {
   std::map<std::string, std::string> variables;  // nvcc.profile's (PATH, CICC_PATH, ...), for every command
   std::vector<Command> host_chain;         // host preprocessing, cudafe++ (which writes the module id)
   std::vector<Command> device_chain;       // device preprocessing, cicc, ptxas, fatbinary, as nvcc runs them
-  std::vector<Command> device_chain_own_id;  // the same, cicc writing its own module id to own_module_id_file
   std::vector<Command> final_commands;     // the host compile, after both chains
   std::string module_id_file;              // where cudafe++ writes the module id
-  std::string own_module_id_file;          // where the device chain's cicc writes its own
+  std::string own_module_id_file;          // where the device chain's cicc writes its own (device_chain_with_own_id)
 };
 
 // The words of one line of `nvcc --dryrun` output, split as /bin/sh would: whitespace separates
@@ -47,6 +46,10 @@ std::optional<Command> split_command(std::string_view line, const std::map<std::
 // The plan from `nvcc --dryrun`'s stderr, for a compile whose intermediates go to a keep dir (see
 // dryrun_arguments). An error says why the plan is not one kz-nvcc runs (then nvcc runs itself).
 Result<Plan> plan_from_dryrun(std::string_view dryrun_output, const std::string& own_module_id_file);
+
+// The device chain to run beside cudafe++: every cicc writing its own module id to
+// plan.own_module_id_file instead of reading cudafe++'s.
+std::vector<Command> device_chain_with_own_id(const Plan& plan);
 
 // A dependency file nvcc was asked for (-MD -MF FILE): kz-nvcc writes it from the preprocessors'.
 struct DependencyFile {
@@ -74,7 +77,7 @@ Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_d
 
 // Whether to run the two chains side by side: `policy` "always", "never", or "idle" (the default):
 // only while a core is idle (`running`: the host's runnable tasks, this one included, /proc/stat's
-// procs_running; `cores`: this process's). A second chain on a busy host only takes a core from
+// procs_running; `cores`: the host's online cores). A second chain on a busy host only takes a core from
 // other work (a batch's evaluations beside its pre-builds), and the build is no sooner.
 bool side_by_side(std::string_view policy, int running, int cores);
 
