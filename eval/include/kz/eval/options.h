@@ -68,8 +68,8 @@ struct WorkerOptions {
   // answer, servers are started as programs of their own, with a warning.
   bool zygote = true;
   // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
-  // the host front end and the device chain at once instead of one after the other (~40% off a
-  // `cuda` build's wall time, the same object byte for byte). false: nvcc itself.
+  // the host front end and the device chain at once while a core is idle (one build alone 1.25-1.4x
+  // sooner on the H200; nothing in a CPU-bound batch; the same object byte for byte). false: nvcc itself.
   bool parallel_nvcc = true;
   // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
   // them with the rest; none on the CPU, where a child is ready at once: spare_servers()). A server
