@@ -61,17 +61,18 @@ class TooMuchOutput(Exception):
 def serve(device_name: str) -> int:
     environment = dict(os.environ)
     process.quietly(process.prepare_host, device_name)
+    refuse_if_fork_unsafe()
     return serve_prepared(device_name, environment)
 
 
 def serve_prepared(device_name: str, environment: dict) -> int:
-    """Serves requests once the host part is prepared, here or in a zygote (zygote.py)."""
+    """Serves requests once the host part is prepared (and refuse_if_fork_unsafe passed), here or in
+    a zygote (zygote.py)."""
     # What the imports put in the environment points into the scratch dir of whoever imported
     # (torch sets TORCHINDUCTOR_CACHE_DIR there): a child gets the supervisor's environment, as a
     # fresh worker does.
     os.environ.clear()
     os.environ.update(environment)
-    refuse_if_cuda_initialized()
     prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
     spare = Spare.start_if_possible(device_name)
@@ -90,12 +91,26 @@ def serve_prepared(device_name: str, environment: dict) -> int:
     return 0
 
 
-def refuse_if_cuda_initialized() -> None:
-    """A CUDA context does not survive fork: with one here every child would fail, and its failure
-    would look like the candidate's."""
+def refuse_if_fork_unsafe() -> None:
+    """A CUDA context does not survive fork, and once CUDA was asked for its devices torch refuses it
+    in every fork: either way every child would fail, and its failure would look like the candidate's."""
     torch = sys.modules.get("torch")  # not imported: nothing initialised CUDA
-    if torch is not None and torch.cuda.is_initialized():
+    if torch is None:
+        return
+    if torch.cuda.is_initialized():
         raise SystemExit("kz fork server: CUDA was initialised by the imports; children could not use it")
+    if forks_refuse_cuda(torch):
+        raise SystemExit("kz fork server: the imports asked CUDA for its devices, so torch refuses CUDA in "
+                         "every fork; children could not use it")
+
+
+def forks_refuse_cuda(torch) -> bool:
+    """Whether a child forked now would be in torch's "bad fork" state (a forked probe says: ~30 ms)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 class Spare:
@@ -162,7 +177,7 @@ class Spare:
     def hand_over(self, request: dict) -> bool:
         """Writes the request and closes the pipe (EOF: the request is complete); False where the
         spare died since ready_for looked (nothing reads the pipe)."""
-        data = json.dumps(request).encode()
+        data = json.dumps({**request, "handed_over_at": time.monotonic()}).encode()
         try:
             while data:
                 data = data[os.write(self.request_fd, data):]
@@ -207,13 +222,14 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     os.close(null)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
     process.quietly(process.prepare_device, device)
+    prepared_at = time.monotonic()
     chunks = []
     while chunk := os.read(request_fd, 1 << 16):
         chunks.append(chunk)
     os.close(request_fd)
     if not chunks:
         os._exit(0)
-    run_child(json.loads(b"".join(chunks)))
+    run_child(json.loads(b"".join(chunks)), prepared_at)
 
 
 def start_child(request: dict, spare):
@@ -243,9 +259,12 @@ def finish_child(child, spare) -> None:
     _send(done_message(status, cpu_s, leftovers))
 
 
-def run_child(request: dict) -> None:
+def run_child(request: dict, prepared_at: float) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
-    evaluation, as a worker started for it would run it."""
+    evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
+    request waited for this child's device (its CUDA context and profiler): 0 when it was ready."""
+    handed_over_at = request.pop("handed_over_at", prepared_at)
+    request["startup_s"] = {"device": max(0.0, prepared_at - handed_over_at)}
     try:
         prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
         scratch = request["scratch_dir"]

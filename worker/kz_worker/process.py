@@ -22,6 +22,7 @@ def prepare_host(device_name: str) -> None:
     once and fork children that inherit it."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
+    import_load_inline_module()
     if not builds_only():
         # Triton fixes interpreter mode at import: only where it is decided already (the supervisor
         # sets TRITON_INTERPRET for CPU evaluations) or where a GPU makes compiled mode the one wanted.
@@ -32,6 +33,25 @@ def prepare_host(device_name: str) -> None:
                 pass
         cheats.warm_up(torch.device("cpu"))
     freeze_heap()
+
+
+def import_load_inline_module() -> None:
+    """torch.utils.cpp_extension, which every `cuda` candidate and pre-build imports (~0.5-1 s of CPU
+    each on the GPU host, on the pre-builds' critical path), imported once here for a fork server's
+    children to inherit. Its import asks torch.cuda.is_available(), only to warn where CUDA_HOME exists
+    without a runtime, and that question (cudaGetDeviceCount) makes torch refuse CUDA in every later
+    fork: each child would fail with "Cannot re-initialize CUDA in forked subprocess" (what an
+    unguarded import here did on the H200). So the import runs with that question answered, not
+    asked; fork_server.refuse_if_fork_unsafe checks that no import asked it anyway."""
+    import torch
+    if "torch.utils.cpp_extension" in sys.modules:
+        return
+    ask = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        torch.cuda.is_available = ask
 
 
 def prepare_device(device_name: str) -> None:
@@ -79,6 +99,7 @@ def evaluate(request: dict) -> None:
     """Runs one request after its process is prepared; sends the result and exits."""
     from . import protocol, sandbox
     channel = protocol.Channel(request.pop("message_token", None))  # before any candidate code
+    startup = request.pop("startup_s", None)  # a fork server's child: where its start-up went
     _link_triton_helpers()
     protocol.silence_stdout()
     sandbox.install(request)  # request["sandbox"]: the audit hook, before any reference or candidate code
@@ -91,6 +112,8 @@ def evaluate(request: dict) -> None:
         result = Evaluation(request, channel).run()
         sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
     result["type"] = "result"
+    if startup:
+        result["startup_s"] = startup
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
     # into a crash after it was sent.

@@ -47,7 +47,7 @@ def serve(device_name: str):
     os.dup2(null, 1)
     os.close(null)
     process.quietly(process.prepare_host, device_name)
-    fork_server.refuse_if_cuda_initialized()
+    fork_server.refuse_if_fork_unsafe()
     fork_server.prctl(fork_server.PR_SET_DUMPABLE, 0)
     setup = ctypes.CDLL(os.environ["KZ_ZYGOTE_LIB"], use_errno=True).kz_zygote_child_setup
     setup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int]

@@ -9,20 +9,27 @@ import sys
 WORKER_DIR = pathlib.Path(__file__).resolve().parents[1]
 
 PROBE = """
-import gc, json
-from kz_worker import process
+import gc, json, sys
+from kz_worker import fork_server, process
 process.prepare_host("cpu")
 import torch
-print(json.dumps({"frozen": gc.get_freeze_count(), "audit_machinery": "_dynamo" in vars(torch)}))
+print(json.dumps({"frozen": gc.get_freeze_count(), "audit_machinery": "_dynamo" in vars(torch),
+                  "load_inline_module": "torch.utils.cpp_extension" in sys.modules,
+                  "forks_refuse_cuda": fork_server.forks_refuse_cuda(torch)}))
 """
 
 
-def prepared(role=None) -> dict:
+def run_probe(source: str, role=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(WORKER_DIR), "TRITON_INTERPRET": "1"}
     env.pop("KZ_WORKER_ROLE", None)
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)  # torch's default question, the one that poisons fork
     if role:
         env["KZ_WORKER_ROLE"] = role
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300)
+
+
+def prepared(role=None) -> dict:
+    done = run_probe(PROBE, role)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -38,3 +45,31 @@ def test_a_build_worker_skips_the_audit_machinery_and_freezes_too():
     state = prepared("build")
     assert not state["audit_machinery"], state
     assert state["frozen"] > 50_000, state
+
+
+def test_load_inlines_module_is_imported_and_forks_can_still_use_cuda():
+    # Every `cuda` child imports torch.utils.cpp_extension; a fork server's children inherit it. Its
+    # import asks CUDA for its devices unless guarded, and then torch refuses CUDA in every fork.
+    for role in (None, "build"):
+        state = prepared(role)
+        assert state["load_inline_module"], state
+        assert not state["forks_refuse_cuda"], state
+
+
+def test_an_unguarded_import_of_load_inlines_module_would_poison_forks():
+    # What import_load_inline_module guards against, and what forks_refuse_cuda sees.
+    done = run_probe("import torch, torch.utils.cpp_extension\n"
+                     "from kz_worker import fork_server\n"
+                     "print(fork_server.forks_refuse_cuda(torch))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "True", done.stdout
+
+
+def test_a_fork_server_refuses_to_serve_where_forks_would_refuse_cuda():
+    done = run_probe("import torch\n"
+                     "torch.cuda.is_available()  # cudaGetDeviceCount: torch marks every later fork as bad\n"
+                     "from kz_worker import fork_server\n"
+                     "fork_server.refuse_if_fork_unsafe()\n"
+                     "print('served')")
+    assert done.returncode != 0 and "served" not in done.stdout
+    assert "asked CUDA for its devices" in done.stderr, done.stderr
