@@ -178,6 +178,26 @@ def stage_parts(verdicts: list, key: str, label: str) -> list:
     return lines
 
 
+def startup_lines(verdicts: list) -> list:
+    """One line per format: where the startup stage went for the evaluations a fork server served
+    (each verdict's startup_s): the wait for a server (forked from its zygote, which the first time
+    means its imports), the wait for the child's device (CUDA context, profiler), and the rest (the
+    child's own set-up and the harness's start up to its first message)."""
+    lines = []
+    for fmt in FORMATS:
+        served = [v for v in verdicts if v["format"] == fmt and v.get("startup_s")]
+        if not served:
+            continue
+        server = sum(v["startup_s"].get("server", 0.0) for v in served)
+        device = sum(v["startup_s"].get("device", 0.0) for v in served)
+        stage = sum((v.get("stage_s") or {}).get("startup", 0.0) for v in served)
+        longest = max(v["startup_s"].get("server", 0.0) for v in served)
+        lines.append(f"  {fmt} startup ({len(served)} served by fork servers): waiting for a server {server:.1f} s "
+                     f"(the longest {longest:.1f} s: the zygote's imports, the first time), for the child's device "
+                     f"{device:.1f} s, the rest {max(0.0, stage - server - device):.1f} s")
+    return lines
+
+
 def waits_per_device(verdicts: list) -> list:
     """With several devices: per device, its evaluations, how many waited for their worker and their
     summed start-up (where a pool's workers were not ready)."""
@@ -225,6 +245,7 @@ def stage_section(data: dict) -> str:
                      "forked from a fork server done importing)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
         lines += waits_per_device(verdicts)
+    lines += startup_lines(verdicts)
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
     lines += stage_parts(verdicts, "timing_after_hold_s", "timing (after the hold, shared)")

@@ -306,6 +306,18 @@ def test_worker_readiness_and_gpu_lock_are_summed():
     assert "6.0 s waiting for it" in text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
 
 
+def test_the_startups_waits_are_summed_per_format():
+    data = synthetic()
+    verdicts = data["kz_batch"]["verdicts"]
+    # cuda: the first waits 1.5 s for its server and 0.25 s for its child's device; the second finds both ready
+    verdicts[0]["startup_s"] = {"server": 1.5, "device": 0.25}
+    verdicts[1]["startup_s"] = {"server": 0.0, "device": 0.0}
+    text = compare_report.stage_section(data)
+    assert ("  cuda startup (2 served by fork servers): waiting for a server 1.5 s (the longest 1.5 s: the zygote's "
+            "imports, the first time), for the child's device 0.2 s, the rest 2.2 s") in text
+    assert "cuda-rtc startup" not in text, "a verdict without startup_s (a worker of its own) is not counted"
+
+
 def test_correctness_parts_are_summed_per_format():
     data = synthetic()
     for verdict in data["kz_batch"]["verdicts"]:

@@ -261,6 +261,9 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
   if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) verdict = std::move(*violation);
   verdict.stage_s = outcome->stage_s;
+  // The worker reports its device wait; the server wait is ours alone.
+  std::erase_if(verdict.startup_s, [](const auto& part) { return part.first == "server"; });
+  if (outcome->server_wait_s) verdict.startup_s.insert(verdict.startup_s.begin(), {"server", *outcome->server_wait_s});
   return verdict;
 }
 

@@ -101,6 +101,7 @@ nlohmann::json to_json(const Verdict& v) {
       {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
   j["stage_s"] = nlohmann::json::object();
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
+  write_parts(j, "startup_s", v.startup_s);          // optional: requests served by fork servers
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
@@ -159,6 +160,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     std::stable_sort(v.stage_s.begin(), v.stage_s.end(),
                      [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
   }
+  read_parts(j, "startup_s", v.startup_s);
   read_parts(j, "correctness_s", v.correctness_s);
   read_parts(j, "timing_s", v.timing_s);
   read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);

@@ -512,15 +512,16 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
                                       const std::function<void(ProcessSpec&)>& customize,
                                       const std::function<void(const fs::path&)>& after_request) {
   std::optional<StartedWorker> server = IdleServers::instance().take(key);
-  auto spawn_started = Clock::now();
+  // Forking from a zygote waits for its imports the first time: the request's start-up, as a
+  // server's own imports are. An idle server costs none.
+  double spawn_s = 0;
   if (!server) {
+    auto spawn_started = Clock::now();
     auto fresh = start_worker(setup, scratch_prefix, customize);
     if (!fresh.ok()) return fresh.status();
     server.emplace(std::move(*fresh));
+    spawn_s = std::chrono::duration<double>(Clock::now() - spawn_started).count();
   }
-  // Forking from a zygote waits for its imports the first time: the request's start-up, as a
-  // server's own imports are.
-  double spawn_s = std::chrono::duration<double>(Clock::now() - spawn_started).count();
   // server->keep_scratch is this request's choice: keep_scratch is part of the server's key.
   fs::path request_scratch = server->scratch / request_dir_name(++server->requests);
   std::error_code error;
@@ -530,6 +531,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
   Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
   auto& stages = supervised.outcome.stage_s;
   if (!stages.empty() && stages.front().first == "startup") stages.front().second += spawn_s;
+  supervised.outcome.server_wait_s = spawn_s;
   if (after_request) after_request(request_scratch);
   // With keep_scratch the files stay, so the server does not serve again.
   if (supervised.server_reusable && !setup.keep_scratch && clear_scratch(*server))

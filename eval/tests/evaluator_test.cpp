@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -180,6 +181,14 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
     ASSERT_FALSE(v.stage_s.empty()) << dump(v);
     EXPECT_EQ(v.stage_s.front().first, "startup");
     if (run > 0) forked_startup_s = std::min(forked_startup_s, v.stage_s.front().second);
+    // Where the start-up went: the wait for the server (the supervisor's clock) and for its child's
+    // device (the child's), both inside the stage.
+    std::map<std::string, double> parts(v.startup_s.begin(), v.startup_s.end());
+    ASSERT_EQ(parts.size(), 2u) << dump(v);
+    ASSERT_TRUE(parts.contains("server") && parts.contains("device")) << dump(v);
+    EXPECT_GE(parts["server"], 0.0);
+    EXPECT_GE(parts["device"], 0.0);
+    EXPECT_LE(parts["server"] + parts["device"], v.stage_s.front().second + 1e-3) << dump(v);
   }
   Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
   EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
@@ -187,6 +196,8 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   o.worker.fork_server = "never";
   Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
   ASSERT_FALSE(fresh.stage_s.empty()) << dump(fresh);
+  EXPECT_TRUE(fresh.startup_s.empty()) << "a worker started for one request: its start-up is all its own\n"
+                                       << dump(fresh);
   // Relative, not a wall-time bound: on a loaded machine both slow down, the imports more.
   EXPECT_LT(forked_startup_s, fresh.stage_s.front().second) << "a forked child starts without the imports";
   EXPECT_EQ(fresh.status, wrong.status) << dump(fresh);

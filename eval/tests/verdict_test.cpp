@@ -63,6 +63,15 @@ TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
   EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheStartupsParts) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("startup_s")) << "absent where no fork server served it";
+  v.startup_s = {{"device", 0.75}, {"server", 4.5}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->startup_s, v.startup_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("correctness_s")) << "absent where the stage was not reached";

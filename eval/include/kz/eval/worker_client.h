@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 #include <string>
@@ -91,6 +92,9 @@ struct WorkerOutcome {
   // worker announced, the last one up to the result (or the timeout / death). Measured here, so a
   // worker cannot misreport them.
   std::vector<std::pair<std::string, double>> stage_s;
+  // With a fork server: the part of "startup" spent waiting for the server to be forked or started
+  // (its zygote's imports, the first time).
+  std::optional<double> server_wait_s;
   LimitHit limit_hit = LimitHit::none;  // a sandbox limit that ended the worker (ProcessSpec::limits)
   SandboxReport sandbox;                // what the sandbox requested in the spec really got
 };
