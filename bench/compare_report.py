@@ -195,6 +195,14 @@ def startup_lines(verdicts: list) -> list:
         lines.append(f"  {fmt} startup ({len(served)} served by fork servers): waiting for a server {server:.1f} s "
                      f"(the longest {longest:.1f} s: the zygote's imports, the first time), for the child's device "
                      f"{device:.1f} s, the rest {max(0.0, stage - server - device):.1f} s")
+        steps = {}
+        for v in served:
+            for key, seconds in v["startup_s"].items():
+                if key.startswith("device_"):
+                    steps[key.removeprefix("device_")] = steps.get(key.removeprefix("device_"), 0.0) + seconds
+        if steps:
+            lines.append(f"    the device's preparation where a request waited for it: "
+                         + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps.items()))
     return lines
 
 

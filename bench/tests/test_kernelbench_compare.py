@@ -310,11 +310,12 @@ def test_the_startups_waits_are_summed_per_format():
     data = synthetic()
     verdicts = data["kz_batch"]["verdicts"]
     # cuda: the first waits 1.5 s for its server and 0.25 s for its child's device; the second finds both ready
-    verdicts[0]["startup_s"] = {"server": 1.5, "device": 0.25}
+    verdicts[0]["startup_s"] = {"server": 1.5, "device": 0.25, "device_context": 0.5, "device_profiler": 0.125}
     verdicts[1]["startup_s"] = {"server": 0.0, "device": 0.0}
     text = compare_report.stage_section(data)
     assert ("  cuda startup (2 served by fork servers): waiting for a server 1.5 s (the longest 1.5 s: the zygote's "
             "imports, the first time), for the child's device 0.2 s, the rest 2.2 s") in text
+    assert "    the device's preparation where a request waited for it: context 0.5 s, profiler 0.1 s" in text
     assert "cuda-rtc startup" not in text, "a verdict without startup_s (a worker of its own) is not counted"
 
 

@@ -184,7 +184,6 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
     // Where the start-up went: the wait for the server (the supervisor's clock) and for its child's
     // device (the child's), both inside the stage.
     std::map<std::string, double> parts(v.startup_s.begin(), v.startup_s.end());
-    ASSERT_EQ(parts.size(), 2u) << dump(v);
     ASSERT_TRUE(parts.contains("server") && parts.contains("device")) << dump(v);
     EXPECT_GE(parts["server"], 0.0);
     EXPECT_GE(parts["device"], 0.0);

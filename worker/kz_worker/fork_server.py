@@ -262,9 +262,14 @@ def finish_child(child, spare) -> None:
 def run_child(request: dict, prepared_at: float) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
     evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
-    request waited for this child's device (its CUDA context and profiler): 0 when it was ready."""
+    request waited for this child's device (its CUDA context and profiler; 0 when it was ready) and,
+    where it waited, how long each step of that preparation took (device_context, device_profiler,
+    device_clock: process.prepare_device)."""
     handed_over_at = request.pop("handed_over_at", prepared_at)
-    request["startup_s"] = {"device": max(0.0, prepared_at - handed_over_at)}
+    waited = max(0.0, prepared_at - handed_over_at)
+    request["startup_s"] = {"device": waited}
+    if waited > 0:
+        request["startup_s"].update({f"device_{step}": s for step, s in process.device_steps_s.items()})
     try:
         prctl(PR_SET_DUMPABLE, 1)  # like any worker: its own /proc entries readable as usual
         scratch = request["scratch_dir"]

@@ -7,6 +7,7 @@ the harness's identity snapshot is the same whichever way its process was made. 
 supervisor sets TRITON_INTERPRET=1 itself, since Triton reads it when imported."""
 import os
 import sys
+import time
 
 
 def builds_only() -> bool:
@@ -54,6 +55,11 @@ def import_load_inline_module() -> None:
         torch.cuda.is_available = ask
 
 
+# Seconds of prepare_device's steps in this process (context, profiler, clock), for the verdict's
+# startup_s where a request waited for them (fork_server.run_child).
+device_steps_s = {}
+
+
 def prepare_device(device_name: str) -> None:
     """On a GPU: the CUDA context and the profiler (cheats.warm_up). Never in a fork server: a CUDA
     context does not survive a fork."""
@@ -62,10 +68,21 @@ def prepare_device(device_name: str) -> None:
     device = torch.device(device_name)
     if device.type == "cuda" and not builds_only():  # a build's CUDA context comes when it needs one
         from . import timing
+        started = time.monotonic()
+
+        def step_done(name):
+            nonlocal started
+            now = time.monotonic()
+            device_steps_s[name] = now - started
+            started = now
+
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # the CUDA context
+        step_done("context")
         cheats.warm_up(device)
+        step_done("profiler")
         timing.cycles_per_us(device)  # the launch spin's clock, before any candidate code
+        step_done("clock")
         freeze_heap()
 
 
