@@ -68,21 +68,14 @@ def prepare_device(device_name: str) -> None:
     device = torch.device(device_name)
     if device.type == "cuda" and not builds_only():  # a build's CUDA context comes when it needs one
         from . import timing
-        started = time.monotonic()
-
-        def step_done(name):
-            nonlocal started
-            now = time.monotonic()
-            device_steps_s[name] = now - started
-            started = now
-
         torch.cuda.set_device(device)
-        torch.empty(1, device=device)  # the CUDA context
-        step_done("context")
-        cheats.warm_up(device)
-        step_done("profiler")
-        timing.cycles_per_us(device)  # the launch spin's clock, before any candidate code
-        step_done("clock")
+        steps = (("context", lambda: torch.empty(1, device=device)),
+                 ("profiler", lambda: cheats.warm_up(device)),
+                 ("clock", lambda: timing.cycles_per_us(device)))  # the launch spin's, before any candidate code
+        for name, step in steps:
+            started = time.monotonic()
+            step()
+            device_steps_s[name] = time.monotonic() - started
         freeze_heap()
 
 
