@@ -188,3 +188,70 @@ def test_a_symlink_in_a_lock_files_place_is_refused(tmp_path):
     (tmp_path / (lock_file_stem("GPU-x") + ".lock")).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(LockFileMissing, match="cannot be opened"):
         GpuLock(str(tmp_path), "GPU-x")
+
+
+# ---- turns to make a CUDA context (context_slot) ----------------------------------------------------
+
+def make_slots(directory, count):
+    for slot in range(count):
+        (directory / f"context-{slot}.lock").touch()
+
+
+def in_a_slot(slots_dir, slots, events):
+    from kz_worker.gpu_lock import context_slot
+    with context_slot(str(slots_dir), slots):
+        events.put(("in", time.monotonic()))
+        time.sleep(HOLD_S)
+        events.put(("out", time.monotonic()))
+
+
+def most_at_once(events: list) -> int:
+    inside = most = 0
+    for kind, _ in sorted(events, key=lambda e: (e[1], e[0] == "in")):  # an exit first at a tie
+        inside += 1 if kind == "in" else -1
+        most = max(most, inside)
+    return most
+
+
+def test_context_slots_let_that_many_in_at_once(tmp_path):
+    make_slots(tmp_path, 2)
+    ctx = mp.get_context("fork")
+    events = ctx.Queue()
+    procs = [ctx.Process(target=in_a_slot, args=(tmp_path, 2, events)) for _ in range(5)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    got = [events.get(timeout=5) for _ in range(10)]
+    assert all(p.exitcode == 0 for p in procs)
+    assert most_at_once(got) == 2, got  # five holders, two places: never more, and the places are used
+    spread = max(t for _, t in got) - min(t for _, t in got)
+    assert spread >= 3 * HOLD_S * 0.9, "five holders in turns of two take three holds"
+
+
+def test_context_slots_fail_open(tmp_path):
+    from kz_worker.gpu_lock import context_slot
+    for slots_dir, slots in ((None, 4), (str(tmp_path / "absent"), 4), (str(tmp_path), 0)):
+        started = time.monotonic()
+        with context_slot(slots_dir, slots, wait_s=5.0):
+            pass
+        assert time.monotonic() - started < 1.0, (slots_dir, slots)
+    # Every place held (a holder that hangs, or a candidate holding the files): in after wait_s.
+    import fcntl
+    make_slots(tmp_path, 2)
+    held = [os.open(tmp_path / f"context-{slot}.lock", os.O_RDONLY) for slot in range(2)]
+    for fd in held:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    started = time.monotonic()
+    with context_slot(str(tmp_path), 2, wait_s=0.3):
+        waited = time.monotonic() - started
+    assert 0.25 <= waited < 2.0, waited
+    for fd in held:
+        os.close(fd)
+    # Released after the body, on an exception too: the place is free again.
+    with pytest.raises(RuntimeError):
+        with context_slot(str(tmp_path), 1):
+            raise RuntimeError("the context could not be made")
+    fd = os.open(tmp_path / "context-0.lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError where still held
+    os.close(fd)
