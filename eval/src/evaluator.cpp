@@ -203,9 +203,6 @@ void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   if (mode == EvalMode::compile_only) {
     spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
     spec.nice_increment = options_.worker.prebuild_niceness;
-  } else if (options_.device != "cpu" && options_.worker.context_slots > 0) {  // worker/kz_worker/gpu_lock.py
-    spec.env["KZ_CONTEXT_SLOTS_DIR"] = prepared_context_slots_dir(setup_.cache_dir, options_.worker.context_slots);
-    spec.env["KZ_CONTEXT_SLOTS"] = std::to_string(options_.worker.context_slots);
   }
   apply_sandbox(options_.sandbox, options_.device, spec);
 }

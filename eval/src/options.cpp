@@ -50,7 +50,6 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.parallel_nvcc", o.worker.parallel_nvcc},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
-      {"worker.context_slots", o.worker.context_slots},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},
@@ -91,8 +90,6 @@ Status EvalOptions::validate() const {
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
-  if (worker.context_slots < 0 || worker.context_slots > 64)
-    return invalid_argument("worker.context_slots must be within 0..64 (0: every worker makes its CUDA context at once)");
   if (worker.prebuild_niceness < 0 || worker.prebuild_niceness > 19)
     return invalid_argument("worker.prebuild_niceness must be within 0..19 (0: the evaluations' priority)");
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")

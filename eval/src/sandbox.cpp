@@ -101,22 +101,6 @@ fs::path prepared_gpu_lock_dir(const fs::path& cache_dir) {
   return dir;
 }
 
-fs::path prepared_context_slots_dir(const fs::path& cache_dir, int slots) {
-  static std::mutex mutex;
-  static std::set<fs::path> warned;
-  fs::path dir = gpu_lock_dir(cache_dir);
-  std::lock_guard lock(mutex);
-  std::error_code error;
-  fs::create_directories(dir, error);
-  Status made = error ? internal_error(fmt::format("making the lock dir {}: {}", dir.string(), error.message()))
-                      : Status::ok();
-  for (int slot = 0; made.is_ok() && slot < slots; ++slot)
-    made = make_lock_file(dir / fmt::format("context-{}.lock", slot));
-  if (!made.is_ok() && warned.insert(dir).second)
-    std::fprintf(stderr, "kz: %s: workers make their CUDA contexts without turns\n", made.to_string().c_str());
-  return dir;
-}
-
 fs::path extension_builds_dir(const fs::path& cache_dir) { return cache_dir / "extension_builds"; }
 
 void apply_sandbox(const SandboxOptions& options, const std::string& device, ProcessSpec& spec) {

@@ -77,21 +77,6 @@ TEST(GpuLockFilesTest, ASymlinkOrFifoInALockFilesPlaceIsReplaced) {
   fs::remove_all(root);
 }
 
-// The turns to make a CUDA context ([worker] context_slots): one regular file per place, beside the
-// GPU lock files, made where missing and replaced where something else is in its place.
-TEST(GpuLockFilesTest, ContextSlotFilesAreMadeBesideTheLocks) {
-  fs::path cache = fs::temp_directory_path() / ("kz_context_slots_" + std::to_string(::getpid()));
-  fs::remove_all(cache);
-  fs::create_directories(gpu_lock_dir(cache));
-  ASSERT_EQ(::mkfifo((gpu_lock_dir(cache) / "context-1.lock").c_str(), 0644), 0);
-  fs::path dir = prepared_context_slots_dir(cache, 3);
-  EXPECT_EQ(dir, gpu_lock_dir(cache));
-  for (const char* name : {"context-0.lock", "context-1.lock", "context-2.lock"})
-    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / name))) << name;
-  EXPECT_FALSE(fs::exists(dir / "context-3.lock"));
-  fs::remove_all(cache);
-}
-
 TEST(GpuLockFilesTest, AnUnmakeableDirIsAnErrorNamingIt) {
   fs::path file = fs::temp_directory_path() / ("kz_gpu_locks_file_" + std::to_string(::getpid()));
   ASSERT_TRUE(write_file_atomic(file, "").is_ok());

@@ -57,10 +57,6 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
   EvalOptions r;
   EXPECT_FALSE(apply_toml_text("[worker]\nspare_servers = -1\n", "t", r).is_ok());
-  EvalOptions s;
-  auto slots = apply_toml_text("[worker]\ncontext_slots = -1\n", "t", s);
-  EXPECT_FALSE(slots.is_ok());
-  EXPECT_NE(slots.message().find("context_slots"), std::string::npos) << slots.to_string();
 }
 
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {

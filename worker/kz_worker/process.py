@@ -55,9 +55,8 @@ def import_load_inline_module() -> None:
         torch.cuda.is_available = ask
 
 
-# Seconds of prepare_device's steps in this process (context_slot: the wait for a turn to make the CUDA
-# context; context, profiler, clock), for the verdict's startup_s where a request waited for them
-# (fork_server.run_child).
+# Seconds of prepare_device's steps in this process (context, profiler, clock), for the verdict's
+# startup_s where a request waited for them (fork_server.run_child).
 device_steps_s = {}
 
 
@@ -68,18 +67,15 @@ def prepare_device(device_name: str) -> None:
     from . import cheats
     device = torch.device(device_name)
     if device.type == "cuda" and not builds_only():  # a build's CUDA context comes when it needs one
-        from . import gpu_lock, timing
-        marks = [("start", time.monotonic())]
-        with gpu_lock.context_slot(os.environ.get("KZ_CONTEXT_SLOTS_DIR"), int(os.environ.get("KZ_CONTEXT_SLOTS") or 0)):
-            marks.append(("context_slot", time.monotonic()))
-            torch.cuda.set_device(device)  # makes the context already (torch's lazy init)
-            torch.empty(1, device=device)
-            marks.append(("context", time.monotonic()))
-        cheats.warm_up(device)
-        marks.append(("profiler", time.monotonic()))
-        timing.cycles_per_us(device)  # the launch spin's clock, before any candidate code
-        marks.append(("clock", time.monotonic()))
-        device_steps_s.update((name, at - before) for (_, before), (name, at) in zip(marks, marks[1:]))
+        from . import timing
+        # set_device makes the context already (torch's lazy init): both count as "context".
+        steps = (("context", lambda: (torch.cuda.set_device(device), torch.empty(1, device=device))),
+                 ("profiler", lambda: cheats.warm_up(device)),
+                 ("clock", lambda: timing.cycles_per_us(device)))  # the launch spin's, before any candidate code
+        for name, step in steps:
+            started = time.monotonic()
+            step()
+            device_steps_s[name] = time.monotonic() - started
         freeze_heap()
 
 

@@ -82,11 +82,6 @@ struct WorkerOptions {
   // first and the builds take the cores left. 0..19; 0: same priority. Measured on the H200 (bench/
   // README.md): 10 made `cuda-rtc` 7% faster and `cuda` 8% slower, the whole batch 4% slower.
   int prebuild_niceness = 0;
-  // How many evaluation workers per host may make their CUDA context at once; the others wait for a
-  // place, up to 5 s. The driver makes contexts largely one at a time (on the H200: 0.39 s for one,
-  // 0.55 s each for four, 1.24 s each for eight, all eight ending together), so a cold batch's first
-  // wave is ready sooner in turns. 0: no turns.
-  int context_slots = 4;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the

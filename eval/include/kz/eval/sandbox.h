@@ -38,12 +38,6 @@ Status make_gpu_lock_files(const std::filesystem::path& lock_dir, const std::vec
 // failure, or no UUID found, is said once on stderr, and the workers then report the missing file.
 std::filesystem::path prepared_gpu_lock_dir(const std::filesystem::path& cache_dir);
 
-// gpu_lock_dir(cache_dir) with `slots` files "context-<i>.lock" (made or checked at each call, as the
-// GPU lock files are): an evaluation worker holds one while it makes its CUDA context ([worker]
-// context_slots, worker/kz_worker/gpu_lock.py). A failure is said once on stderr; workers then make
-// their contexts without turns.
-std::filesystem::path prepared_context_slots_dir(const std::filesystem::path& cache_dir, int slots);
-
 // Where the supervisor keeps `cuda` candidates' extension builds, one directory per candidate
 // (Evaluator): read-only to every worker, so no candidate can touch another's build.
 std::filesystem::path extension_builds_dir(const std::filesystem::path& cache_dir);
