@@ -6,10 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -18,7 +14,10 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "refuse_syscalls.h"
 
 namespace {
 
@@ -41,28 +40,9 @@ ChildSetup load_setup() {
 // Refuses close_range (EPERM), and with `no_open` also open and openat (EACCES): /proc/self/fd
 // cannot be listed then.
 bool refuse_syscalls(bool no_open) {
-#if defined(__x86_64__)
-  std::vector<sock_filter> filter = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_close_range, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-  };
-  if (no_open) {
-    for (long nr : {static_cast<long>(SYS_open), static_cast<long>(SYS_openat)}) {
-      filter.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1));
-      filter.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EACCES));
-    }
-  }
-  filter.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
-  sock_fprog program{static_cast<unsigned short>(filter.size()), filter.data()};
-  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
-#else
-  (void)no_open;
-  return false;
-#endif
+  std::vector<std::pair<long, int>> refused = {{SYS_close_range, EPERM}};
+  if (no_open) refused.insert(refused.end(), {{SYS_open, EACCES}, {SYS_openat, EACCES}});
+  return kz::testing::refuse_syscalls(refused);
 }
 
 struct ChildEnd {

@@ -7,6 +7,7 @@
 #include "kz/eval/worker_client.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <linux/capability.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -582,6 +584,54 @@ TEST_P(WorkerClientTest, RequiredIsolationTheMachineRefusesIsAnError) {
                        : "did not get its own network namespace.*its own PID namespace.*require_isolation");
   WorkerSetup tolerant = setup(true);  // the default: it runs without, with notes
   EXPECT_EXIT(refused(tolerant), ::testing::ExitedWithCode(0), "the request ran");
+}
+
+// The scratch dirs (anywhere under `scratch_root`, named `prefix`...) that live processes are in.
+std::set<std::string> dirs_with_processes(const fs::path& scratch_root, const std::string& prefix) {
+  std::set<std::string> dirs;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator("/proc", error)) {
+    fs::path cwd = fs::read_symlink(entry.path() / "cwd", error);
+    if (error || !cwd.string().starts_with(scratch_root.string() + "/")) continue;
+    for (const auto& part : cwd)
+      if (part.string().starts_with(prefix)) dirs.insert(part.string());
+  }
+  return dirs;
+}
+
+// A zygote that cannot return to its own PID namespace after forking a server into a new one (setns
+// refused, as some container profiles refuse it) would fork the next server into that server's
+// namespace, beside its candidates. It ends instead: the request is served by a server started on
+// its own, with a warning that says why, and the server the zygote forked before ending does not
+// outlive it (its pipes were the supervisor's, which closes them).
+TEST_P(WorkerClientTest, AZygoteThatCannotSetnsBackEndsAndServersStartOnTheirOwn) {
+  if (!zygote()) GTEST_SKIP() << "servers on their own make no zygote";
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: the zygote makes a PID namespace for each server";
+  if (std::system(fmt::format("'{}' setns -- true", KZ_REFUSE_SYSCALL_EXEC).c_str()) != 0)
+    GTEST_SKIP() << "no seccomp filter here";
+  fs::path python = root_ / "python3-without-setns";
+  ASSERT_TRUE(write_file_atomic(python, fmt::format("#!/bin/sh\nexec '{}' setns -- python3 \"$@\"\n",
+                                                    KZ_REFUSE_SYSCALL_EXEC)).is_ok());
+  fs::permissions(python, fs::perms::owner_all);
+  WorkerSetup s = setup(true);
+  s.python = python.string();
+  auto own_pid_namespace = [](ProcessSpec& spec) {  // with its own /proc, which needs the read-only mounts
+    spec.new_pid_namespace = spec.read_only_filesystem = true;
+    spec.writable_paths = {spec.cwd, "/dev/shm"};
+  };
+  ::testing::internal::CaptureStderr();
+  WorkerOutcome outcome = run(s, nlohmann::json::object(), "kz-test-no-setns-", 30, own_pid_namespace);
+  std::string warnings = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message << "\n" << warnings;
+  EXPECT_NE(warnings.find("kz: worker zygote:"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("setns to its own PID namespace: Operation not permitted"), std::string::npos)
+      << "says why:\n" << warnings;
+  // Left: the server that answered, idle, with its next child, both in its scratch dir.
+  std::set<std::string> dirs;
+  for (auto deadline = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(50ms))
+    if ((dirs = dirs_with_processes(root_ / "scratch", "kz-test-no-setns-")).size() <= 1) break;
+  EXPECT_EQ(dirs.size(), 1u) << "a server forked by the zygote before it ended lives on: " << fmt::format("{}", fmt::join(dirs, ", "));
 }
 
 TEST_P(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {
