@@ -106,9 +106,10 @@ struct Verdict {
   std::vector<std::pair<std::string, double>> stage_s;
   // Where the startup stage's seconds went, with a fork server: "server", the wait for one to be
   // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
-  // the wait for its child's CUDA context and profiler, reported by the worker. The rest is the
-  // child's own set-up. Diagnostics for the throughput report; empty for a worker started for one
-  // request.
+  // the wait for its child's CUDA context, profiler and clock, reported by the worker with, where it
+  // waited, each step's own seconds ("device_context", "device_profiler", "device_clock"). The rest
+  // is the child's own set-up. Diagnostics for the throughput report; empty for a worker started
+  // for one request.
   std::vector<std::pair<std::string, double>> startup_s;
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
