@@ -148,3 +148,46 @@ def test_gpu_the_launch_spin_hides_host_launch_latency_up_to_its_length():
     assert without["candidate"]["median_ms"] > without["reference"]["median_ms"] + 0.05, without
     assert spun["candidate"]["median_ms"] < without["candidate"]["median_ms"] - 0.05, (spun, without)
     assert spun["speedup"] == pytest.approx(1.0, abs=0.2), spun
+
+
+class SwitchedOutClock:
+    """Stands in for torch.cuda's spin and events: each spin's elapsed time is its cycles at
+    `mhz`, stretched by the next of `stretches` (other contexts' time slices in between)."""
+
+    def __init__(self, mhz, stretches):
+        self.mhz, self.stretches, self.last_ms = mhz, list(stretches), 0.0
+
+    def sleep(self, cycles):
+        self.last_ms = cycles / (self.mhz * 1000.0) * (self.stretches.pop(0) if self.stretches else 1.0)
+
+    def event(self, enable_timing=False):
+        clock = self
+
+        class Event:
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return clock.last_ms
+        return Event()
+
+
+def test_the_clock_is_the_fastest_of_its_probes(monkeypatch):
+    # The wake-up spin, then five probes, three of them switched out for a while.
+    clock = SwitchedOutClock(1980, [1.0, 1.33, 1.07, 1.0, 1.25, 1.0])
+    monkeypatch.setattr(torch.cuda, "_sleep", clock.sleep)
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
+    monkeypatch.setattr(timing, "_cycles_per_us", ())
+    assert timing.cycles_per_us("cuda:7") == pytest.approx(1980)
+    assert timing.cycles_per_us("cuda:7") == pytest.approx(1980), "measured once per device"
+    assert not clock.stretches, "no probe left over: five of them, after the wake-up"
+
+
+@needs_gpu
+def test_gpu_the_clock_is_calibrated_near_the_sm_clock():
+    cycles = timing.cycles_per_us(torch.device("cuda"))
+    # The SM clock in MHz is cycles per µs; any GPU kz runs on is between 0.5 and 3.5 GHz.
+    assert 500 < cycles < 3500, cycles
