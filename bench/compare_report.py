@@ -167,15 +167,20 @@ def stage_parts(verdicts: list, key: str, label: str) -> list:
     checks, the comparisons of the sampled outputs copied in the hold)."""
     lines = []
     for fmt in FORMATS:
-        sums = {}
-        for v in verdicts:
-            if v["format"] == fmt:
-                for part, seconds in (v.get(key) or {}).items():
-                    sums[part] = sums.get(part, 0.0) + seconds
+        sums = summed_parts([v for v in verdicts if v["format"] == fmt], key)
         if sums:
             parts = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in sorted(sums.items()))
             lines.append(f"  {fmt} {label}: {parts}")
     return lines
+
+
+def summed_parts(verdicts: list, key: str) -> dict:
+    """part -> seconds, summed over the verdicts' `key` ({part: seconds} each, or absent)."""
+    sums = {}
+    for v in verdicts:
+        for part, seconds in (v.get(key) or {}).items():
+            sums[part] = sums.get(part, 0.0) + seconds
+    return sums
 
 
 def startup_lines(verdicts: list) -> list:
@@ -188,18 +193,14 @@ def startup_lines(verdicts: list) -> list:
         served = [v for v in verdicts if v["format"] == fmt and v.get("startup_s")]
         if not served:
             continue
-        server = sum(v["startup_s"].get("server", 0.0) for v in served)
-        device = sum(v["startup_s"].get("device", 0.0) for v in served)
-        stage = sum((v.get("stage_s") or {}).get("startup", 0.0) for v in served)
+        parts = summed_parts(served, "startup_s")
+        server, device = parts.get("server", 0.0), parts.get("device", 0.0)
+        stage = summed_parts(served, "stage_s").get("startup", 0.0)
         longest = max(v["startup_s"].get("server", 0.0) for v in served)
         lines.append(f"  {fmt} startup ({len(served)} served by fork servers): waiting for a server {server:.1f} s "
                      f"(the longest {longest:.1f} s: the zygote's imports, the first time), for the child's device "
                      f"{device:.1f} s, the rest {max(0.0, stage - server - device):.1f} s")
-        steps = {}
-        for v in served:
-            for key, seconds in v["startup_s"].items():
-                if key.startswith("device_"):
-                    steps[key.removeprefix("device_")] = steps.get(key.removeprefix("device_"), 0.0) + seconds
+        steps = {part.removeprefix("device_"): seconds for part, seconds in parts.items() if part.startswith("device_")}
         if steps:
             lines.append(f"    the device's preparation where a request waited for it: "
                          + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps.items()))
