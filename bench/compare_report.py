@@ -184,27 +184,45 @@ def summed_parts(verdicts: list, key: str) -> dict:
 
 
 def startup_lines(verdicts: list) -> list:
-    """One line per format: where the startup stage went for the evaluations a fork server served
-    (each verdict's startup_s): the wait for a server (forked from its zygote, which the first time
-    means its imports), the wait for the child's device (CUDA context, profiler), and the rest (the
-    child's own set-up and the harness's start up to its first message)."""
+    """One line per format and kind of process: where the startup stage went (each verdict's
+    startup_s). For the evaluations a fork server served: the wait for a server (forked from its
+    zygote, which the first time means its imports), the wait for the child's device (CUDA context,
+    profiler), and the rest (the child's own set-up and the harness's start up to its first message).
+    For those run in a process of their own while the zygote imported ([worker]
+    fresh_while_preparing): its imports, the wait for its device after them, and the seconds its
+    CUDA context took in a thread beside the imports."""
     lines = []
     for fmt in FORMATS:
-        served = [v for v in verdicts if v["format"] == fmt and v.get("startup_s")]
-        if not served:
-            continue
-        parts = summed_parts(served, "startup_s")
-        server, device = parts.get("server", 0.0), parts.get("device", 0.0)
-        stage = summed_parts(served, "stage_s").get("startup", 0.0)
-        longest = max(v["startup_s"].get("server", 0.0) for v in served)
-        lines.append(f"  {fmt} startup ({len(served)} served by fork servers): waiting for a server {server:.1f} s "
-                     f"(the longest {longest:.1f} s: the zygote's imports, the first time), for the child's device "
-                     f"{device:.1f} s, the rest {max(0.0, stage - server - device):.1f} s")
-        steps = {part.removeprefix("device_"): seconds for part, seconds in parts.items() if part.startswith("device_")}
-        if steps:
-            lines.append(f"    the device's preparation where a request waited for it: "
-                         + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps.items()))
+        started = [v for v in verdicts if v["format"] == fmt and v.get("startup_s")]
+        served = [v for v in started if "imports" not in v["startup_s"]]
+        fresh = [v for v in started if "imports" in v["startup_s"]]
+        if served:
+            parts = summed_parts(served, "startup_s")
+            server, device = parts.get("server", 0.0), parts.get("device", 0.0)
+            stage = summed_parts(served, "stage_s").get("startup", 0.0)
+            longest = max(v["startup_s"].get("server", 0.0) for v in served)
+            lines.append(f"  {fmt} startup ({len(served)} served by fork servers): waiting for a server {server:.1f} s "
+                         f"(the longest {longest:.1f} s: the zygote's imports, the first time), for the child's device "
+                         f"{device:.1f} s, the rest {max(0.0, stage - server - device):.1f} s")
+            lines += device_step_lines(parts)
+        if fresh:
+            parts = summed_parts(fresh, "startup_s")
+            imports, device = parts.get("imports", 0.0), parts.get("device", 0.0)
+            stage = summed_parts(fresh, "stage_s").get("startup", 0.0)
+            lines.append(f"  {fmt} startup ({len(fresh)} in processes of their own while the zygote imported): "
+                         f"imports {imports:.1f} s, then waiting for the device {device:.1f} s (its context made "
+                         f"during the imports: {parts.get('early_context', 0.0):.1f} s), the rest "
+                         f"{max(0.0, stage - imports - device):.1f} s")
+            lines += device_step_lines(parts)
     return lines
+
+
+def device_step_lines(parts: dict) -> list:
+    steps = {part.removeprefix("device_"): seconds for part, seconds in parts.items() if part.startswith("device_")}
+    if not steps:
+        return []
+    return ["    the device's preparation where a request waited for it: "
+            + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in steps.items())]
 
 
 def waits_per_device(verdicts: list) -> list:

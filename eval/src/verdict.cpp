@@ -101,7 +101,7 @@ nlohmann::json to_json(const Verdict& v) {
       {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
   j["stage_s"] = nlohmann::json::object();
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
-  write_parts(j, "startup_s", v.startup_s);          // optional: requests served by fork servers
+  write_parts(j, "startup_s", v.startup_s);          // optional: where a worker reported it
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);

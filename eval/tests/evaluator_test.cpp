@@ -195,8 +195,10 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   o.worker.fork_server = "never";
   Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
   ASSERT_FALSE(fresh.stage_s.empty()) << dump(fresh);
-  EXPECT_TRUE(fresh.startup_s.empty()) << "a worker started for one request: its start-up is all its own\n"
-                                       << dump(fresh);
+  // A worker started for one request: its own imports and device, no server.
+  std::map<std::string, double> own(fresh.startup_s.begin(), fresh.startup_s.end());
+  EXPECT_TRUE(own.contains("imports") && own.contains("device") && !own.contains("server")) << dump(fresh);
+  EXPECT_LE(own["imports"] + own["device"], fresh.stage_s.front().second + 1e-3) << dump(fresh);
   // Relative, not a wall-time bound: on a loaded machine both slow down, the imports more.
   EXPECT_LT(forked_startup_s, fresh.stage_s.front().second) << "a forked child starts without the imports";
   EXPECT_EQ(fresh.status, wrong.status) << dump(fresh);

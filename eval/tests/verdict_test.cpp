@@ -65,7 +65,7 @@ TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
 
 TEST(Verdict, JsonRoundTripKeepsTheStartupsParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("startup_s")) << "absent where no fork server served it";
+  EXPECT_FALSE(to_json(v).contains("startup_s")) << "absent where no worker reported it (a verdict the static checks decided)";
   v.startup_s = {{"device", 0.75}, {"server", 4.5}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();

@@ -73,3 +73,50 @@ def test_a_fork_server_refuses_to_serve_where_forks_would_refuse_cuda():
                      "print('served')")
     assert done.returncode != 0 and "served" not in done.stdout
     assert "asked CUDA for its devices" in done.stderr, done.stderr
+
+
+EARLY_CONTEXT_PROBE = """
+import ctypes, json
+from kz_worker import process
+early = process.EarlyContext(%r)
+startup = process.prepare_fresh(%r, early)
+state = {"startup": startup, "error": early.error, "started": early.thread.ident is not None}
+import torch
+if torch.cuda.is_available() and early.error is None:
+    driver = ctypes.CDLL("libcuda.so.1")
+    current = ctypes.c_void_p()
+    driver.cuCtxGetCurrent(ctypes.byref(current))
+    state["same_context"] = current.value == early.context.value  # torch took the thread's primary context
+    state["sum"] = float(torch.ones(4, device="cuda:0").sum())
+print(json.dumps(state))
+"""
+
+
+def test_a_process_of_its_own_on_the_cpu_makes_no_early_context():
+    done = run_probe(EARLY_CONTEXT_PROBE % ("cpu", "cpu"))
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout.splitlines()[-1])
+    assert not state["started"] and state["error"] is None
+    assert state["startup"]["imports"] > 0 and state["startup"]["device"] >= 0
+    assert "early_context" not in state["startup"]
+
+
+def test_the_early_context_is_the_one_torch_then_uses_or_its_failure_is_left_to_torch():
+    # On a GPU the thread's primary context is current once torch made its own; without one (CI) the
+    # thread's failure is recorded, and prepare_device's own context step fails as it would have.
+    done = run_probe(EARLY_CONTEXT_PROBE % ("cuda:0", "cuda:0"))
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout.splitlines()[-1])
+    assert state["started"]
+    if state["error"] is None:
+        assert state["same_context"] and state["sum"] == 4.0, state
+        assert state["startup"]["early_context"] > 0 and "device_context" in state["startup"]
+    else:
+        assert "libcuda" in state["error"] or "CUresult" in state["error"], state
+
+
+def test_a_cuda_ordinal_is_read_as_torch_reads_the_device():
+    sys.path.insert(0, str(WORKER_DIR))
+    from kz_worker import process
+    assert process._cuda_ordinal("cuda") == 0 and process._cuda_ordinal("cuda:3") == 3
+    assert process._cuda_ordinal("cpu") is None

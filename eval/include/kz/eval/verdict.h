@@ -108,8 +108,10 @@ struct Verdict {
   // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
   // the wait for its child's CUDA context, profiler and clock, reported by the worker with, where it
   // waited, each step's own seconds ("device_context", "device_profiler", "device_clock"). The rest
-  // is the child's own set-up. Diagnostics for the throughput report; empty for a worker started
-  // for one request.
+  // is the child's own set-up. For a worker started for one request, reported by it: "imports",
+  // "device" (the wait for the device after the imports, with the same steps where it waited) and,
+  // on a GPU, "early_context" (its CUDA context, made in a thread beside the imports). Diagnostics
+  // for the throughput report.
   std::vector<std::pair<std::string, double>> startup_s;
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
