@@ -201,20 +201,18 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   return setup;
 }
 
-void Evaluator::customize_worker(const EvalOptions& options, ProcessSpec& spec, EvalMode mode) {
-  set_worker_device(options.device, spec);
+void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
+  set_worker_device(options_.device, spec);
   if (mode == EvalMode::compile_only) {
     spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
-    spec.nice_increment = options.worker.prebuild_niceness;
+    spec.nice_increment = options_.worker.prebuild_niceness;
   }
-  apply_sandbox(options.sandbox, options.device, spec);
+  apply_sandbox(options_.sandbox, options_.device, spec);
 }
 
 Status Evaluator::start_fork_servers(int count, EvalMode mode) const {
-  // A copy of the options: servers may still be started from it once this Evaluator is gone.
-  return kz::start_fork_servers(
-      worker_setup(mode), kScratchPrefix,
-      [options = options_, mode](ProcessSpec& spec) { customize_worker(options, spec, mode); }, count);
+  return kz::start_fork_servers(worker_setup(mode), kScratchPrefix,
+                                [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); }, count);
 }
 
 // Every 64th build kept by this process (the first included) looks at the size of them all: a scan of
@@ -256,7 +254,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
         return request;
       },
       [&](const std::string& stage) { return stage_timeout_s(options_.timeouts, stage); },
-      [this, mode](ProcessSpec& spec) { customize_worker(options_, spec, mode); },
+      [this, mode](ProcessSpec& spec) { customize_worker(spec, mode); },
       [&](const fs::path& scratch) {
         if (!kept_builds.empty() && keep_extension_builds(scratch, kept_builds)) prune_now_and_then();
       });

@@ -12,9 +12,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <stop_token>
-#include <thread>
-#include <vector>
 
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
@@ -567,43 +564,6 @@ fs::path bytecode_prefix_for(const std::string& python) {
   std::error_code error;
   return fs::exists(prefix / ".kz-complete", error) ? prefix : fs::path();
 }
-// Fork servers started once a zygote is prepared, for the requests after a first wave that ran in
-// processes of their own (WorkerSetup::fresh_while_preparing): their next children make their CUDA
-// contexts while that wave runs, as the first wave's servers' would have. One thread per kind, each
-// joined (asked to stop) before the idle servers and zygotes it fills are destroyed at exit: this
-// object is made after both.
-class ServerWarmers {
- public:
-  static ServerWarmers& instance() {
-    static ServerWarmers warmers;
-    return warmers;
-  }
-
-  void start(const WorkerSetup& setup, const std::string& key, const std::string& scratch_prefix,
-             const std::function<void(ProcessSpec&)>& customize, int count) {
-    std::lock_guard lock(mutex_);
-    threads_.emplace_back([=](std::stop_token stop) {
-      auto deadline = Clock::now() + kZygoteAnswer;
-      while (Zygotes::instance().preparing(key)) {
-        if (stop.stop_requested() || Clock::now() > deadline) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      for (int i = 0; i < count && !stop.stop_requested(); ++i) {
-        auto server = start_worker(setup, scratch_prefix, customize);
-        if (!server.ok()) return;  // the requests start theirs, and say why where they cannot
-        IdleServers::instance().add(key, std::move(*server), 0);  // as many as asked for
-      }
-    });
-  }
-
- private:
-  ServerWarmers() {
-    (void)IdleServers::instance();  // made first, destroyed last
-    (void)Zygotes::instance();
-  }
-  std::mutex mutex_;
-  std::vector<std::jthread> threads_;  // destroyed first: each asked to stop and joined
-};
 }  // namespace
 
 bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
@@ -686,10 +646,7 @@ Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_p
   std::string key = server_key(setup, scratch_prefix, customize);
   if (!setup.zygote_library.empty()) {
     std::string why;
-    if (Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) {
-      if (setup.fresh_while_preparing) ServerWarmers::instance().start(setup, key, scratch_prefix, customize, count);
-      return Status::ok();
-    }
+    if (Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) return Status::ok();
     warn_without_zygote(why);
   }
   for (int i = 0; i < count; ++i) {

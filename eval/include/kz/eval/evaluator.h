@@ -76,9 +76,8 @@ class Evaluator {
   WorkerSetup worker_setup(EvalMode mode) const;
   // Environment and sandbox of this evaluator's workers for `mode`: compile-only requests (the `cuda`
   // pre-builds) run on fork servers of their own kind (KZ_WORKER_ROLE=build), which skip what only
-  // running a candidate needs, and never take a server prepared for an evaluation. Static: a fork
-  // server may be started from a copy of the options after this Evaluator is gone.
-  static void customize_worker(const EvalOptions& options, ProcessSpec& spec, EvalMode mode);
+  // running a candidate needs, and never take a server prepared for an evaluation.
+  void customize_worker(ProcessSpec& spec, EvalMode mode) const;
   EvalOptions options_;
   WorkerSetup setup_;  // resolved once (interpreter, worker code, caches); worker_setup() adapts it
   std::shared_ptr<VerdictCache> cache_;  // shared by copies; thread-safe

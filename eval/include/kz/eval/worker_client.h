@@ -134,10 +134,7 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
 // prepared. With a zygote (setup.zygote_library) it starts that kind's zygote instead and returns
 // at once: servers are forked from it as requests come, each request that finds none idle forking
 // its own, and no batch waits for the zygote's imports before its first request (they overlap the
-// `cuda` pre-builds' start). With setup.fresh_while_preparing too, `count` servers are started in
-// the background once the zygote is prepared, for the requests after the first wave (which ran in
-// processes of their own); `customize` is then called after this returns, from another thread, so
-// it must own what it uses. Nothing without setup.fork_server.
+// `cuda` pre-builds' start). Nothing without setup.fork_server.
 Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,
                           const std::function<void(ProcessSpec&)>& customize, int count);
 
