@@ -188,9 +188,9 @@ def startup_lines(verdicts: list) -> list:
     startup_s). For the evaluations a fork server served: the wait for a server (forked from its
     zygote, which the first time means its imports), the wait for the child's device (CUDA context,
     profiler), and the rest (the child's own set-up and the harness's start up to its first message).
-    For those run in a process of their own while the zygote imported ([worker]
-    fresh_while_preparing): its imports, the wait for its device after them, and the seconds its
-    CUDA context took in a thread beside the imports."""
+    For those run in a worker started for the request alone ([worker] fork_server = "never"): its
+    imports, the wait for its device after them, and the seconds its CUDA context took in a thread
+    beside the imports."""
     lines = []
     for fmt in FORMATS:
         started = [v for v in verdicts if v["format"] == fmt and v.get("startup_s")]
@@ -209,7 +209,7 @@ def startup_lines(verdicts: list) -> list:
             parts = summed_parts(fresh, "startup_s")
             imports, device = parts.get("imports", 0.0), parts.get("device", 0.0)
             stage = summed_parts(fresh, "stage_s").get("startup", 0.0)
-            lines.append(f"  {fmt} startup ({len(fresh)} in processes of their own while the zygote imported): "
+            lines.append(f"  {fmt} startup ({len(fresh)} in workers started for them): "
                          f"imports {imports:.1f} s, then waiting for the device {device:.1f} s (its context made "
                          f"during the imports: {parts.get('early_context', 0.0):.1f} s), the rest "
                          f"{max(0.0, stage - imports - device):.1f} s")

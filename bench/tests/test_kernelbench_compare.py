@@ -322,12 +322,12 @@ def test_the_startups_waits_are_summed_per_format():
 def test_startups_in_processes_of_their_own_are_reported_apart():
     data = synthetic()
     by_format = {v["format"]: v for v in data["kz_batch"]["verdicts"]}
-    # the first wave while the zygote imported: its own imports, then the device it made meanwhile
+    # a worker started for the request: its own imports, then the device it made meanwhile
     by_format["cuda-rtc"]["startup_s"] = {"imports": 1.5, "device": 0.25, "early_context": 1.0,
                                           "device_context": 0.125}
     by_format["triton"]["startup_s"] = {"server": 0.5, "device": 0.0}
     text = compare_report.stage_section(data)
-    assert ("  cuda-rtc startup (1 in processes of their own while the zygote imported): imports 1.5 s, then "
+    assert ("  cuda-rtc startup (1 in workers started for them): imports 1.5 s, then "
             "waiting for the device 0.2 s (its context made during the imports: 1.0 s), the rest 0.2 s") in text
     assert "    the device's preparation where a request waited for it: context 0.1 s" in text
     assert "  triton startup (1 served by fork servers): waiting for a server 0.5 s" in text

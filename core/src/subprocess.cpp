@@ -1250,17 +1250,6 @@ bool Zygote::alive() {
   return !process_.wait_for(std::chrono::milliseconds(1));
 }
 
-bool Zygote::prepared() {
-  std::lock_guard lock(process_mutex_);
-  std::string line;
-  // 1 ms: read_message polls the pipes only while its deadline is ahead.
-  while (!prepared_ && process_.read_message(line, std::chrono::milliseconds(1)) == Process::ReadEvent::line) {
-    auto message = nlohmann::json::parse(line, nullptr, false);
-    prepared_ = message.is_object() && message.value("type", "") == "prepared";
-  }
-  return prepared_;
-}
-
 pid_t Zygote::pid() const { return process_.pid(); }
 
 std::string Zygote::stderr_tail() const {

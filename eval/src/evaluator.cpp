@@ -195,9 +195,6 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or
   // `cuda` pre-builds (one per core), so that the next batch's first wave finds them all prepared.
   setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores() : default_jobs(options_) + spare_servers(options_);
-  // Only where a CUDA context can be made during the imports; a pre-build has none to make.
-  setup.fresh_while_preparing =
-      options_.worker.fresh_while_preparing && mode != EvalMode::compile_only && options_.device != "cpu";
   return setup;
 }
 

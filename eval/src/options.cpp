@@ -47,7 +47,6 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
       {"worker.fork_server", o.worker.fork_server},
       {"worker.zygote", o.worker.zygote},
-      {"worker.fresh_while_preparing", o.worker.fresh_while_preparing},
       {"worker.parallel_nvcc", o.worker.parallel_nvcc},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},

@@ -348,16 +348,6 @@ class Zygotes {
     return entry->zygote;
   }
 
-  // Whether the zygote for servers of `key` is started, alive and still preparing.
-  bool preparing(const std::string& key) {
-    std::shared_ptr<Zygote> zygote;
-    {
-      std::lock_guard lock(mutex_);
-      if (auto it = zygotes_.find(key); it != zygotes_.end() && it->second) zygote = it->second->zygote;
-    }
-    return zygote && !zygote->prepared() && zygote->alive();
-  }
-
  private:
   // The zygote itself: a server's program and environment (`server`, made for the zygote's own
   // scratch dir), without the sandbox, which each server applies to itself after the fork.
@@ -464,13 +454,6 @@ class IdleServers {
       if (!server.process.wait_for(std::chrono::milliseconds(0))) return server;
     }
     return std::nullopt;
-  }
-
-  // Whether a server of `key` waits (it may die before it is taken: take() says).
-  bool has(const std::string& key) {
-    std::lock_guard lock(mutex_);
-    auto it = idle_.find(key);
-    return it != idle_.end() && !it->second.empty();
   }
 
   // Keeps `server` for a later request, unless `max_idle` of its kind wait already (0: no cap).
@@ -625,11 +608,6 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
     return std::move(supervised.outcome);
   }
   std::string key = server_key(setup, scratch_prefix, customize);
-  if (setup.fresh_while_preparing && !IdleServers::instance().has(key) && Zygotes::instance().preparing(key)) {
-    WorkerSetup fresh = setup;
-    fresh.fork_server = false;
-    return run_worker_request(fresh, scratch_prefix, make_request, deadline_s, customize, after_request);
-  }
   auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize, after_request);
   // A server that failed before its child's first message (killed while idle, a fork refused at a
   // process limit, a child that could not set up) is no verdict on the candidate: once more, on

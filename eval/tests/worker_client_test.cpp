@@ -40,8 +40,6 @@ def prepare_host(device):
     global prepared_by
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
     prepared_by = os.getpid()
-    if os.environ.get("KZ_WORKER_ZYGOTE") == "1":  # a zygote slow to import, where a test asks
-        time.sleep(float(os.environ.get("KZ_TEST_ZYGOTE_IMPORT_S", "0")))
 
 prepared_at = None
 device_steps_s = {}
@@ -645,44 +643,6 @@ TEST_P(WorkerClientTest, AZygoteThatCannotSetnsBackEndsAndServersStartOnTheirOwn
        std::this_thread::sleep_for(50ms))
     if ((dirs = dirs_with_processes(root_ / "scratch", "kz-test-no-setns-")).size() <= 1) break;
   EXPECT_EQ(dirs.size(), 1u) << "a server forked by the zygote before it ended lives on: " << fmt::format("{}", fmt::join(dirs, ", "));
-}
-
-// A cold batch's first wave on a GPU ([worker] fresh_while_preparing): while the zygote imports, a
-// request that finds no idle server runs in a process of its own instead of waiting; once the
-// zygote is prepared, requests go to fork servers again.
-TEST_P(WorkerClientTest, RequestsWhileTheZygoteImportsRunInProcessesOfTheirOwn) {
-  WorkerSetup s = setup(true);
-  s.fresh_while_preparing = true;
-  constexpr double kZygoteImportS = 6;
-  auto slow = [&](ProcessSpec& spec) { spec.env["KZ_TEST_ZYGOTE_IMPORT_S"] = fmt::format("{}", kZygoteImportS); };
-  ASSERT_TRUE(start_fork_servers(s, "kz-test-", slow, 1).is_ok());
-  auto started = std::chrono::steady_clock::now();
-  WorkerOutcome first = run(s, nlohmann::json::object(), "kz-test-", 30, slow);
-  double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  ASSERT_EQ(first.kind, WorkerOutcome::Kind::result) << first.message;
-  if (!zygote()) {  // servers on their own: no zygote to wait for
-    EXPECT_EQ(first.result["prepared_by"], first.result["ppid"]) << "a fork server's child: " << first.result.dump();
-    return;
-  }
-  EXPECT_EQ(first.result["prepared_by"], first.result["pid"]) << "prepared by itself: " << first.result.dump();
-  EXPECT_FALSE(first.server_wait_s.has_value()) << "no server was waited for";
-  EXPECT_LT(first_s, kZygoteImportS - 1) << "it did not wait for the zygote's imports";
-  std::this_thread::sleep_for(std::chrono::duration<double>(kZygoteImportS - first_s + 0.5));
-  WorkerOutcome later = run(s, nlohmann::json::object(), "kz-test-", 30, slow);
-  ASSERT_EQ(later.kind, WorkerOutcome::Kind::result) << later.message;
-  EXPECT_NE(later.result["prepared_by"], later.result["pid"]) << "a fork server's child: " << later.result.dump();
-  EXPECT_NE(later.result["prepared_by"], later.result["ppid"]) << "whose server the zygote prepared";
-
-  WorkerSetup waits = setup(true);  // without the option, a request waits for the zygote
-  auto other = [&](ProcessSpec& spec) {
-    slow(spec);
-    spec.env["KZ_TEST_KIND"] = "waits";  // a kind of its own, whose zygote starts now
-  };
-  ASSERT_TRUE(start_fork_servers(waits, "kz-test-", other, 1).is_ok());
-  WorkerOutcome waited = run(waits, nlohmann::json::object(), "kz-test-", 30, other);
-  ASSERT_EQ(waited.kind, WorkerOutcome::Kind::result) << waited.message;
-  EXPECT_NE(waited.result["prepared_by"], waited.result["pid"]) << waited.result.dump();
-  EXPECT_GT(waited.server_wait_s.value_or(0), kZygoteImportS - 2) << "it waited for the zygote's imports";
 }
 
 TEST_P(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {

@@ -9,7 +9,6 @@ The protocol (kz/core/subprocess.h, class Zygote) on the control socket at fd 4,
 SOCK_SEQPACKET message: {"op": "spawn", "plan": ..., "env": ..., "fds": [...]} with descriptors,
 answered by {"op": "spawned", "pid": N} or {"op": "spawn_failed", "error": ...}; {"op": "exited",
 ...} when a child exits (it stays a zombie until {"op": "reap", "pid": N}); EOF ends the zygote.
-Once prepared it says so on its message pipe (fd 3): {"type": "prepared"}.
 
 Each child is the first process of a new PID namespace where the plan asks for one (unshare before
 the fork; the namespace for later children is reset after it), applies its sandbox with the
@@ -49,9 +48,6 @@ def serve(device_name: str):
     os.close(null)
     process.quietly(process.prepare_host, device_name)
     fork_server.refuse_if_fork_unsafe()
-    # The supervisor's Zygote::prepared(): until this line a request that finds no idle server may
-    # run in a fresh process instead of waiting for this start ([worker] fresh_while_preparing).
-    os.write(fork_server.MESSAGE_FD, b'{"type": "prepared"}\n')
     fork_server.prctl(fork_server.PR_SET_DUMPABLE, 0)
     setup = ctypes.CDLL(os.environ["KZ_ZYGOTE_LIB"], use_errno=True).kz_zygote_child_setup
     setup.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int]

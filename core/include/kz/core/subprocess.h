@@ -215,10 +215,6 @@ class Zygote {
   Result<Process> spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout);
   // False once the zygote died, closed its socket or failed to answer.
   bool alive();
-  // Whether the zygote said it is prepared (the line {"type": "prepared"} on its message pipe, once
-  // its own start is done): a spawn then answers at once, where before it waits for that start.
-  // Waits 1 ms at most.
-  bool prepared();
   pid_t pid() const;
   // The zygote's stderr so far (its imports' complaints, a traceback when it died).
   std::string stderr_tail() const;
@@ -230,7 +226,6 @@ class Zygote {
   Zygote(Process process, std::shared_ptr<Channel> channel);
   mutable std::mutex process_mutex_;  // spawns run from several threads; process_ drains its pipes
   Process process_;
-  bool prepared_ = false;  // under process_mutex_
   std::shared_ptr<Channel> channel_;
 };
 

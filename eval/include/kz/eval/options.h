@@ -67,11 +67,6 @@ struct WorkerOptions {
   // dir), applied by the supervisor's own code in the forked child. Where no zygote can start or
   // answer, servers are started as programs of their own, with a warning.
   bool zygote = true;
-  // On a GPU, an evaluation that finds no idle fork server while its kind's zygote is still
-  // importing (a cold batch's first wave) runs in a process started for it, whose CUDA context is
-  // made in a thread during its imports, instead of waiting for the zygote and then making the
-  // context in the forked child (~3 s each for eight at once beside a cold batch's builds on the H200).
-  bool fresh_while_preparing = true;
   // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
   // the host front end and the device chain at once while a core is idle (one build alone 1.25-1.4x
   // sooner on the H200; nothing in a CPU-bound batch; the same object byte for byte). false: nvcc itself.

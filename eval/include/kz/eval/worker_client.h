@@ -40,11 +40,6 @@ struct WorkerSetup {
   // Workers' KZ_PARALLEL_NVCC: kz-nvcc, which their load_inline runs as nvcc ([worker] parallel_nvcc).
   // Empty: nvcc itself.
   std::filesystem::path parallel_nvcc;
-  // A request that finds no idle fork server while its kind's zygote is still preparing (a cold
-  // batch's first wave) runs in a process started for it alone, which makes its CUDA context during
-  // its imports (worker/kz_worker/process.py, EarlyContext), instead of waiting for the zygote and
-  // then for a context in the forked child ([worker] fresh_while_preparing; never for pre-builds).
-  bool fresh_while_preparing = false;
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
@@ -125,10 +120,6 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const std::function<void(ProcessSpec&)>& customize = {},
                                          const std::function<void(const std::filesystem::path&)>& after_request = {});
 
-// With setup.fresh_while_preparing, a request that finds no idle server while its kind's zygote
-// has not said it is prepared runs as without setup.fork_server: a process of its own, removed
-// with its scratch dir afterwards.
-//
 // With setup.fork_server: starts `count` fork servers of the kind run_worker_request(setup,
 // scratch_prefix, ..., customize) takes, so that the first requests of a batch find theirs
 // prepared. With a zygote (setup.zygote_library) it starts that kind's zygote instead and returns
