@@ -10,8 +10,9 @@
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
-#   PART = startup: no build; bench/worker_startup_probe.py: a worker's start-up phases, fresh
-#                   processes against children forked from a preloaded parent, 1 and 8 at once
+#   PART = startup: no build; bench/worker_startup_probe.py: a worker's start-up phases through
+#                   kz_worker.process, fresh processes (with and without the CUDA context made during
+#                   the imports) against children forked from a prepared parent, 1 and 8 at once
 #   PART = multigpu: build kz only; the fixed 34-candidate batch (bench/make_eval_batch.py), cold, on
 #                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
 #                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
