@@ -327,7 +327,21 @@ def timeline_lines(data: dict) -> list:
         lines.append(f"    cuda pre-builds {min(b[0] for b in builds):.1f}-{end:.1f}; the last to end ({last['id']}, "
                      f"{end - begin:.1f} s) then evaluated {last['started_s']:.1f}-"
                      f"{last['started_s'] + (last.get('wall_s') or 0.0):.1f}")
-    return lines
+    return lines + own_phase_lines(batch)
+
+
+def own_phase_lines(batch: dict) -> list:
+    """kz's own time around the batch, from its summary's phases_s (kz eval-suite): set-up before
+    the first request, shut-down of the fork servers after the last verdict, and the rest of the
+    wall time the harness measured (exec, loading, writing the results, exit)."""
+    phases = batch.get("phases_s")
+    if not phases:
+        return []
+    inside = phases["setup"] + phases["batch"] + phases["shutdown"]
+    rest = (batch.get("wall_s") or 0.0) - inside
+    return [f"    kz's own: set-up {phases['setup']:.2f} s before the batch, its batch {phases['batch']:.2f} s, "
+            f"shut-down {phases['shutdown']:.2f} s ({phases['servers_ended']} fork servers ended at once), "
+            f"the process's start and exit {rest:.2f} s"]
 
 
 def kb_outcomes(data: dict) -> list:

@@ -109,9 +109,12 @@ def run_kz(args, name: str, candidates: pathlib.Path, flags: list, cache_home: p
             timed_out = False
         except subprocess.TimeoutExpired:
             rc, timed_out = None, True
+    wall_s = time.monotonic() - started
     verdicts = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
-    return {"command": shown(" ".join(command), args), "wall_s": time.monotonic() - started, "rc": rc,
-            "timed_out": timed_out, "verdicts": verdicts}
+    summary = out.with_suffix(".summary.json")
+    phases = json.loads(summary.read_text()).get("phases_s") if summary.exists() else None
+    return {"command": shown(" ".join(command), args), "wall_s": wall_s, "rc": rc, "timed_out": timed_out,
+            "verdicts": verdicts, "phases_s": phases}
 
 
 def shown(text: str, args) -> str:

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
 #include <iostream>
 
 #include "commands.h"
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
 #include "kz/eval/suite.h"
+#include "kz/eval/worker_client.h"
 
 namespace kz::cli {
 namespace {
@@ -19,7 +21,24 @@ struct SuiteArgs {
   EvalFlags flags;
 };
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Where kz's own time went around the evaluations: set-up (the suite, the candidates, the
+// evaluator: nvidia-smi on a GPU), the batch, and the shut-down of the fork servers and zygotes.
+struct Phases {
+  double setup_s = 0, batch_s = 0, shutdown_s = 0;
+  int servers_ended = 0;
+};
+
+nlohmann::json phases_json(const Phases& p) {
+  return {{"setup", p.setup_s}, {"batch", p.batch_s}, {"shutdown", p.shutdown_s}, {"servers_ended", p.servers_ended}};
+}
+
 int run(const SuiteArgs& args) {
+  auto started = Clock::now();
+  Phases phases;
   // Several GPUs (--device cuda:0,cuda:1 or cuda:all): one pool of workers per device.
   EvalFlags flags = args.flags;
   auto device_list = take_device_list(flags);
@@ -48,15 +67,26 @@ int run(const SuiteArgs& args) {
   std::cerr << fmt::format("kz: {} candidates for {} tasks from {}, {}, {} at once{}\n", entries->size(),
                            tasks->size(), args.candidates, device_text, run_options.jobs,
                            devices.size() > 1 ? " per device" : "");
+  phases.setup_s = seconds_since(started);
+  auto batch_started = Clock::now();
   auto verdicts = run_suite(*evaluator, *tasks, *entries, run_options, std::cerr);
+  phases.batch_s = seconds_since(batch_started);
+  // Now, not at exit: they end side by side, and the summary can say what that took.
+  auto shutdown_started = Clock::now();
+  phases.servers_ended = stop_fork_servers();
+  phases.shutdown_s = seconds_since(shutdown_started);
   if (!verdicts.ok()) return report_error(verdicts.status());
+  std::cerr << fmt::format("kz: set-up {:.2f} s, batch {:.2f} s, shut-down {:.2f} s ({} fork servers ended)\n",
+                           phases.setup_s, phases.batch_s, phases.shutdown_s, phases.servers_ended);
 
   SuiteSummary summary = summarize(*verdicts, static_cast<int>(tasks->size()));
   if (!args.quiet) std::cout << render_verdict_table(*verdicts) << "\n";
   std::cout << render_summary(summary);
   if (!args.out.empty()) {
     auto summary_path = std::filesystem::path(args.out).replace_extension(".summary.json");
-    auto written = write_file_atomic(summary_path, summary_json(summary).dump(2) + "\n");
+    nlohmann::json json = summary_json(summary);
+    json["phases_s"] = phases_json(phases);
+    auto written = write_file_atomic(summary_path, json.dump(2) + "\n");
     if (!written.is_ok()) return report_error(written);
     std::cout << fmt::format("results: {}  summary: {}\n", args.out, summary_path.string());
   }

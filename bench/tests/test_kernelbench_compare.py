@@ -83,6 +83,7 @@ def test_the_report_has_rates_ratios_stages_and_agreement(gpu_run):
     assert "reference as its own candidate (--format torch): 20 tasks" in text
     assert "load_reference" in text and "pre-build+start" in text
     assert "timeline (s from the batch's start" in text and "cuda pre-builds 0.2-0.3; the last to end" in text
+    assert "kz's own: set-up 0.20 s before the batch" in text and "shut-down 0.00 s (0 fork servers ended" in text
     cuda = [v for v in data["kz_batch"]["verdicts"] if v["format"] == "cuda"]
     assert all((v["prebuild_s"] is None) == (v["status"] == "compile_error") for v in cuda), "kept from kz's verdicts"
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <deque>
 #include <map>
@@ -348,6 +349,12 @@ class Zygotes {
     return entry->zygote;
   }
 
+  // Ends every zygote (a later server starts its kind's again).
+  void stop_all() {
+    std::lock_guard lock(mutex_);
+    zygotes_.clear();
+  }
+
  private:
   // The zygote itself: a server's program and environment (`server`, made for the zygote's own
   // scratch dir), without the sandbox, which each server applies to itself after the fork.
@@ -464,6 +471,16 @@ class IdleServers {
     idle.push_back(std::move(server));
   }
 
+  // Every idle server, of every kind, taken out (stop_fork_servers).
+  std::vector<StartedWorker> take_all() {
+    std::lock_guard lock(mutex_);
+    std::vector<StartedWorker> all;
+    for (auto& [key, idle] : idle_)
+      for (auto& server : idle) all.push_back(std::move(server));
+    idle_.clear();
+    return all;
+  }
+
  private:
   std::mutex mutex_;
   std::map<std::string, std::deque<StartedWorker>> idle_;
@@ -548,6 +565,17 @@ fs::path bytecode_prefix_for(const std::string& python) {
   return fs::exists(prefix / ".kz-complete", error) ? prefix : fs::path();
 }
 }  // namespace
+
+int stop_fork_servers() {
+  std::vector<StartedWorker> servers = IdleServers::instance().take_all();
+  // All signalled before any is waited for: each server's children (a spare holding a CUDA
+  // context) then end side by side, where the program's exit would end them one server at a time.
+  for (auto& server : servers) server.process.kill_group(SIGKILL);
+  int count = static_cast<int>(servers.size());
+  servers.clear();  // reaped (a zygote's child once its zygote reported its end), scratch dirs removed
+  Zygotes::instance().stop_all();  // after their children: a zygote reports each one's end
+  return count;
+}
 
 bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
   return options.fork_server == "always" || (options.fork_server == "gpu" && device != "cpu");

@@ -41,6 +41,7 @@ TEST(GpuLockFilesTest, UuidsFromTheDriversProcFiles) {
   ASSERT_TRUE(write_file_atomic(gpus / "0000:0a:00.0" / "information", "GPU UUID: \t GPU-aaaa\n").is_ok());
   EXPECT_EQ(uuids_in_driver_info(gpus), (std::vector<std::string>{"GPU-aaaa", "GPU-bbbb"}));
   EXPECT_TRUE(uuids_in_driver_info(gpus / "absent").empty());
+  EXPECT_EQ(fields_in_driver_info(gpus, "Model"), (std::vector<std::string>{"NVIDIA H200"})) << "the whole name";
   fs::remove_all(gpus);
 }
 

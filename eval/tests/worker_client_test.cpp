@@ -512,6 +512,32 @@ TEST_P(WorkerClientTest, StartedServersTakeTheFirstRequests) {
   EXPECT_LT(first["imported_at"].get<double>(), sent_at) << "forked from a server prepared before the request";
 }
 
+// eval-suite ends its servers before it exits: every idle one and every zygote, their scratch dirs
+// removed, and a later request starts its own again.
+TEST_P(WorkerClientTest, StoppedServersAndZygotesAreGoneAndTheNextRequestStartsAgain) {
+  nlohmann::json first, second;
+  std::thread beside([&] { first = result(setup(true), {{"action", "linger"}}); });
+  second = result(setup(true), {{"action", "linger"}});  // at once: two servers
+  beside.join();
+  ASSERT_TRUE(first.contains("ppid") && second.contains("ppid")) << first.dump() << second.dump();
+  ASSERT_NE(first["ppid"], second["ppid"]);
+  EXPECT_GE(stop_fork_servers(), 2);
+  std::vector<pid_t> ended = {first["ppid"].get<int>(), second["ppid"].get<int>()};
+  if (zygote()) ended.push_back(first["prepared_by"].get<int>());
+  for (pid_t pid : ended) EXPECT_FALSE(running(pid)) << pid << " outlived stop_fork_servers";
+  std::error_code error;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::recursive_directory_iterator(root_ / "scratch", error))
+    if (entry.path().filename().string().starts_with("kz-test-")) left.push_back(entry.path().string());
+  EXPECT_TRUE(left.empty()) << "the servers' and zygote's scratch dirs are removed; left: " << fmt::format("{}", fmt::join(left, ", "));
+  EXPECT_EQ(stop_fork_servers(), 0) << "nothing left to stop";
+  auto next = result(setup(true));
+  ASSERT_TRUE(next.contains("ppid")) << next.dump();
+  EXPECT_NE(next["ppid"], first["ppid"]);
+  EXPECT_NE(next["ppid"], second["ppid"]);
+  if (zygote()) EXPECT_NE(next["prepared_by"], first["prepared_by"]) << "a new zygote";
+}
+
 // A zygote that dies before its first fork (here: its library is missing) costs no verdict: servers
 // of that kind start on their own, with one warning that says why, not one per server or batch.
 TEST_P(WorkerClientTest, ServersStartOnTheirOwnWhereTheirZygoteFailsWithOneWarning) {

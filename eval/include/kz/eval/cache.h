@@ -91,8 +91,8 @@ Result<std::string> worker_code_version(const std::filesystem::path& worker_dir)
 // random value, so nothing is shared rather than something stale.
 const std::string& supervisor_version();
 
-// The GPU model names nvidia-smi reports, sorted and joined with '|' ("NVIDIA H200"); empty when
-// there is no nvidia-smi. Every model of the host is named (not just the evaluated device's, whose
+// The GPU model names, sorted and joined with '|' ("NVIDIA H200"): the driver's
+// /proc/driver/nvidia/gpus/*/information, else nvidia-smi's; empty when neither says. Every model of the host is named (not just the evaluated device's, whose
 // nvidia-smi index may differ from its CUDA index), so a verdict never crosses GPU models.
 std::string gpu_model_names();
 // Every GPU's UUID ("GPU-...") and every MIG instance's ("MIG-..."), whatever CUDA_VISIBLE_DEVICES
@@ -102,6 +102,8 @@ std::vector<std::string> gpu_uuids();
 // The UUIDs in `nvidia-smi -L`'s lines, "GPU 0: NVIDIA H200 (UUID: GPU-...)" and
 // "  MIG 1g.18gb Device 0: (UUID: MIG-...)".
 std::vector<std::string> uuids_in_device_list(const std::vector<std::string>& lines);
+// The values of `field` ("Model", "GPU UUID") in each <gpus_dir>/<bus id>/information, sorted.
+std::vector<std::string> fields_in_driver_info(const std::filesystem::path& gpus_dir, const std::string& field);
 // The "GPU UUID:" of each <gpus_dir>/<bus id>/information, sorted.
 std::vector<std::string> uuids_in_driver_info(const std::filesystem::path& gpus_dir);
 // GPUs visible to CUDA: CUDA_VISIBLE_DEVICES's entries when set, else the GPUs nvidia-smi lists.
