@@ -458,6 +458,12 @@ def header_section(data: dict) -> str:
     if s.get("shared_bytecode"):
         lines.append("both import Python from the bytecode kz's setup compiled for the interpreter, whose packages carry "
                      "none (scripts/compile_worker_bytecode.py)")
+    settled = data.get("settle")
+    lines.append("both ran on a settled machine: dirty pages written out (sync {:.1f} s) and {:.1f} GiB of the toolchain's "
+                 "files read once{} before either was timed".format(settled["sync_s"], settled["read_bytes"] / 2**30,
+                                                                   "" if settled["complete"] else " (stopped at the limit)")
+                 if settled else "the machine was not settled first (--no-settle, or a run before it existed): the first "
+                 "side timed may carry the build's writeback and first reads from disk")
     if kb.get("note"):
         lines.append(f"KernelBench: {kb['note']}")
     for problem in kb.get("loader_problems", []):

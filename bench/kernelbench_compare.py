@@ -14,6 +14,10 @@ was cut):
           (bench/kb_harness.py). Its code comes from the checkout given, never from here.
   3. stability   one kernel evaluated in 5 separate kz evaluations: max/min of its times.
   4. ref         every reference evaluated as its own candidate (--format torch): speedups ~1.
+Before phase 1 (unless --no-settle) the machine is settled for both harnesses alike: dirty pages
+(the build's) written out, and the toolchain's files (torch's headers and libraries, Triton, the
+CUDA toolkit, the build's precompiled headers) read once, so that neither side's figures carry the
+build's writeback or a first read from disk that the side timed after it would not pay.
 Writes OUTDIR/compare.json (everything measured), OUTDIR/report.txt, and each tool's logs.
 On `--device cpu` (no GPU) phase 1 runs under the CPU backend, phase 2 checks KernelBench's
 loaders and runs its pre-build only, and phases 3-4 are skipped: they time kernels.
@@ -70,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--kz-config", type=pathlib.Path, default=None,
                    help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [worker] setting)")
+    p.add_argument("--no-settle", action="store_true",
+                   help="time without first writing out dirty pages and reading the toolchain's files")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: kb, stability, ref")
     p.add_argument("--dry-run", action="store_true", help="write the batch, check KernelBench's loaders, print the plan; time nothing")
     p.add_argument("--report-only", type=pathlib.Path, help="print the report of a saved compare.json and exit")
@@ -337,6 +343,55 @@ def dry_run(args, data, stub_root):
           f"ref: {len(list(args.suite.rglob('*.py')))} references with --format torch")
 
 
+SETTLE_LIMIT_S = 60.0  # reading stops here; the report says how much was read
+
+
+def toolchain_dirs(args) -> list:
+    """What both harnesses read while compiling and importing: torch's package (headers, libraries),
+    Triton's, NVIDIA's pip libraries, the CUDA toolkit's compilers and headers, kz's build dir (its
+    precompiled headers and bytecode; KernelBench reads the bytecode too, share_worker_bytecode).
+    Found without importing anything."""
+    import importlib.util
+    dirs = []
+    for package in ("torch", "triton", "nvidia"):
+        spec = importlib.util.find_spec(package)
+        if spec and spec.submodule_search_locations:
+            dirs += [pathlib.Path(p) for p in spec.submodule_search_locations]
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    cuda = pathlib.Path(nvcc).resolve().parent.parent
+    dirs += [cuda / sub for sub in ("bin", "nvvm", "include")]  # lib64's math libraries: torch brings its own
+    dirs += [args.kz.resolve().parent / sub for sub in ("lighter-builds", "pycache")]
+    return [d for d in dirs if d.is_dir()]
+
+
+def settle(args, data) -> None:
+    """sync(2), then every file under toolchain_dirs read once (up to SETTLE_LIMIT_S)."""
+    started = time.monotonic()
+    os.sync()
+    synced = time.monotonic() - started
+    read = files = 0
+    complete = True
+    for root in toolchain_dirs(args):
+        for path in root.rglob("*"):
+            if time.monotonic() - started > SETTLE_LIMIT_S:
+                complete = False
+                break
+            try:
+                if path.is_file() and not path.is_symlink():
+                    with open(path, "rb", buffering=0) as f:
+                        while chunk := f.read(1 << 20):
+                            read += len(chunk)
+                    files += 1
+            except OSError:
+                continue
+        if not complete:
+            break
+    data["settle"] = {"sync_s": synced, "read_bytes": read, "files": files, "complete": complete,
+                      "seconds": time.monotonic() - started, "dirs": [shown(str(d), args) for d in toolchain_dirs(args)]}
+    print(f"[compare] settled: sync {synced:.1f} s, read {read / 2**30:.1f} GiB in {files} files "
+          f"({'all' if complete else 'stopped at the limit'}), {data['settle']['seconds']:.0f} s", flush=True)
+
+
 def share_worker_bytecode(args) -> bool:
     """Where scripts/setup.sh compiled bytecode for an interpreter whose packages carry none (the GPU
     host's torch: every import of torch and torch._dynamo compiles ~6.5 s of sources), kz's workers
@@ -370,6 +425,8 @@ def main(argv=None):
         cache_home = work / "cache"
         save(args, data)  # a run killed in its first phase still leaves a compare.json to report on
         print(plan(args, data), flush=True)
+        if not args.no_settle:
+            settle(args, data)
         timed_phase(args, data, "kz", phase_kz_batch, budget, cache_home)
         if "kb" not in args.skip:
             timed_phase(args, data, "kb", phase_kb, budget, work / "stubs")

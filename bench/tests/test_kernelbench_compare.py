@@ -36,12 +36,42 @@ def run_main(argv):
 # ---- the whole pipeline with stand-ins -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def gpu_run(tmp_path_factory, fake_kz):
+def toolchain(tmp_path_factory):
+    """A small stand-in for the toolchain a run settles (torch, the CUDA toolkit: gigabytes)."""
+    root = tmp_path_factory.mktemp("toolchain")
+    (root / "include").mkdir()
+    (root / "include" / "a.h").write_bytes(b"x" * 3000)
+    (root / "lib.so").write_bytes(b"y" * (3 << 20))  # read in more than one chunk
+    (root / "link.so").symlink_to(root / "lib.so")  # read once, not twice
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory, fake_kz, toolchain):
     out = tmp_path_factory.mktemp("run")
-    code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", out,
-                           "--device", "cuda:0", "--kb-limit", "4", "--kb-compile-workers", "2", "--budget-s", "900"])
+    real = kernelbench_compare.toolchain_dirs
+    kernelbench_compare.toolchain_dirs = lambda args: [toolchain]
+    try:
+        code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", out, "--device",
+                               "cuda:0", "--kb-limit", "4", "--kb-compile-workers", "2", "--budget-s", "900"])
+    finally:
+        kernelbench_compare.toolchain_dirs = real
     assert code == 0
     return out, text, json.loads((out / "compare.json").read_text())
+
+
+def test_the_machine_is_settled_before_anything_is_timed(gpu_run):
+    _, text, data = gpu_run
+    settled = data["settle"]
+    assert settled["files"] == 2 and settled["read_bytes"] == 3000 + (3 << 20) and settled["complete"]
+    assert text.index("[compare] settled: sync") < text.index("[compare] kz ...")
+    assert "both ran on a settled machine: dirty pages written out" in text
+
+
+def test_the_toolchain_settled_holds_torchs_headers(tmp_path):
+    dirs = kernelbench_compare.toolchain_dirs(kernelbench_compare.parse_args(["--skip", "kb", "--out", str(tmp_path)]))
+    assert dirs and all(d.is_dir() for d in dirs)
+    assert any((d / "include" / "torch").is_dir() for d in dirs), dirs
 
 
 def test_every_phase_ran_and_was_saved(gpu_run):
@@ -96,8 +126,9 @@ def test_report_only_reprints_a_saved_run(gpu_run):
 
 def test_cpu_run_prebuilds_kernelbench_only_and_skips_timing_phases(tmp_path, fake_kz):
     code, text = run_main(["--kernelbench", FAKES / "kernelbench", "--kz", fake_kz, "--out", tmp_path,
-                           "--device", "cpu", "--kb-limit", "2", "--kb-compile-workers", "2"])
+                           "--device", "cpu", "--kb-limit", "2", "--kb-compile-workers", "2", "--no-settle"])
     data = json.loads((tmp_path / "compare.json").read_text())
+    assert "settle" not in data and "the machine was not settled first (--no-settle" in text
     assert code == 0 and set(data["phases"]) == {"kz", "kb"}
     assert "eval" not in data["kb"] and len(data["kb"]["prebuild"]["samples"]) == 2
     assert "pre-build only" in text and "not measured (needs a GPU)" in text
@@ -129,7 +160,8 @@ def test_a_small_budget_cuts_the_later_phases_and_says_so(tmp_path, fake_kz):
 
 
 def test_a_failing_phase_is_reported_and_the_rest_runs(tmp_path, fake_kz):
-    code, text = run_main(["--kernelbench", tmp_path, "--kz", fake_kz, "--out", tmp_path / "out", "--device", "cpu"])
+    code, text = run_main(["--kernelbench", tmp_path, "--kz", fake_kz, "--out", tmp_path / "out", "--device", "cpu",
+                           "--no-settle"])
     data = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert code == 0 and len(data["kz_batch"]["verdicts"]) == len(data["manifest"])
     assert "kb: FAILED: ValueError:" in text and "not a KernelBench checkout" in text
