@@ -71,7 +71,7 @@ int run(const SuiteArgs& args) {
   auto batch_started = Clock::now();
   auto verdicts = run_suite(*evaluator, *tasks, *entries, run_options, std::cerr);
   phases.batch_s = seconds_since(batch_started);
-  // Now, not at exit: they end side by side, and the summary can say what that took.
+  // Now rather than at exit, so that the summary can say what it took.
   auto shutdown_started = Clock::now();
   phases.servers_ended = stop_fork_servers();
   phases.shutdown_s = seconds_since(shutdown_started);

@@ -232,6 +232,9 @@ int remaining_ms(Clock::time_point deadline) {
 // ---- sandbox helpers (parent side) -------------------------------------------------------------
 
 constexpr auto kCapPollInterval = std::chrono::milliseconds(200);
+// How long kill_and_reap waits for the rest of a killed group (a process stuck in the kernel, in
+// D state, may not end in any time: the caller then goes on).
+constexpr auto kGroupEndWait = std::chrono::seconds(2);
 
 std::optional<std::string> read_small_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -303,6 +306,20 @@ uint64_t count_group_tasks(pid_t pgid) {
     if (f.size() > 17 && to_ll(f[2]) == pgid) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
   });
   return tasks;
+}
+
+// Whether a process of group `pgid` still runs (zombies do not count: they hold nothing but a pid).
+bool group_has_live_members(pid_t pgid) {
+  if (::kill(-pgid, 0) != 0) return false;  // no member at all: the usual case, without a /proc scan
+  bool live = false;
+  for_each_process([&](pid_t pid) {
+    if (live) return;
+    auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+    if (!text) return;
+    auto f = stat_fields(*text);
+    if (f.size() > 2 && to_ll(f[2]) == pgid && f[0] != "Z" && f[0] != "X") live = true;
+  });
+  return live;
 }
 
 // Tasks of the processes owned by `uid` (what RLIMIT_NPROC counts, near enough).
@@ -1199,8 +1216,17 @@ std::optional<ExitInfo> Process::wait_for(std::chrono::milliseconds timeout) {
 
 ExitInfo Process::kill_and_reap() {
   Impl& p = *impl_;
+  bool was_running = !p.reaped;
   p.kill_group(SIGKILL);
   p.reap();
+  // The leader's children die of the same SIGKILL but each in its own time (a loaded host can take
+  // tens of milliseconds to tear one down): wait for them, so that what they held (files, a
+  // directory's contents, GPU memory) is given back when this returns.
+  if (p.group && was_running) {
+    auto deadline = Clock::now() + kGroupEndWait;
+    while (group_has_live_members(p.pid) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   p.drain();
   return p.exit.value_or(ExitInfo{});
 }

@@ -112,6 +112,25 @@ TEST(Subprocess, KillGroupReachesGrandchild) {
   EXPECT_TRUE(dies_within(grandchild, 2s));
 }
 
+// A grandchild holding much memory dies of the SIGKILL some time after its parent was reaped (its
+// pages are freed on the way out): kill_and_reap returns only once it has, so that what the group
+// held is given back by then.
+TEST(Subprocess, KillAndReapReturnsOnceTheGroupHasEnded) {
+  auto proc = Process::spawn(
+      sh("python3 -c 'import os, time; held = bytearray(b\"x\") * (768 << 20); print(os.getpid(), flush=True); "
+         "time.sleep(100)' & wait"));
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  auto deadline = Clock::now() + 20s;
+  while (proc->stdout_tail().find('\n') == std::string::npos && Clock::now() < deadline) {
+    ASSERT_FALSE(proc->wait_for(20ms).has_value()) << proc->stderr_tail();
+  }
+  pid_t grandchild = std::atoi(proc->stdout_tail().c_str());
+  ASSERT_GT(grandchild, 0) << proc->stdout_tail() << proc->stderr_tail();
+  ExitInfo info = proc->kill_and_reap();
+  EXPECT_EQ(info.term_signal, SIGKILL);
+  EXPECT_FALSE(alive(grandchild)) << "kill_and_reap returned while the grandchild still ran";
+}
+
 TEST(Subprocess, DestructorKillsRunningGroup) {
   pid_t child;
   {

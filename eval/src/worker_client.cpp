@@ -449,6 +449,7 @@ class IdleServers {
     static IdleServers servers;  // destroyed at exit: the servers are killed, their scratch dirs removed
     return servers;
   }
+  ~IdleServers() { end_side_by_side(take_all()); }
 
   // The server idle longest. One that died while idle (killed from outside) is dropped: its death
   // is no evaluation's fault.
@@ -481,7 +482,18 @@ class IdleServers {
     return all;
   }
 
+  // Kills every one of `servers` before reaping any: their children (a spare each, with its CUDA
+  // context) then end side by side instead of one server after another. Returns how many.
+  static int end_side_by_side(std::vector<StartedWorker> servers) {
+    for (auto& server : servers) server.process.kill_group(SIGKILL);
+    return static_cast<int>(servers.size());  // reaped here (a zygote's child once its zygote reported its end), dirs removed
+  }
+
  private:
+  // The zygotes first, so that they are destroyed after the servers at exit: a zygote reports the
+  // end of each server it forked.
+  IdleServers() { (void)Zygotes::instance(); }
+
   std::mutex mutex_;
   std::map<std::string, std::deque<StartedWorker>> idle_;
 };
@@ -567,13 +579,8 @@ fs::path bytecode_prefix_for(const std::string& python) {
 }  // namespace
 
 int stop_fork_servers() {
-  std::vector<StartedWorker> servers = IdleServers::instance().take_all();
-  // All signalled before any is waited for: each server's children (a spare holding a CUDA
-  // context) then end side by side, where the program's exit would end them one server at a time.
-  for (auto& server : servers) server.process.kill_group(SIGKILL);
-  int count = static_cast<int>(servers.size());
-  servers.clear();  // reaped (a zygote's child once its zygote reported its end), scratch dirs removed
-  Zygotes::instance().stop_all();  // after their children: a zygote reports each one's end
+  int count = IdleServers::end_side_by_side(IdleServers::instance().take_all());
+  Zygotes::instance().stop_all();  // after their servers: a zygote reports each one's end
   return count;
 }
 

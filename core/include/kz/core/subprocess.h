@@ -150,7 +150,8 @@ class Process {
   std::optional<ExitInfo> wait_for(std::chrono::milliseconds timeout);
   // Sends `sig` to the child's process group (or the child alone without a group).
   void kill_group(int sig);
-  // Kills the group with SIGKILL and reaps the child.
+  // Kills the group with SIGKILL, reaps the child, and waits (2 s at most) until no other member of
+  // its group still runs.
   ExitInfo kill_and_reap();
 
   const std::string& stdout_tail() const;

@@ -129,11 +129,11 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
 Status start_fork_servers(const WorkerSetup& setup, const std::string& scratch_prefix,
                           const std::function<void(ProcessSpec&)>& customize, int count);
 
-// Ends every idle fork server and every zygote now, rather than at the program's exit: all servers
-// are killed first and reaped after, so their children (a spare each, with its CUDA context) end
-// side by side instead of one server after another. Their scratch dirs are removed. A server
-// serving a request is left to it; a later request starts a zygote and servers again. Returns how
-// many servers were ended.
+// Ends every idle fork server and every zygote now, as the program's exit would: all servers are
+// killed first and reaped after, so their children (a spare each, with its CUDA context) end side by
+// side instead of one server after another; their scratch dirs are removed. Called before the exit
+// where the time it takes is to be measured (eval-suite's phases). A server serving a request is left
+// to it; a later request starts a zygote and servers again. Returns how many servers were ended.
 int stop_fork_servers();
 
 }  // namespace kz
