@@ -727,16 +727,18 @@ struct Process::Impl {
     if (!cgroup.empty()) remove_cgroup(cgroup);  // and whatever left the group but not the cgroup
   }
 
-  void kill_group(int sig) {
+  // Whether the group (its leader at least) was signalled: false where its pid may be someone else's.
+  bool kill_group(int sig) {
     if (!cgroup.empty())
       for (pid_t member : cgroup_members(cgroup)) ::kill(member, sig);
-    if (reaped) return;  // the pid may belong to someone else now
+    if (reaped) return false;  // the pid may belong to someone else now
     // A zygote's child whose zygote died was reparented, and is reaped by someone else once it
     // exits: its pid (and group id) are ours only while its pidfd says it lives.
-    if (zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get()))) return;
+    if (zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get()))) return false;
     signalled = true;
-    if (group && ::kill(-pid, sig) == 0) return;
+    if (group && ::kill(-pid, sig) == 0) return true;
     ::kill(pid, sig);
+    return true;
   }
 
   // Past the task cap: kill the group. The cgroup refuses forks at the cap and counts them; the
@@ -1216,13 +1218,12 @@ std::optional<ExitInfo> Process::wait_for(std::chrono::milliseconds timeout) {
 
 ExitInfo Process::kill_and_reap() {
   Impl& p = *impl_;
-  bool was_running = !p.reaped;
-  p.kill_group(SIGKILL);
+  bool group_signalled = p.kill_group(SIGKILL) && p.group;
   p.reap();
   // The leader's children die of the same SIGKILL but each in its own time (a loaded host can take
   // tens of milliseconds to tear one down): wait for them, so that what they held (files, a
   // directory's contents, GPU memory) is given back when this returns.
-  if (p.group && was_running) {
+  if (group_signalled) {
     auto deadline = Clock::now() + kGroupEndWait;
     while (group_has_live_members(p.pid) && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
