@@ -296,14 +296,23 @@ void for_each_process(Fn fn) {
   ::closedir(dir);
 }
 
-// Tasks (threads included, zombies counted) of the processes in process group `pgid`.
-uint64_t count_group_tasks(pid_t pgid) {
-  uint64_t tasks = 0;
+// Calls fn(fields) with the /proc/<pid>/stat fields (stat_fields) of every process in process group
+// `pgid`, zombies included.
+template <class Fn>
+void for_each_group_member(pid_t pgid, Fn fn) {
   for_each_process([&](pid_t pid) {
     auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
     if (!text) return;
     auto f = stat_fields(*text);
-    if (f.size() > 17 && to_ll(f[2]) == pgid) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
+    if (f.size() > 2 && to_ll(f[2]) == pgid) fn(f);
+  });
+}
+
+// Tasks (threads included, zombies counted) of the processes in process group `pgid`.
+uint64_t count_group_tasks(pid_t pgid) {
+  uint64_t tasks = 0;
+  for_each_group_member(pgid, [&](const std::vector<std::string_view>& f) {
+    if (f.size() > 17) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
   });
   return tasks;
 }
@@ -312,13 +321,7 @@ uint64_t count_group_tasks(pid_t pgid) {
 bool group_has_live_members(pid_t pgid) {
   if (::kill(-pgid, 0) != 0) return false;  // no member at all: the usual case, without a /proc scan
   bool live = false;
-  for_each_process([&](pid_t pid) {
-    if (live) return;
-    auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
-    if (!text) return;
-    auto f = stat_fields(*text);
-    if (f.size() > 2 && to_ll(f[2]) == pgid && f[0] != "Z" && f[0] != "X") live = true;
-  });
+  for_each_group_member(pgid, [&](const std::vector<std::string_view>& f) { live |= f[0] != "Z" && f[0] != "X"; });
   return live;
 }
 

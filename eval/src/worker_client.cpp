@@ -486,7 +486,8 @@ class IdleServers {
   // context) then end side by side instead of one server after another. Returns how many.
   static int end_side_by_side(std::vector<StartedWorker> servers) {
     for (auto& server : servers) server.process.kill_group(SIGKILL);
-    return static_cast<int>(servers.size());  // reaped here (a zygote's child once its zygote reported its end), dirs removed
+    // Reaped as `servers` goes (a zygote's child once its zygote reported its end), dirs removed.
+    return static_cast<int>(servers.size());
   }
 
  private:
