@@ -4,7 +4,8 @@ A worker started per evaluation spends ~12 s on the GPU host before its request 
 Triton imports ~4.5 s, the audit's torch._dynamo import ~4 s, measured by
 bench/worker_startup_probe.py); a child forked from a process that did the host part of that is
 ready in ~1 s (its CUDA context and the profiler), and it does that before its request comes: the
-server forks the next child (class Spare) as soon as the previous one has its request. The
+server forks the next child (class Spare) as soon as the previous one has its device prepared
+(its first message; finish_child says why not sooner). The
 supervisor starts one server per evaluation running at once, inside the same sandbox a worker gets
 (limits, namespaces, scratch dir), and sends it requests one at a time:
 
@@ -81,10 +82,8 @@ def serve_prepared(device_name: str, environment: dict) -> int:
             if not line.strip():
                 continue
             child = start_child(json.loads(line), spare)
-            del line  # the next spare, forked now, gets no object of this request
-            spare = Spare.start_if_possible(device_name, close_in_child=child.own_fds() if child else ())
-            if child is not None:
-                finish_child(child, spare)
+            del line  # the next spare, forked later, gets no object of this request
+            spare = finish_child(child, device_name) if child is not None else Spare.start_if_possible(device_name)
     finally:
         if spare is not None:
             spare.discard()
@@ -249,14 +248,29 @@ def start_child(request: dict, spare):
     return child
 
 
-def finish_child(child, spare) -> None:
+def finish_child(child, device_name: str):
     """Relays the child's messages until it exits, kills what it left behind (never the spare) and
-    reports."""
-    status, cpu_s = relay_until_exit(child.pid, child.message_fd)
+    reports; the spare for the next request.
+
+    The spare is forked once the child's first message comes (its first stage: its device is
+    prepared), not when the child gets its request: in a cold batch's first wave each child is still
+    making its CUDA context then, and the driver makes contexts largely one at a time (on an idle
+    H200 0.39 s for one, 1.24 s each for eight at once), so a spare beside it would double the
+    contexts the first wave waits for. A child that was a ready spare sends its first message at
+    once, so later requests find their spare as early as before. Where the child sends nothing, the
+    spare is forked after the child's leftovers are gone."""
+    spare = None
+
+    def start_spare(relay_fds):
+        nonlocal spare
+        spare = Spare.start_if_possible(device_name, close_in_child=child.own_fds() + relay_fds)
+
+    status, cpu_s = relay_until_exit(child.pid, child.message_fd, on_first_line=start_spare)
     os.close(child.message_fd)
     child.close_pidfd()
     leftovers = kill_descendants(spare)
     _send(done_message(status, cpu_s, leftovers))
+    return spare if spare is not None else Spare.start_if_possible(device_name)
 
 
 def run_child(request: dict, prepared_at: float) -> None:
@@ -285,11 +299,12 @@ def run_child(request: dict, prepared_at: float) -> None:
     process.evaluate(request)
 
 
-def relay_until_exit(pid: int, read_fd: int):
+def relay_until_exit(pid: int, read_fd: int, on_first_line=lambda relay_fds: None):
     """Relays the child's message lines until it exits, then what it left in the pipe (bounded: a
-    grandchild holding the pipe open must not keep us here). (wait status, the child's own CPU s)."""
+    grandchild holding the pipe open must not keep us here). on_first_line(descriptors of the relay's
+    own) is called once the first line is relayed. (wait status, the child's own CPU s)."""
     pidfd = _pidfd(pid)
-    relay = Relay()
+    relay = Relay(lambda: on_first_line([pidfd] if pidfd is not None else []))
     poller = select.poll()
     poller.register(read_fd, select.POLLIN)
     if pidfd is not None:
@@ -349,10 +364,11 @@ def _exited(pid: int) -> bool:
 class Relay:
     """Splits the child's bytes into lines and relays each, re-serialised."""
 
-    def __init__(self):
+    def __init__(self, after_first_line=lambda: None):
         self.buffer = bytearray()
         self.scanned = 0  # no newline before this offset
         self.lines = 0
+        self.after_first_line = after_first_line
 
     def feed(self, chunk: bytes) -> None:
         self.buffer += chunk
@@ -374,6 +390,8 @@ class Relay:
         if self.lines > MAX_LINES:
             raise TooMuchOutput()
         _send_line(relayed(line))
+        if self.lines == 1:
+            self.after_first_line()
 
 
 def relayed(line: bytes) -> bytes:
