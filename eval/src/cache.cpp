@@ -216,6 +216,7 @@ std::string protocol_fingerprint(const EvalOptions& options) {
   const SandboxOptions& s = options.sandbox;
   nlohmann::json j = protocol_options_json(options);
   j["seed"] = options.seed;  // the configured seed (0: random), not the one an evaluation drew
+  j["cuda_connections"] = options.worker.cuda_connections;  // multi-stream candidates time by it
   j["sandbox"] = {{"enabled", s.enabled},
                   {"cpu_time_s", s.cpu_time_s},
                   {"file_size_mb", s.file_size_mb},

@@ -50,6 +50,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.parallel_nvcc", o.worker.parallel_nvcc},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
+      {"worker.cuda_connections", o.worker.cuda_connections},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},
@@ -92,6 +93,8 @@ Status EvalOptions::validate() const {
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
   if (worker.prebuild_niceness < 0 || worker.prebuild_niceness > 19)
     return invalid_argument("worker.prebuild_niceness must be within 0..19 (0: the evaluations' priority)");
+  if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
+    return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
     return invalid_argument(
         fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));

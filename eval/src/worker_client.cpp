@@ -84,6 +84,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   if (!setup.lighter_builds_dir.empty()) env["KZ_LIGHTER_BUILDS_DIR"] = setup.lighter_builds_dir.string();
   if (!setup.triton_helpers_dir.empty()) env["KZ_TRITON_HELPERS_DIR"] = setup.triton_helpers_dir.string();
   if (!setup.parallel_nvcc.empty()) env["KZ_PARALLEL_NVCC"] = setup.parallel_nvcc.string();
+  if (setup.cuda_connections > 0) env["CUDA_DEVICE_MAX_CONNECTIONS"] = std::to_string(setup.cuda_connections);
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -604,6 +605,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.cache_dir = !options.cache_dir.empty() ? options.cache_dir : default_cache_dir();
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
+  setup.cuda_connections = options.cuda_connections;
   setup.fork_server = uses_fork_server(options, device);
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
   if (options.zygote) {

@@ -1,4 +1,5 @@
 // EvalOptions: TOML overrides, validation, and the printed configuration.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -57,6 +58,11 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
   EvalOptions r;
   EXPECT_FALSE(apply_toml_text("[worker]\nspare_servers = -1\n", "t", r).is_ok());
+  for (const char* connections : {"-1", "33"}) {
+    EvalOptions c;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\ncuda_connections = {}\n", connections), "t", c).is_ok())
+        << connections;
+  }
 }
 
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {

@@ -87,6 +87,7 @@ def evaluate(request):
              "imports_env": os.environ.get("KZ_SET_BY_IMPORTS"), "pycache_prefix": sys.pycache_prefix,
              "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
              "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
+             "cuda_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
              "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at,
              "device_started_at": device_started_at, "startup_s": request.get("startup_s"),
              "token": token, "prepared_by": prepared_by, "imported_at": started,
@@ -294,6 +295,19 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> old_;
 };
+
+// [worker] cuda_connections reaches every worker, a fork server's child or a fresh one, as
+// CUDA_DEVICE_MAX_CONNECTIONS before any import; 0 leaves the driver's default (and the supervisor's
+// own value never reaches a worker: its environment is scrubbed).
+TEST_P(WorkerClientTest, WorkersGetTheirCudaConnections) {
+  for (bool fork_server : {true, false}) {
+    WorkerSetup with = setup(fork_server);
+    with.cuda_connections = 1;
+    EXPECT_EQ(result(with)["cuda_connections"], "1") << "fork server: " << fork_server;
+    ScopedEnv supervisors("CUDA_DEVICE_MAX_CONNECTIONS", "4");
+    EXPECT_TRUE(result(setup(fork_server))["cuda_connections"].is_null()) << "fork server: " << fork_server;
+  }
+}
 
 // resolve_worker_setup takes the prefix only once setup finished it (its marker), and only for the
 // interpreter it was made with: another interpreter's own bytecode would be hidden by it.

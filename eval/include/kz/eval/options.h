@@ -82,6 +82,14 @@ struct WorkerOptions {
   // first and the builds take the cores left. 0..19; 0: same priority. Measured on the H200 (bench/
   // README.md): 10 made `cuda-rtc` 7% faster and `cuda` 8% slower, the whole batch 4% slower.
   int prebuild_niceness = 0;
+  // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
+  // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
+  // largely one process at a time; every evaluation makes one, and a cold batch's first sixteen at
+  // once. On the H200 (bench/context_probe.py) 16 at once took 2.0-2.3 s each with 8 queues and
+  // 0.6-0.75 s with 1. With 1, work a candidate spreads over several streams shares one queue and
+  // overlaps less than under the default: such a candidate can time slower, never faster, and the
+  // reference (one stream) times the same. 1..32; 0: the driver's default.
+  int cuda_connections = 1;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the

@@ -53,6 +53,8 @@ struct WorkerSetup {
   // (scripts/prepare_triton_helpers.py) and linked into each request's own Triton cache, read-only
   // for them. Empty: none (each Triton evaluation builds it).
   std::filesystem::path triton_helpers_dir;
+  // Workers' CUDA_DEVICE_MAX_CONNECTIONS ([worker] cuda_connections). 0: not set (the driver's default).
+  int cuda_connections = 0;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
