@@ -219,10 +219,10 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
   for (int round = 0; round < 2; ++round) {  // the second round finds an idle server of each kind
     Verdict built = evaluate(evaluator, kRelu, probe, EvalMode::compile_only);
     EXPECT_EQ(built.status, EvalStatus::runtime_error) << dump(built);
-    EXPECT_TRUE(contains(built.message, "worker role: build; audit machinery imported: False")) << dump(built);
+    EXPECT_TRUE(contains(built.message, "worker role: build; audit machinery prepared: False")) << dump(built);
     Verdict evaluated = evaluate(evaluator, kRelu, probe);
     EXPECT_EQ(evaluated.status, EvalStatus::runtime_error) << dump(evaluated);
-    EXPECT_TRUE(contains(evaluated.message, "worker role: evaluation; audit machinery imported: True"))
+    EXPECT_TRUE(contains(evaluated.message, "worker role: evaluation; audit machinery prepared: True"))
         << dump(evaluated);
   }
 }

@@ -197,8 +197,9 @@ def _wrap(cls, name, make):
 
 
 def warm_up(device: torch.device) -> None:
-    """Runs the audit's machinery once before the snapshot: entering a TorchDispatchMode imports
-    torch._dynamo, which rebinds torch.manual_seed and others; the profiler loads its modules."""
+    """Runs the audit's machinery once before the snapshot (the dispatch mode, and on a GPU the profiler
+    loads its modules), and leaves torch.manual_seed as a later import of torch._dynamo would."""
+    wrap_manual_seed_as_dynamo_would()
     with OpTrace():
         torch.empty(1).zero_()
     if device.type == "cuda":
@@ -208,9 +209,32 @@ def warm_up(device: torch.device) -> None:
             pass
 
 
+def wrap_manual_seed_as_dynamo_would() -> None:
+    """Does to torch.manual_seed what importing torch._dynamo does (wraps it in torch._disable_dynamo and
+    registers the wrapper as TorchScript's aten::manual_seed), without that import: ~0.8 s of CPU, which
+    was on every cold batch's path before its first evaluation could start (the zygote's imports). The
+    import wraps only an unwrapped torch.manual_seed, so a reference or candidate that imports
+    torch._dynamo later (torch.compile, torch.library) changes nothing the Guard watches
+    (test_process.py). The wrapper's first call would import torch._dynamo to make its disabled copy,
+    so it is handed the function itself: the harness never seeds under torch.compile."""
+    raw = torch.random.manual_seed
+    if torch.manual_seed is not raw or not hasattr(torch, "_disable_dynamo"):
+        return  # wrapped already (torch._dynamo is imported), or a torch without the wrapper
+    setattr(raw, "__dynamo_disable", raw)
+    torch.manual_seed = torch._disable_dynamo(raw)
+    torch.jit._builtins._register_builtin(torch.manual_seed, "aten::manual_seed")
+
+
 class OpTrace(TorchDispatchMode):
     """Records every ATen op (namespace::name -> count) dispatched while active, except inside
     launchers."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: no torch._disable_dynamo around __torch_dispatch__, whose first call would import
+        torch._dynamo (~0.8 s of CPU) in every evaluation; the audit never runs under torch.compile's
+        tracing. A torch without this hook wraps it, and the import then costs time, not a verdict."""
+        return False
 
     def __init__(self):
         super().__init__()
@@ -223,19 +247,22 @@ class OpTrace(TorchDispatchMode):
 
 
 def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
-    """(result, [(kernel name, GPU us)], profiler_ok) for run() under torch.profiler (CUDA activity).
+    """(result, [(kernel name, GPU us)], profiler_ok) for run() under the profiler (CUDA activity).
 
     A known ATen kernel is launched first: when the profiler does not list it (no CUPTI), it sees
     no kernels at all, and profiler_ok is False. Only the GPU work is inside gpu_hold(): the
     profiler's start and its processing of the trace are ~0.5 s of CPU, and a shared hold that long
     keeps a waiting timing, and every worker queued behind it, off the GPU."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd.profiler import profile
     with gpu_hold():
         probe = torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
     try:
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        # The Kineto profiler that torch.profiler.profile runs, without that wrapper: its start asks
+        # hasattr(torch, "_inductor"), which imports torch._inductor and torch._dynamo (~1 s of CPU in
+        # every fresh process; wrap_manual_seed_as_dynamo_would says why none is imported before).
+        prof = profile(use_device="cuda", use_kineto=True)
         prof.__enter__()
     except Exception:
         with gpu_hold():
@@ -247,7 +274,7 @@ def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
             torch.cuda.synchronize()
     finally:
         prof.__exit__(None, None, None)
-    events = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+    events = [e for e in prof.function_events if getattr(e, "device_type", None) == DeviceType.CUDA]
     events.sort(key=lambda e: e.time_range.start)
     if not events or not is_library_kernel(events[0].name):
         return result, [], False

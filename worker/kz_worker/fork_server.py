@@ -2,7 +2,7 @@
 
 A worker started per evaluation spends ~12 s on the GPU host before its request can run (torch and
 Triton imports ~4.5 s, the audit's torch._dynamo import ~4 s, measured by
-bench/worker_startup_probe.py); a child forked from a process that did the host part of that is
+bench/worker_startup_probe.py, before session 18 took that import out: cheats.py); a child forked from a process that did the host part of that is
 ready in ~1 s (its CUDA context and the profiler), and it does that before its request comes: the
 server forks the next child (class Spare) as soon as the previous one has its device prepared
 (its first message; finish_child says why not sooner). The

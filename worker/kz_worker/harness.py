@@ -152,7 +152,7 @@ class Evaluation:
         # load_inline build), seconds of CPU that would keep a waiting timing, and every worker
         # queued behind it, off the GPU. Moving the model to the device and the weight copy are the
         # harness's GPU work: shared, never beside another worker's timing.
-        torch.manual_seed(self.seed)
+        torch.random.manual_seed(self.seed)
         candidate_model = candidate_class(*loading.clone_all(init_inputs))
         self.guard.verify("constructing ModelNew")
         with self.gpu.shared():

@@ -43,7 +43,7 @@ class Reference:
         return list(self.module.get_init_inputs())
 
     def inputs(self, seed: int, device: torch.device):
-        torch.manual_seed(seed)
+        torch.random.manual_seed(seed)
         # get_inputs' factory calls (torch.randn, ...) allocate on the device itself: on a GPU that
         # spares generating every input set on the CPU and copying it over, the costliest part of
         # load_reference when several workers share the host's cores. Tensors it builds otherwise
@@ -53,7 +53,7 @@ class Reference:
         return [to_device(x, device) for x in made]
 
     def build(self, init_inputs, seed: int, device: torch.device) -> torch.nn.Module:
-        torch.manual_seed(seed)
+        torch.random.manual_seed(seed)
         return self.module.Model(*clone_all(init_inputs)).to(device).eval()
 
 

@@ -21,8 +21,9 @@ def builds_only() -> bool:
 
 
 def prepare_host(device_name: str) -> None:
-    """Imports and the audit's CPU machinery (torch._dynamo): no CUDA, so a fork server can run it
-    once and fork children that inherit it."""
+    """Imports and the audit's CPU machinery (its dispatch mode, torch.manual_seed as torch._dynamo
+    leaves it, without importing that: cheats.wrap_manual_seed_as_dynamo_would): no CUDA, so a fork
+    server can run it once and fork children that inherit it."""
     import torch
     from . import cheats, harness, validate  # noqa: F401
     import_load_inline_module()

@@ -46,6 +46,10 @@ class Reject(Exception):
 class OpRecorder(TorchDispatchMode):
     """Records the ATen op (overload packet name, e.g. "mm") of every call that reaches dispatch."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as cheats.OpTrace: no torch._dynamo import at the first call
+
     def __init__(self):
         super().__init__()
         self.ops = []
@@ -185,7 +189,7 @@ class Validation:
         if not all(isinstance(t, torch.Tensor) for t in compare.flatten(output)):
             return  # not comparable bit for bit: the outputs check rejects it with the real reason
         # A different RNG state before the repeat: random ops in forward draw different values.
-        torch.manual_seed(self.seed + 7_777)
+        torch.random.manual_seed(self.seed + 7_777)
         again = self.forward(model, inputs)
         if not bitwise_equal(output, again):
             raise Reject("deterministic", "two forward passes on the same inputs give different outputs "

@@ -3,7 +3,7 @@ servers on the supervisor's request, each of which starts from that instead of i
 
 On a cold batch the supervisor starts a fork server per evaluation running at once and one per
 `cuda` pre-build, ~20 interpreters importing torch (and, for evaluations, Triton and the audit's
-torch._dynamo) beside nvcc on the same cores. A zygote per kind of server does those imports once.
+machinery) beside nvcc on the same cores. A zygote per kind of server does those imports once.
 
 The protocol (kz/core/subprocess.h, class Zygote) on the control socket at fd 4, one JSON object per
 SOCK_SEQPACKET message: {"op": "spawn", "plan": ..., "env": ..., "fds": [...]} with descriptors,

@@ -557,7 +557,7 @@ def test_the_audit_holds_the_gpu_for_the_forward_and_not_for_the_profiler(monkey
     """The profiler's start and its processing of the trace (~0.5 s of CPU) run outside the hold."""
     events = []
 
-    class Profile:  # torch.profiler.profile's stand-in: no CUDA here
+    class Profile:  # torch.autograd.profiler.profile's stand-in: no CUDA here
         def __init__(self, **kwargs):
             pass
 
@@ -567,7 +567,8 @@ def test_the_audit_holds_the_gpu_for_the_forward_and_not_for_the_profiler(monkey
         def __exit__(self, *exc):
             events.append("profiler stops")
 
-        def events(self):
+        @property
+        def function_events(self):
             events.append("trace processed")
             return []
 
@@ -576,7 +577,7 @@ def test_the_audit_holds_the_gpu_for_the_forward_and_not_for_the_profiler(monkey
             events.append("forward")
             return x.clone()
 
-    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(torch.autograd.profiler, "profile", Profile)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     cpu_zeros = torch.zeros
     monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
