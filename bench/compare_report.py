@@ -156,7 +156,18 @@ def goal_lines(data: dict, kb_rate) -> list:
     return lines
 
 
-READY_STARTUP_S = 3.0  # a child of a ready fork server answers in ~1-2 s on the H200; a fresh worker in ~12 s
+READY_STARTUP_S = 3.0  # without startup_s: a child of a ready fork server answers in ~1-2 s on the H200, a fresh worker in ~12 s
+WAITED_S = 0.05        # with startup_s: a wait for a server or a device shorter than this is a ready child's hand-over
+
+
+def waited_for_worker(verdict: dict) -> bool:
+    """Whether the evaluation waited for its worker before its own work began: for a server (its
+    zygote's imports) or for its child's device where the verdict's startup_s says so, else (a fresh
+    worker, or results from before startup_s) a startup stage of READY_STARTUP_S or more."""
+    parts = verdict.get("startup_s")
+    if parts:
+        return any(parts.get(key, 0.0) >= WAITED_S for key in ("server", "device", "imports"))
+    return ((verdict.get("stage_s") or {}).get("startup") or 0.0) >= READY_STARTUP_S
 
 
 def stage_parts(verdicts: list, key: str, label: str) -> list:
@@ -230,13 +241,12 @@ def waits_per_device(verdicts: list) -> list:
     summed start-up (where a pool's workers were not ready)."""
     by_device = {}
     for v in verdicts:
-        startup = (v.get("stage_s") or {}).get("startup")
-        if v.get("device") and startup is not None:
-            by_device.setdefault(v["device"], []).append(startup)
+        if v.get("device") and (v.get("stage_s") or {}).get("startup") is not None:
+            by_device.setdefault(v["device"], []).append(v)
     if len(by_device) < 2:
         return []
-    parts = [f"{device} {len(s)} ({sum(1 for x in s if x >= READY_STARTUP_S)} waited, startup {sum(s):.1f} s)"
-             for device, s in sorted(by_device.items())]
+    parts = [f"{device} {len(mine)} ({sum(1 for v in mine if waited_for_worker(v))} waited, startup "
+             f"{sum(v['stage_s']['startup'] for v in mine):.1f} s)" for device, mine in sorted(by_device.items())]
     return ["    per device: " + "; ".join(parts)]
 
 
@@ -263,13 +273,11 @@ def stage_section(data: dict) -> str:
              "  NVRTC compiles) and building ModelNew; supervisor: static checks, spawning, scratch dir;",
              "  pre-build+start: the parallel load_inline pre-builds (each verdict's prebuild_s, run beside the",
              "  other evaluations), and the batch's wall time outside every evaluation and pre-build (kz's start)."]
-    started = [(v.get("stage_s") or {}).get("startup") for v in verdicts]
-    started = [s for s in started if s is not None]
+    started = [v for v in verdicts if (v.get("stage_s") or {}).get("startup") is not None]
     if started:
-        ready = sum(1 for s in started if s < READY_STARTUP_S)
-        waits = sorted(s for s in started if s >= READY_STARTUP_S)
-        lines.append(f"  workers: {ready} of {len(started)} evaluations found theirs ready (startup < {READY_STARTUP_S:g} s: "
-                     "forked from a fork server done importing)"
+        waits = sorted(v["stage_s"]["startup"] for v in started if waited_for_worker(v))
+        lines.append(f"  workers: {len(started) - len(waits)} of {len(started)} evaluations found theirs ready "
+                     "(a fork server's child, its device prepared)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
         lines += waits_per_device(verdicts)
     lines += startup_lines(verdicts)

@@ -336,7 +336,14 @@ def test_worker_readiness_and_gpu_lock_are_summed():
         verdict.update(gpu_wait_s=1.5, gpu_exclusive_s=0.25)
     text = compare_report.stage_section(data)
     assert "workers: 2 of 4 evaluations found theirs ready" in text and "the other 2 waited 3.0-7.5 s" in text
-    assert "6.0 s waiting for it" in text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
+    assert "6.0 s waiting for it" in text
+    # Where startup_s says where the start-up went, a wait for a server or a device counts, however short.
+    starts = ({"server": 0.0, "device": 0.0}, {"server": 0.0, "device": 0.7}, {"server": 1.5, "device": 1.0}, {})
+    for verdict, parts, startup in zip(data["kz_batch"]["verdicts"], starts, (0.05, 0.8, 2.6, 7.5)):
+        verdict["stage_s"]["startup"] = startup
+        verdict["startup_s"] = parts
+    text = compare_report.stage_section(data)
+    assert "workers: 1 of 4 evaluations found theirs ready" in text and "the other 3 waited 0.8-7.5 s" in text, text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
 
 
 def test_the_startups_waits_are_summed_per_format():
