@@ -4,7 +4,8 @@
 #   PART = rtc:     build, kz_rtc GPU tests, cuda-rtc examples, the reference as its own candidate
 #   PART = others:  build, triton examples, cuda (load_inline) examples
 #   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...), the timing
-#                   protocol's tests (worker/tests/test_timing.py) and the GPU-only cheat fixtures
+#                   protocol's tests (worker/tests/test_timing.py), how a worker prepares
+#                   (worker/tests/test_process.py, its GPU test too) and the GPU-only cheat fixtures
 #                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
 #                   side_stream_hidden ok, with timing end device_sync)
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
@@ -95,8 +96,8 @@ if [[ $PART == rtc ]]; then
 elif [[ $PART == checks ]]; then
   (cd build && ctest -L gpu --output-on-failure > "$OUT/ctest-gpu.log" 2>&1); step_done "ctest -L gpu" $?
   tail -40 "$OUT/ctest-gpu.log" | tee "$OUT/ctest-gpu.txt"
-  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py > "$OUT/timing-gpu.log" 2>&1)
-  step_done test_timing.py $?; tail -15 "$OUT/timing-gpu.log" | tee "$OUT/timing-gpu.txt"
+  (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py tests/test_process.py > "$OUT/timing-gpu.log" 2>&1)
+  step_done "test_timing.py test_process.py" $?; tail -15 "$OUT/timing-gpu.log" | tee "$OUT/timing-gpu.txt"
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
            eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"

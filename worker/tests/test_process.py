@@ -6,6 +6,9 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+import torch
+
 WORKER_DIR = pathlib.Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -158,3 +161,26 @@ def test_a_cuda_ordinal_is_read_as_torch_reads_the_device():
     from kz_worker import process
     assert process._cuda_ordinal("cuda") == 0 and process._cuda_ordinal("cuda:3") == 3
     assert process._cuda_ordinal("cpu") is None
+
+
+ON_THE_GPU = """
+import json, sys
+from kz_worker import cheats, process
+process.prepare_host("cuda:0")
+process.prepare_device("cuda:0")
+import torch
+x = torch.randn(1 << 20, device="cuda")
+_, kernels, profiler_ok = cheats._profiled_kernels(lambda: torch.relu(x))
+print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules,
+                  "profiler_ok": profiler_ok, "kernels": len(kernels)}))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_suite.sh checks)")
+def test_a_prepared_gpu_worker_profiles_kernels_without_importing_torch_dynamo():
+    # The device part too (the CUDA context, the profiler's warm-up) and a profiled forward leave
+    # torch._dynamo and torch._inductor out: torch.profiler.profile's start would import both.
+    done = run_probe(ON_THE_GPU)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout.splitlines()[-1])
+    assert state == {"dynamo": False, "inductor": False, "profiler_ok": True, "kernels": 1}, state
