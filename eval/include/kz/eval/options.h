@@ -84,7 +84,7 @@ struct WorkerOptions {
   int prebuild_niceness = 0;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
-  // largely one process at a time; every evaluation makes one, and a cold batch's first sixteen at
+  // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
   // once. On the H200 (bench/context_probe.py) 16 at once took 2.0-2.3 s each with 8 queues and
   // 0.6-0.75 s with 1. With 1, work a candidate spreads over several streams shares one queue and
   // overlaps less than under the default: such a candidate can time slower, never faster, and the
