@@ -156,8 +156,10 @@ def goal_lines(data: dict, kb_rate) -> list:
     return lines
 
 
-READY_STARTUP_S = 3.0  # without startup_s: a child of a ready fork server answers in ~1-2 s on the H200, a fresh worker in ~12 s
-WAITED_S = 0.05        # with startup_s: a wait for a server or a device shorter than this is a ready child's hand-over
+# Without startup_s: a child of a ready fork server answers in ~1-2 s on the H200, a fresh worker in ~12 s.
+READY_STARTUP_S = 3.0
+# With startup_s: a wait for a server or a device shorter than this is a ready child's hand-over.
+WAITED_S = 0.05
 
 
 def waited_for_worker(verdict: dict) -> bool:
