@@ -225,16 +225,20 @@ def wrap_manual_seed_as_dynamo_would() -> None:
     torch.jit._builtins._register_builtin(torch.manual_seed, "aten::manual_seed")
 
 
-class OpTrace(TorchDispatchMode):
-    """Records every ATen op (namespace::name -> count) dispatched while active, except inside
-    launchers."""
+class AuditMode(TorchDispatchMode):
+    """A dispatch mode of kz's own (the audit's OpTrace, validate.OpRecorder), whose __torch_dispatch__
+    torch does not wrap in torch._disable_dynamo: that wrapper's first call would import torch._dynamo
+    (~0.8 s of CPU) in every evaluation, and these modes never run under torch.compile's tracing. A
+    torch without the _should_skip_dynamo hook wraps it, and the import then costs time, not a verdict."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """False: no torch._disable_dynamo around __torch_dispatch__, whose first call would import
-        torch._dynamo (~0.8 s of CPU) in every evaluation; the audit never runs under torch.compile's
-        tracing. A torch without this hook wraps it, and the import then costs time, not a verdict."""
         return False
+
+
+class OpTrace(AuditMode):
+    """Records every ATen op (namespace::name -> count) dispatched while active, except inside
+    launchers."""
 
     def __init__(self):
         super().__init__()

@@ -256,9 +256,9 @@ def finish_child(child, device_name: str):
     prepared), not when the child gets its request: in a cold batch's first wave each child is still
     making its CUDA context then, and the driver makes contexts largely one at a time (on the H200,
     16 at once took 2-3x as long each as 8: bench/context_probe.py), so a spare beside it would
-    double the contexts the first wave waits for. A child that was a ready spare sends its first message at
-    once, so later requests find their spare as early as before. Where the child sends nothing, the
-    spare is forked after the child's leftovers are gone."""
+    double the contexts the first wave waits for. A child that was a ready spare sends its first
+    message at once, so later requests find their spare as early as before. Where the child sends
+    nothing, the spare is forked after the child's leftovers are gone."""
     spare = None
 
     def start_spare(relay_fds):

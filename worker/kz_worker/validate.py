@@ -22,10 +22,10 @@ import statistics
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import compare, formats, gpu_lock, loading
 from . import verdict as v
+from .cheats import AuditMode
 
 CHECKS = ("loads", "runs", "deterministic", "outputs", "uses_inputs", "apis", "runtime")
 # The stage each check runs in (the supervisor's deadlines are per stage).
@@ -43,12 +43,8 @@ class Reject(Exception):
         self.reason = reason
 
 
-class OpRecorder(TorchDispatchMode):
+class OpRecorder(AuditMode):
     """Records the ATen op (overload packet name, e.g. "mm") of every call that reaches dispatch."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # as cheats.OpTrace: no torch._dynamo import at the first call
 
     def __init__(self):
         super().__init__()
