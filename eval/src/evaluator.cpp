@@ -94,6 +94,10 @@ Result<Evaluator> Evaluator::create(EvalOptions options) {
   if (!setup.ok()) return setup.status();
   Evaluator evaluator(std::move(options), std::move(*setup));
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
+  if (evaluator.options_.worker.syntax_check) {
+    const WorkerSetup& s = evaluator.setup_;
+    evaluator.syntax_checker_ = std::make_shared<SyntaxChecker>(s.python, s.worker_dir, s.bytecode_prefix);
+  }
   return evaluator;
 }
 
@@ -167,6 +171,9 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   // Static anti-cheating checks on the source (static_checks.h): cheap, so before the cache and any worker.
   if (auto findings = static_checks(candidate.source, *format, task.source); !findings.empty())
     return finish(static_checks_verdict(findings), format_name(*format), 0);
+  // Python's own compiler, in a long-lived interpreter (syntax_check.h): a millisecond, not a worker.
+  if (syntax_checker_)
+    if (auto error = syntax_checker_->error(candidate.source)) return finish(syntax_error_verdict(*error), format_name(*format), 0);
 
   bool use_cache = cache_ && mode == EvalMode::full;  // pre-build verdicts say nothing about correctness
   std::string key = use_cache ? cache_key(task, candidate, *format) : "";

@@ -51,6 +51,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
+      {"worker.syntax_check", o.worker.syntax_check},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},

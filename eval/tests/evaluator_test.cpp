@@ -331,6 +331,24 @@ TEST_F(EvaluatorTest, InvalidPythonIsCompileError) {
   Verdict v = evaluate(kRelu, kFixtures + "triton_syntax_error.py");
   expect_verdict(v, EvalStatus::compile_error, {Check::python_syntax});
   EXPECT_TRUE(contains(v.message, "line 10")) << "the message points at the syntax error\n" << v.message;
+  EXPECT_EQ(v.stage, "syntax_check") << "refused before any worker started\n" << dump(v);
+  EXPECT_TRUE(v.stage_s.empty()) << dump(v);
+}
+
+// The supervisor's syntax check answers as the worker would have: the same status, checks and
+// message as with it off, where the worker's own compile finds the error.
+TEST_F(EvaluatorTest, SyntaxCheckGivesTheWorkersVerdict) {
+  EvalOptions off = options();
+  off.worker.syntax_check = false;
+  Verdict by_worker = evaluate(kRelu, kFixtures + "triton_syntax_error.py", off);
+  Verdict by_checker = evaluate(kRelu, kFixtures + "triton_syntax_error.py");
+  EXPECT_EQ(by_worker.stage, "compile") << dump(by_worker);
+  EXPECT_EQ(by_checker.stage, "syntax_check") << dump(by_checker);
+  EXPECT_EQ(by_checker.status, by_worker.status);
+  EXPECT_EQ(by_checker.checks, by_worker.checks);
+  EXPECT_EQ(by_checker.message, by_worker.message);
+  // A valid candidate passes the check and is evaluated by the worker.
+  expect_ok(evaluate(kRelu, kTritonRelu));
 }
 
 TEST_F(EvaluatorTest, NoKernelFormatUnderAutoIsFormatError) {

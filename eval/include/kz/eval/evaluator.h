@@ -18,6 +18,7 @@
 #include "kz/eval/cache.h"
 #include "kz/eval/format.h"
 #include "kz/eval/options.h"
+#include "kz/eval/syntax_check.h"
 #include "kz/eval/verdict.h"
 #include "kz/eval/worker_client.h"
 #include "kz/task/task.h"
@@ -33,7 +34,8 @@ struct Candidate {
 // parallel before the GPU evaluations, so the slow load_inline builds overlap.
 enum class EvalMode { full, compile_only };
 
-// Copies share one verdict cache connection; evaluate() may run on several threads at once.
+// Copies share one verdict cache connection and one syntax checker; evaluate() may run on several
+// threads at once.
 class Evaluator {
  public:
   // Fails when the options are invalid, the worker cannot be found, or the verdict cache (when
@@ -81,6 +83,7 @@ class Evaluator {
   EvalOptions options_;
   WorkerSetup setup_;  // resolved once (interpreter, worker code, caches); worker_setup() adapts it
   std::shared_ptr<VerdictCache> cache_;  // shared by copies; thread-safe
+  std::shared_ptr<SyntaxChecker> syntax_checker_;  // shared by copies; null with [worker] syntax_check off
   std::string code_version_;             // worker code, interpreter, supervisor build: for cache keys
   std::string gpu_name_;                 // GPU model(s), for cache keys on a GPU
 };

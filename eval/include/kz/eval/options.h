@@ -90,6 +90,11 @@ struct WorkerOptions {
   // overlaps less than under the default: such a candidate can time slower, never faster, and the
   // reference (one stream) times the same. 1..32; 0: the driver's default.
   int cuda_connections = 1;
+  // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
+  // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error in ~1 ms instead of
+  // a worker's start-up. The verdict is the worker's own (same status, check and message). false:
+  // the worker finds it.
+  bool syntax_check = true;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
