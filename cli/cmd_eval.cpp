@@ -18,12 +18,13 @@ struct EvalArgs {
 };
 
 // Which end the timed samples took, and for "device_sync" why: the candidate's GPU work ran on
-// past its stream's end (docs/evaluation.md, Timing).
+// past its stream's end (docs/evaluation.md, Timing); and how the launch spins ended.
 std::string timing_end_note(const Verdict& v) {
-  if (v.timing_end.empty()) return "";
-  if (v.timing_end != "device_sync") return ", end: " + v.timing_end;
-  return fmt::format(", end: device_sync, the candidate's gap {:.4f} ms against the reference's {:.4f} ms",
-                     v.candidate_gap_ms, v.reference_gap_ms);
+  std::string spin = v.launch_spin.empty() ? "" : ", launch spin: " + v.launch_spin;
+  if (v.timing_end.empty()) return spin;
+  if (v.timing_end != "device_sync") return ", end: " + v.timing_end + spin;
+  return fmt::format(", end: device_sync, the candidate's gap {:.4f} ms against the reference's {:.4f} ms{}",
+                     v.candidate_gap_ms, v.reference_gap_ms, spin);
 }
 
 void print_human(const Verdict& v) {

@@ -120,6 +120,7 @@ nlohmann::json to_json(const Verdict& v) {
       j["timing"].update({{"end", v.timing_end},
                           {"reference_gap_ms", v.reference_gap_ms},
                           {"candidate_gap_ms", v.candidate_gap_ms}});
+    if (!v.launch_spin.empty()) j["timing"]["launch_spin"] = v.launch_spin;
   } else {
     j["timing"] = nullptr;
   }
@@ -176,6 +177,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);
     if (t.contains("reference")) v.reference_timing = timing_from_json(t["reference"]);
     v.timing_end = t.value("end", "");
+    v.launch_spin = t.contains("launch_spin") && t["launch_spin"].is_string() ? t["launch_spin"].get<std::string>() : "";
     v.reference_gap_ms = number_or_zero(t, "reference_gap_ms");
     v.candidate_gap_ms = number_or_zero(t, "candidate_gap_ms");
   }

@@ -43,11 +43,14 @@ TEST(Verdict, JsonRoundTripKeepsTheTimingEndAndItsGaps) {
   v.timing_end = "device_sync";
   v.reference_gap_ms = 0.012;
   v.candidate_gap_ms = 0.4;
+  v.launch_spin = "gated";
   auto json = to_json(v);
   EXPECT_EQ(json["timing"]["end"], "device_sync");
+  EXPECT_EQ(json["timing"]["launch_spin"], "gated");
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->timing_end, "device_sync");
+  EXPECT_EQ(back->launch_spin, "gated");
   EXPECT_EQ(back->reference_gap_ms, 0.012);
   EXPECT_EQ(back->candidate_gap_ms, 0.4);
 }

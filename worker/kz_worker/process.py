@@ -117,7 +117,9 @@ def prepare_device(device_name: str) -> None:
         # set_device makes the context already (torch's lazy init): both count as "context".
         steps = (("context", lambda: (torch.cuda.set_device(device), torch.empty(1, device=device))),
                  ("profiler", lambda: cheats.warm_up(device)),
-                 ("clock", lambda: timing.cycles_per_us(device)))  # the launch spin's, before any candidate code
+                 # The launch spin's clock and gate, before any candidate code.
+                 ("clock", lambda: timing.cycles_per_us(device)),
+                 ("launch_gate", lambda: timing.launch_gate(device)))
         for name, step in steps:
             started = time.monotonic()
             step()

@@ -411,6 +411,8 @@ def test_a_patch_undone_between_verifies_is_left_to_the_draw(tmp_path, monkeypat
 
 
 class FakeTimer:
+    launch_spin = "none"
+
     def time_once(self, model, inputs, after=None):
         out = model(*inputs)
         if after is not None:

@@ -1,6 +1,9 @@
-"""The timing protocol (kz_worker/timing.py): its choice of end on made-up samples on the CPU; on a
-GPU, a candidate that leaves work running on a stream it never joins back, and the launch spin
-hiding a slow host launch."""
+"""The timing protocol (kz_worker/timing.py): its choice of end on made-up samples on the CPU, and
+the launch gate's PTX and its fallback; on a GPU, a candidate that leaves work running on a stream
+it never joins back, the launch spin hiding a slow host launch, and the host ending it."""
+import os
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -148,6 +151,54 @@ def test_gpu_the_launch_spin_hides_host_launch_latency_up_to_its_length():
     assert without["candidate"]["median_ms"] > without["reference"]["median_ms"] + 0.05, without
     assert spun["candidate"]["median_ms"] < without["candidate"]["median_ms"] - 0.05, (spun, without)
     assert spun["speedup"] == pytest.approx(1.0, abs=0.2), spun
+
+
+class Synchronizing(torch.nn.Module):
+    """Doubles x, waiting for the GPU inside its forward (as an .item() would)."""
+
+    def forward(self, x):
+        torch.cuda.synchronize()
+        return x * 2
+
+
+@needs_gpu
+def test_gpu_the_host_ends_the_launch_spin_once_it_has_issued_the_run():
+    device = torch.device("cuda")
+    inputs = [[torch.randn(1 << 16, device=device)] for _ in range(2)]
+    settings = {"warmup_runs": 1, "runs": 20, "l2_flush_mb": 8, "launch_spin_us": 20_000}  # spins of 20 ms at most
+    seconds = {}
+    measured = timing.time_interleaved(Double(), Double(), inputs, settings, device, seconds=seconds)
+    assert measured["launch_spin"] == "gated", measured
+    # 40 timed runs: 0.8 s if every spin ran its length; the host opens the gate within ~0.1 ms.
+    assert seconds["timed"] < 0.2, seconds
+    assert measured["speedup"] == pytest.approx(1.0, abs=0.2), measured
+    # A forward that waits for the GPU cannot open the gate before it returns: its spin runs its
+    # whole length (a bound, not a deadlock), and, as before the gate, stays out of the sample.
+    settings.update(runs=4, launch_spin_us=5_000)
+    measured = timing.time_interleaved(Double(), Synchronizing(), inputs, settings, device, seconds=seconds)
+    assert seconds["timed"] > 4 * 0.005, seconds
+    assert measured["candidate"]["median_ms"] < 2.0, measured
+
+
+def test_without_a_driver_the_launch_spin_is_a_fixed_one(monkeypatch):
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(timing.ctypes, "CDLL", no_driver)
+    monkeypatch.setattr(timing, "_launch_gates", ())
+    assert timing.launch_gate(torch.device("cuda:3")) is None
+    assert timing._launch_gates == (("cuda:3", None),), "tried once per device"
+
+
+def test_the_gated_spin_is_ptx_the_assembler_takes(tmp_path):
+    ptxas = shutil.which("ptxas") or next((p for p in ("/usr/local/cuda/bin/ptxas",) if os.path.exists(p)), None)
+    if ptxas is None:
+        pytest.skip("no ptxas (the CUDA toolkit) on this machine")
+    source = tmp_path / "gated_spin.ptx"
+    source.write_text(timing.GATED_SPIN_PTX)
+    for arch in ("sm_80", "sm_90"):  # its .target sm_70 runs on any later GPU
+        done = subprocess.run([ptxas, f"-arch={arch}", str(source), "-o", str(tmp_path / f"{arch}.cubin")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
 
 
 class SwitchedOutClock:
