@@ -33,6 +33,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"timing.launch_spin_us", o.timing.launch_spin_us},
       {"timing.exclusive", o.timing.exclusive},
       {"timing.gpu_jobs", o.timing.gpu_jobs},
+      {"timing.niceness", o.timing.niceness},
       {"timeouts.startup_s", o.timeouts.startup_s},
       {"timeouts.load_reference_s", o.timeouts.load_reference_s},
       {"timeouts.compile_s", o.timeouts.compile_s},
@@ -81,6 +82,8 @@ Status EvalOptions::validate() const {
       timing.l2_flush_mb < 0 || timing.launch_spin_us < 0)
     return invalid_argument(
         "timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs, l2_flush_mb and launch_spin_us >= 0");
+  if (timing.niceness < -20 || timing.niceness > 0)
+    return invalid_argument("timing.niceness must be within -20..0 (0: the worker's priority left as is)");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
                    timeouts.timing_s, timeouts.recheck_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");

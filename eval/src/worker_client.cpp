@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -170,16 +172,48 @@ std::string message_token() {
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", device(), device(), device(), device());
 }
 
+// The worker's process group at `niceness` for its timing stage, and back to what it had at the next
+// stage (or, for a server that serves again, at the request's end): the exclusive GPU hold inside that
+// stage keeps every other evaluation on the GPU waiting, so it gets the CPU first. A fork server's
+// group holds its evaluating child (and its spare). Without CAP_SYS_NICE setpriority refuses, and
+// nothing changes. Never used on a group that was reaped: its id may be someone else's by then.
+class TimingPriority {
+ public:
+  TimingPriority(pid_t group, int niceness) : group_(group), niceness_(niceness) {}
+
+  void enter(const std::string& stage) {
+    bool timing = stage == "timing" && niceness_ != 0;
+    if (timing == boosted_) return;
+    if (timing) {
+      errno = 0;
+      int before = getpriority(PRIO_PROCESS, group_);  // the group leader's: what every member had
+      if (errno != 0 || setpriority(PRIO_PGRP, group_, niceness_) != 0) return;
+      before_ = before;
+    } else {
+      setpriority(PRIO_PGRP, group_, before_);  // the group may be gone (killed): nothing to restore
+    }
+    boosted_ = timing;
+  }
+
+ private:
+  pid_t group_;
+  int niceness_, before_ = 0;
+  bool boosted_ = false;
+};
+
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
 // (fork_server) relays its child's messages, then reports the child gone ("fork_server_done"); a
 // worker started for one request is killed once its result is in.
-Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server, const std::string& token) {
+Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server, const std::string& token,
+                     int timing_niceness) {
   std::string stage = "startup";
+  TimingPriority priority(worker.pid(), timing_niceness);
   StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
   std::optional<nlohmann::json> result;
   bool child_spoke = false;  // a message of the child's arrived (its first comes before candidate code)
   auto finish = [&](WorkerOutcome outcome, bool reusable) {
+    if (reusable) priority.enter("done");  // the server's next request starts at its own priority
     bool server_failed = fork_server && !child_spoke && outcome.kind == WorkerOutcome::Kind::crashed;
     return Supervised{with_stages(std::move(outcome), clock, stage), reusable, server_failed};
   };
@@ -222,6 +256,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
     if (type == "stage") {
       clock.close(stage);
       stage = message.value("name", "?");
+      priority.enter(stage);
       deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
     } else if (type == "result") {
       result = std::move(message);
@@ -515,7 +550,7 @@ bool clear_scratch(const StartedWorker& server) {
 
 Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
                            const std::function<nlohmann::json(const fs::path&)>& make_request,
-                           const StageDeadline& deadline_s) {
+                           const StageDeadline& deadline_s, int timing_niceness) {
   nlohmann::json request_json = make_request(request_scratch);
   std::string token = message_token();
   request_json["message_token"] = token;
@@ -528,7 +563,7 @@ Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratc
   } else {
     process.send_stdin(request);
   }
-  Supervised supervised = supervise(process, deadline_s, fork_server, token);
+  Supervised supervised = supervise(process, deadline_s, fork_server, token, timing_niceness);
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
   outcome.sandbox = process.sandbox();
@@ -559,7 +594,8 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
   if (!fs::create_directory(request_scratch, error))  // never one a child left behind
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
                                       error ? error.message() : "it exists already"));
-  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s);
+  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s,
+                                          setup.timing_niceness);
   auto& stages = supervised.outcome.stage_s;
   if (!stages.empty() && stages.front().first == "startup") stages.front().second += spawn_s;
   supervised.outcome.server_wait_s = spawn_s;
@@ -641,7 +677,8 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   if (!setup.fork_server) {
     auto worker = start_worker(setup, scratch_prefix, customize);
     if (!worker.ok()) return worker.status();
-    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s);
+    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s,
+                                            setup.timing_niceness);
     if (after_request) after_request(worker->scratch);
     return std::move(supervised.outcome);
   }

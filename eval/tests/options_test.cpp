@@ -63,6 +63,14 @@ TEST(Options, InvalidValuesAreRejected) {
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\ncuda_connections = {}\n", connections), "t", c).is_ok())
         << connections;
   }
+  for (const char* niceness : {"-21", "1"}) {
+    EvalOptions n;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[timing]\nniceness = {}\n", niceness), "t", n).is_ok()) << niceness;
+  }
+  EvalOptions off;
+  EXPECT_TRUE(apply_toml_text("[timing]\nniceness = 0\n[worker]\nsyntax_check = false\n", "t", off).is_ok());
+  EXPECT_EQ(off.timing.niceness, 0);
+  EXPECT_FALSE(off.worker.syntax_check);
 }
 
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {

@@ -13,6 +13,7 @@
 #include <linux/capability.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -110,6 +111,16 @@ def evaluate(request):
         for pid in stopped:
             os.kill(pid, request["signal"])
         reply["stopped"] = stopped
+    if action == "timing_stage":  # its priority as the supervisor sets it, in and after the timing stage
+        def niceness_after(stage, changed_from):
+            os.write(3, (json.dumps({"type": "stage", "name": stage, "token": token}) + "\n").encode())
+            deadline = time.monotonic() + 0.5
+            while os.getpriority(os.PRIO_PROCESS, 0) == changed_from and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return os.getpriority(os.PRIO_PROCESS, 0)
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        reply["niceness"] = [before, niceness_after("timing", before)]
+        reply["niceness"].append(niceness_after("recheck", reply["niceness"][1]))
     if action == "exit":
         os._exit(9)
     if action == "cpu_limit":
@@ -306,6 +317,24 @@ TEST_P(WorkerClientTest, WorkersGetTheirCudaConnections) {
     EXPECT_EQ(result(with)["cuda_connections"], "1") << "fork server: " << fork_server;
     ScopedEnv supervisors("CUDA_DEVICE_MAX_CONNECTIONS", "4");
     EXPECT_TRUE(result(setup(fork_server))["cuda_connections"].is_null()) << "fork server: " << fork_server;
+  }
+}
+
+// [timing] niceness: the supervisor gives the worker's process group that nice value for its timing
+// stage and its own back at the next stage, a fork server's child or a fresh worker. Needs
+// CAP_SYS_NICE (root), as in the supervisor on a GPU host; the test says so where it is missing.
+TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
+  if (geteuid() != 0) GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE (root)";
+  for (bool fork_server : {true, false}) {
+    WorkerSetup boosted = setup(fork_server);
+    boosted.timing_niceness = -7;
+    auto niceness = result(boosted, {{"action", "timing_stage"}})["niceness"];
+    int own = getpriority(PRIO_PROCESS, 0);
+    EXPECT_EQ(niceness, nlohmann::json::array({own, -7, own})) << "fork server: " << fork_server;
+    // The server serves its next request at its own priority, and 0 leaves the priority alone.
+    EXPECT_EQ(result(setup(fork_server), {{"action", "timing_stage"}})["niceness"],
+              nlohmann::json::array({own, own, own}))
+        << "fork server: " << fork_server;
   }
 }
 

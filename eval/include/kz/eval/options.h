@@ -36,6 +36,11 @@ struct TimingOptions {
   // several evaluations share one GPU (jobs = 0 picks gpu_jobs). false: one evaluation per GPU.
   bool exclusive = true;
   int gpu_jobs = 8;         // evaluations at once per GPU when exclusive (capped by the cores)
+  // The nice value a worker's process group gets for its timing stage (the supervisor sets it and
+  // sets it back): its exclusive hold keeps every other evaluation on the GPU waiting, and on a host
+  // busy with builds and other workers' start-up the CPU it needs for its runs' launches and checks
+  // stretched the hold up to ~3x. Needs CAP_SYS_NICE (root), else nothing changes. -20..0; 0: off.
+  int niceness = -10;
 };
 
 struct StageTimeouts {

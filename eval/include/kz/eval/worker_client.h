@@ -55,6 +55,10 @@ struct WorkerSetup {
   std::filesystem::path triton_helpers_dir;
   // Workers' CUDA_DEVICE_MAX_CONNECTIONS ([worker] cuda_connections). 0: not set (the driver's default).
   int cuda_connections = 0;
+  // The nice value of a worker's process group while it is in its timing stage ([timing] niceness),
+  // set by the supervisor at the stage message and set back at the next (or at the request's end).
+  // 0: left as is.
+  int timing_niceness = 0;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
