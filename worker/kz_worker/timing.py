@@ -55,8 +55,12 @@ class Timer:
         not in the sample)."""
         self.flush_buffer.zero_()
         if self.gate is not None:
-            self.gate.spin(stream, self.spin_cycles)
-        elif self.spin_cycles:
+            try:
+                self.gate.spin(stream, self.spin_cycles)
+                return
+            except RuntimeError:  # refused here (a stream of another context): the fixed spin from now on
+                self.gate, self.launch_spin = None, "fixed"
+        if self.spin_cycles:
             torch.cuda._sleep(self.spin_cycles)
 
     def time_once(self, model, inputs, after=None) -> Sample:

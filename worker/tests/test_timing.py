@@ -180,6 +180,22 @@ def test_gpu_the_host_ends_the_launch_spin_once_it_has_issued_the_run():
     assert measured["candidate"]["median_ms"] < 2.0, measured
 
 
+class RefusingGate:
+    def spin(self, stream, max_cycles):
+        raise RuntimeError("cuLaunchKernel returned CUresult 400")
+
+
+def test_a_gate_the_driver_refuses_falls_back_to_the_fixed_spin(monkeypatch):
+    slept = []
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    timer = timing.Timer.__new__(timing.Timer)  # its device parts stood in for: no GPU needed
+    timer.flush_buffer, timer.spin_cycles = torch.empty(4), 1000
+    timer.gate, timer.launch_spin = RefusingGate(), "gated"
+    timer.prepare(stream=None)
+    timer.prepare(stream=None)
+    assert slept == [1000, 1000] and timer.gate is None and timer.launch_spin == "fixed"
+
+
 def test_without_a_driver_the_launch_spin_is_a_fixed_one(monkeypatch):
     def no_driver(name):
         raise OSError(f"{name}: cannot open shared object file")
