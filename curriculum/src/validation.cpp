@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/eval/sandbox.h"
+#include "kz/eval/syntax_check.h"
 #include "kz/eval/worker_client.h"
 
 namespace kz {
@@ -85,6 +86,11 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   KZ_RETURN_IF_ERROR(options.validate());
   auto setup = resolve_worker_setup(options.worker, options.device);
   if (!setup.ok()) return setup.status();
+  // Python's own compiler first, in a long-lived interpreter (kz/eval/syntax_check.h): a module
+  // that is not valid Python costs a millisecond, not a worker. The worker's check says the same.
+  if (options.worker.syntax_check)
+    if (auto error = SyntaxChecker::shared(setup->python, setup->worker_dir, setup->bytecode_prefix)->error(source, "module.py"))
+      return supervisor_verdict("loads", "not valid Python: " + *error);  // worker/kz_worker/validate.py's words
   auto outcome = run_worker_request(
       *setup, "kz-validate-",
       [&](const fs::path& scratch) { return make_request(source, apis, options, scratch, setup->cache_dir); },

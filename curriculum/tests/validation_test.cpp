@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "kz/curriculum/validation.h"
@@ -68,6 +69,23 @@ TEST(ValidateModule, GoodModuleIsValid) {
   EXPECT_EQ(verdict.output_shapes, (std::vector<std::vector<int64_t>>{{8, 16}}));
   EXPECT_EQ(verdict.fingerprint.size(), 32u);
   EXPECT_GT(verdict.runtime_ms, 0);
+}
+
+// The supervisor's syntax check rejects a module that is not valid Python before any worker starts,
+// in the worker's own words.
+TEST(ValidateModule, InvalidPythonIsRejectedAsTheWorkerWouldBeforeAnyWorker) {
+  std::string source = module_with_forward("        return F.gelu(torch.matmul(x, self.weight)");
+  ModuleValidationOptions by_worker;
+  by_worker.worker.syntax_check = false;
+  auto expected = validate(source, by_worker);
+  EXPECT_EQ(expected.failed_check, "loads") << expected.reason;
+  auto started = std::chrono::steady_clock::now();
+  auto verdict = validate(source);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1)) << "no worker: ~1 ms";
+  EXPECT_FALSE(verdict.valid);
+  EXPECT_EQ(verdict.failed_check, "loads");
+  EXPECT_EQ(verdict.reason, expected.reason);
+  EXPECT_NE(verdict.reason.find("not valid Python"), std::string::npos) << verdict.reason;
 }
 
 TEST(ValidateModule, MissingApiIsRejectedAndNamed) {

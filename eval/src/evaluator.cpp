@@ -96,7 +96,7 @@ Result<Evaluator> Evaluator::create(EvalOptions options) {
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
   if (evaluator.options_.worker.syntax_check) {
     const WorkerSetup& s = evaluator.setup_;
-    evaluator.syntax_checker_ = std::make_shared<SyntaxChecker>(s.python, s.worker_dir, s.bytecode_prefix);
+    evaluator.syntax_checker_ = SyntaxChecker::shared(s.python, s.worker_dir, s.bytecode_prefix);
   }
   return evaluator;
 }

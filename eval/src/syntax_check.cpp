@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <map>
 
 #include "kz/core/subprocess.h"
 
@@ -48,10 +49,20 @@ bool SyntaxChecker::running() const {
   return process_ != nullptr;
 }
 
-std::optional<std::string> SyntaxChecker::error(std::string_view source) {
+std::shared_ptr<SyntaxChecker> SyntaxChecker::shared(const std::string& python, const fs::path& worker_dir,
+                                                     const fs::path& bytecode_prefix) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<SyntaxChecker>> checkers;
+  std::lock_guard lock(mutex);
+  auto& checker = checkers[python + '\n' + worker_dir.string() + '\n' + bytecode_prefix.string()];
+  if (!checker) checker = std::make_shared<SyntaxChecker>(python, worker_dir, bytecode_prefix);
+  return checker;
+}
+
+std::optional<std::string> SyntaxChecker::error(std::string_view source, std::string_view filename) {
   // The source as the worker's request carries it: invalid UTF-8 replaced the same way (ASCII here,
   // so the checker's stdin encoding cannot matter).
-  nlohmann::json request = {{"source", std::string(source)}};
+  nlohmann::json request = {{"source", std::string(source)}, {"filename", std::string(filename)}};
   std::string line = request.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) + "\n";
   std::lock_guard lock(mutex_);
   if (failures_ >= kMaxFailures) return std::nullopt;
@@ -79,8 +90,9 @@ std::optional<std::string> SyntaxChecker::ask(const std::string& request_line) {
   return std::nullopt;  // compiles, or {"unknown": ...}: the worker decides
 }
 
-Verdict syntax_error_verdict(const std::string& message) {
-  Verdict v = make_verdict(EvalStatus::compile_error, {Check::python_syntax}, message);
+Verdict syntax_error_verdict(const std::string& error) {
+  // worker/kz_worker/loading.py's message for the same error.
+  Verdict v = make_verdict(EvalStatus::compile_error, {Check::python_syntax}, "candidate is not valid Python: " + error);
   v.stage = "syntax_check";
   return v;
 }

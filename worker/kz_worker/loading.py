@@ -75,9 +75,9 @@ def load_reference(source: str, scratch: pathlib.Path, use_cpu_sizes: bool, over
 
 def load_candidate(source: str, scratch: pathlib.Path, model_class: str) -> type:
     """Imports the candidate; returns its model class. Import runs load_inline for `cuda`."""
-    message = syntax_check.syntax_error(source)  # as the supervisor's check before any worker
-    if message is not None:
-        raise v.Failure(v.COMPILE_ERROR, message, [v.PYTHON_SYNTAX])
+    error = syntax_check.syntax_error(source, "candidate.py")  # as the supervisor's check before any worker
+    if error is not None:
+        raise v.Failure(v.COMPILE_ERROR, f"candidate is not valid Python: {error}", [v.PYTHON_SYNTAX])
     module = import_source(source, scratch / "candidate.py", "kz_candidate")
     cls = getattr(module, model_class, None)
     if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from . import compare, formats, gpu_lock, loading
+from . import compare, formats, gpu_lock, loading, syntax_check
 from . import verdict as v
 from .cheats import AuditMode
 
@@ -130,10 +130,9 @@ class Validation:
     def check_loads(self) -> loading.Reference:
         self.enter("load")
         source = self.request["module_source"]
-        try:
-            compile(source, "module.py", "exec")
-        except SyntaxError as exc:
-            raise Reject("loads", f"not valid Python: {exc}")
+        error = syntax_check.syntax_error(source, "module.py")  # as the supervisor's check before any worker
+        if error is not None:
+            raise Reject("loads", f"not valid Python: {error}")
         on_cpu = self.device.type == "cpu"
         try:
             # The module is a reference-to-be: load it exactly as the evaluation will.

@@ -4,7 +4,9 @@
 // "validate_module"), in a fresh process per module with the same isolation and stage deadlines as
 // an evaluation (kz/eval/worker_client.h): loads, runs, deterministic, outputs finite and
 // non-degenerate, depends on every input, executes every requested API (by the ATen ops its
-// forward dispatches), runtime in a band. The first check that fails is the verdict.
+// forward dispatches), runtime in a band. The first check that fails is the verdict. A module that
+// is not valid Python fails `loads` before any worker starts ([worker] syntax_check;
+// kz/eval/syntax_check.h), in the worker's words.
 #pragma once
 
 #include <cstdint>

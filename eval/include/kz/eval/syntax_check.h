@@ -1,9 +1,9 @@
-// A candidate's Python syntax, checked before any worker starts, by one long-lived interpreter
-// (worker/kz_worker/syntax_check.py: no torch, ~20 ms to start, ~1 ms a check).
+// A candidate's (or a proposed module's) Python syntax, checked before any worker starts, by one
+// long-lived interpreter (worker/kz_worker/syntax_check.py: no torch, ~20 ms to start, ~1 ms a check).
 //
 // A candidate that is not valid Python would otherwise cost a whole worker: a process, the
 // reference's load, and in a cold batch a place in the first wave, which waits seconds for the
-// zygote's imports and a CUDA context. The worker compiles the candidate again with the same
+// zygote's imports and a CUDA context. The worker compiles the source again with the same
 // function, so the check can only answer sooner, never differently. Where the checker cannot say
 // (it failed to start, died, did not answer in time, or compiling raised something other than a
 // SyntaxError) the answer is "no finding" and the worker decides, as without the check.
@@ -35,9 +35,15 @@ class SyntaxChecker {
   SyntaxChecker(const SyntaxChecker&) = delete;
   SyntaxChecker& operator=(const SyntaxChecker&) = delete;
 
-  // The compile_error message ("candidate is not valid Python: ...") where Python's compiler refuses
-  // `source`; nullopt where it compiles or the checker cannot say. Thread-safe (one check at a time).
-  std::optional<std::string> error(std::string_view source);
+  // What Python's compiler says where it refuses `source` compiled as `filename` (e.g. "invalid
+  // syntax (candidate.py, line 7)"); nullopt where it compiles or the checker cannot say.
+  // Thread-safe (one check at a time).
+  std::optional<std::string> error(std::string_view source, std::string_view filename = "candidate.py");
+
+  // One checker per interpreter, worker dir and bytecode prefix in this process, made at the first
+  // call: the evaluators and the module validations of one kz process share it.
+  static std::shared_ptr<SyntaxChecker> shared(const std::string& python, const std::filesystem::path& worker_dir,
+                                               const std::filesystem::path& bytecode_prefix);
 
   // Whether the interpreter is running now (started at the first check, again after a failure).
   bool running() const;
@@ -57,8 +63,8 @@ class SyntaxChecker {
   int failures_ = 0;  // in a row
 };
 
-// The verdict for a candidate the checker refused: compile_error, check python_syntax, the
-// worker's message, stage "syntax_check" (no worker ran).
-Verdict syntax_error_verdict(const std::string& message);
+// The verdict for a candidate the checker refused (`error`: what the compiler said): compile_error,
+// check python_syntax, the worker's message, stage "syntax_check" (no worker ran).
+Verdict syntax_error_verdict(const std::string& error);
 
 }  // namespace kz
