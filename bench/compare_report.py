@@ -1,5 +1,6 @@
 """The report of bench/kernelbench_compare.py, rendered from its compare.json (pure functions: the
 script calls them after every phase, and `--report-only compare.json` re-renders a saved run)."""
+import collections
 import math
 import statistics
 
@@ -282,6 +283,7 @@ def stage_section(data: dict) -> str:
                      "(a fork server's child, its device prepared)"
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
         lines += waits_per_device(verdicts)
+    lines += no_worker_lines(verdicts)
     lines += startup_lines(verdicts)
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
@@ -295,6 +297,12 @@ def stage_section(data: dict) -> str:
                      f"stages above), {exclusive:.1f} s held exclusive by timings"
                      + (f" = {100 * exclusive / wall:.0f}% of the batch's {wall:.0f} s wall time (timings never "
                         "overlap: their sum bounds the rate)" if wall else ""))
+    spins = collections.Counter(v.get("launch_spin") for v in verdicts if v.get("speedup") is not None)
+    if spins:
+        counts = sorted((kind or "not recorded", n) for kind, n in spins.items())
+        lines.append("  launch spins: " + ", ".join(f"{kind} in {n}" for kind, n in counts)
+                     + f" of {sum(spins.values())} timings (gated: ended by the host once it had issued the run, "
+                     "docs/evaluation.md)")
     lines += timeline_lines(data)
     failed = [v for v in verdicts if v["format"] == "cuda" and "kernel_compile" in (v.get("checks") or [])]
     if failed:
@@ -312,6 +320,18 @@ def stage_section(data: dict) -> str:
             lines.append(f"  {sum(o.get('eval_s') or 0.0 for o in failed):.1f} s of its evaluations went to "
                          f"{len(failed)} sample(s) whose pre-build had failed (it builds them again)")
     return "\n".join(lines)
+
+
+def no_worker_lines(verdicts: list) -> list:
+    """The verdicts the supervisor gave without starting a worker (no stage_s), by the stage that
+    decided them: the format's own checks (no stage), the static checks, Python's syntax."""
+    decided = collections.Counter((v.get("stage") or "format") if "stage" in v else "stage not recorded" for v in verdicts
+                                  if not v.get("stage_s") and not v.get("cached"))
+    if not decided:
+        return []
+    longest = max(v.get("wall_s") or 0.0 for v in verdicts if not v.get("stage_s") and not v.get("cached"))
+    return [f"  decided without a worker: {sum(decided.values())} ("
+            + ", ".join(f"{stage} {n}" for stage, n in sorted(decided.items())) + f"), {longest:.3f} s at most each"]
 
 
 def timeline_lines(data: dict) -> list:

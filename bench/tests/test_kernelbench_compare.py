@@ -346,6 +346,20 @@ def test_worker_readiness_and_gpu_lock_are_summed():
     assert "workers: 1 of 4 evaluations found theirs ready" in text and "the other 3 waited 0.8-7.5 s" in text, text and "1.0 s held exclusive by timings = 2% of the batch's 40 s" in text
 
 
+def test_verdicts_without_a_worker_and_the_launch_spins_are_counted():
+    data = synthetic()
+    verdicts = data["kz_batch"]["verdicts"]
+    for verdict, spin in zip(verdicts, ("gated", "gated", "fixed", None)):
+        verdict.update(stage="recheck", launch_spin=spin)
+    verdicts += [{"id": "t5/cuda-rtc__python_syntax", "task": "t5", "format": "cuda-rtc", "status": "compile_error",
+                  "stage": "syntax_check", "stage_s": {}, "wall_s": 0.002, "speedup": None},
+                 {"id": "t6/triton__no_model_new", "task": "t6", "format": "triton", "status": "format_error",
+                  "stage": "", "stage_s": {}, "wall_s": 0.0, "speedup": None}]
+    text = compare_report.stage_section(data)
+    assert "  decided without a worker: 2 (format 1, syntax_check 1), 0.002 s at most each" in text, text
+    assert "  launch spins: fixed in 1, gated in 2, not recorded in 1 of 4 timings" in text, text
+
+
 def test_the_startups_waits_are_summed_per_format():
     data = synthetic()
     verdicts = data["kz_batch"]["verdicts"]
