@@ -27,9 +27,16 @@ ProcessSpec checker_spec(const std::string& python, const fs::path& worker_dir, 
   spec.defer_stdin = true;  // one request after another
   spec.message_pipe = true;
   // Compiling runs none of the source, but a source built to exhaust the compiler meets these limits
-  // (then no answer: the worker decides) rather than the supervisor's memory.
+  // (then no answer: the worker decides) rather than the supervisor's memory; and should a source
+  // ever reach code through a flaw of the compiler's, it finds no network, a read-only filesystem, no
+  // capabilities and no other process in sight (each where the machine allows it, as for workers).
   spec.limits.address_space_bytes = uint64_t{2} << 30;
   spec.limits.no_core_dumps = true;
+  spec.limits.max_processes = 16;
+  spec.new_network_namespace = true;
+  spec.read_only_filesystem = true;
+  spec.new_pid_namespace = true;
+  spec.drop_capabilities = true;
   return spec;
 }
 

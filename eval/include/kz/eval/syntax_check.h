@@ -6,7 +6,10 @@
 // zygote's imports and a CUDA context. The worker compiles the source again with the same
 // function, so the check can only answer sooner, never differently. Where the checker cannot say
 // (it failed to start, died, did not answer in time, or compiling raised something other than a
-// SyntaxError) the answer is "no finding" and the worker decides, as without the check.
+// SyntaxError) the answer is "no finding" and the worker decides, as without the check. Compiling
+// runs none of the source; the interpreter still runs within limits (2 GB of address space, 16
+// tasks) and, where the machine allows, without network, writable mounts, capabilities or other
+// processes in sight, as workers do.
 #pragma once
 
 #include <chrono>
