@@ -325,11 +325,11 @@ def stage_section(data: dict) -> str:
 def no_worker_lines(verdicts: list) -> list:
     """The verdicts the supervisor gave without starting a worker (no stage_s), by the stage that
     decided them: the format's own checks (no stage), the static checks, Python's syntax."""
-    decided = collections.Counter((v.get("stage") or "format") if "stage" in v else "stage not recorded" for v in verdicts
-                                  if not v.get("stage_s") and not v.get("cached"))
-    if not decided:
+    mine = [v for v in verdicts if not v.get("stage_s") and not v.get("cached")]
+    if not mine:
         return []
-    longest = max(v.get("wall_s") or 0.0 for v in verdicts if not v.get("stage_s") and not v.get("cached"))
+    decided = collections.Counter((v.get("stage") or "format") if "stage" in v else "stage not recorded" for v in mine)
+    longest = max(v.get("wall_s") or 0.0 for v in mine)
     return [f"  decided without a worker: {sum(decided.values())} ("
             + ", ".join(f"{stage} {n}" for stage, n in sorted(decided.items())) + f"), {longest:.3f} s at most each"]
 

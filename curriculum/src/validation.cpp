@@ -89,7 +89,7 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   // Python's own compiler first, in a long-lived interpreter (kz/eval/syntax_check.h): a module
   // that is not valid Python costs a millisecond, not a worker. The worker's check says the same.
   if (options.worker.syntax_check)
-    if (auto error = SyntaxChecker::shared(setup->python, setup->worker_dir, setup->bytecode_prefix)->error(source, "module.py"))
+    if (auto error = SyntaxChecker::shared(*setup)->error(source, "module.py"))
       return supervisor_verdict("loads", "not valid Python: " + *error);  // worker/kz_worker/validate.py's words
   auto outcome = run_worker_request(
       *setup, "kz-validate-",

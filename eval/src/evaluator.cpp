@@ -94,10 +94,7 @@ Result<Evaluator> Evaluator::create(EvalOptions options) {
   if (!setup.ok()) return setup.status();
   Evaluator evaluator(std::move(options), std::move(*setup));
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
-  if (evaluator.options_.worker.syntax_check) {
-    const WorkerSetup& s = evaluator.setup_;
-    evaluator.syntax_checker_ = SyntaxChecker::shared(s.python, s.worker_dir, s.bytecode_prefix);
-  }
+  if (evaluator.options_.worker.syntax_check) evaluator.syntax_checker_ = SyntaxChecker::shared(evaluator.setup_);
   return evaluator;
 }
 

@@ -56,13 +56,12 @@ bool SyntaxChecker::running() const {
   return process_ != nullptr;
 }
 
-std::shared_ptr<SyntaxChecker> SyntaxChecker::shared(const std::string& python, const fs::path& worker_dir,
-                                                     const fs::path& bytecode_prefix) {
+std::shared_ptr<SyntaxChecker> SyntaxChecker::shared(const WorkerSetup& setup) {
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<SyntaxChecker>> checkers;
   std::lock_guard lock(mutex);
-  auto& checker = checkers[python + '\n' + worker_dir.string() + '\n' + bytecode_prefix.string()];
-  if (!checker) checker = std::make_shared<SyntaxChecker>(python, worker_dir, bytecode_prefix);
+  auto& checker = checkers[setup.python + '\n' + setup.worker_dir.string() + '\n' + setup.bytecode_prefix.string()];
+  if (!checker) checker = std::make_shared<SyntaxChecker>(setup.python, setup.worker_dir, setup.bytecode_prefix);
   return checker;
 }
 

@@ -103,10 +103,16 @@ TEST_F(StandInInterpreter, AnUnreadableAnswerIsAFailureNotAVerdict) {
 }
 
 TEST(SyntaxChecker, OneSharedCheckerPerInterpreterAndWorkerCode) {
-  auto first = SyntaxChecker::shared("/a/python3", "/a/worker", "");
-  EXPECT_EQ(SyntaxChecker::shared("/a/python3", "/a/worker", ""), first);
-  EXPECT_NE(SyntaxChecker::shared("/b/python3", "/a/worker", ""), first);
-  EXPECT_NE(SyntaxChecker::shared("/a/python3", "/b/worker", ""), first);
+  auto setup = [](const char* python, const char* worker_dir) {
+    WorkerSetup s;
+    s.python = python;
+    s.worker_dir = worker_dir;
+    return s;
+  };
+  auto first = SyntaxChecker::shared(setup("/a/python3", "/a/worker"));
+  EXPECT_EQ(SyntaxChecker::shared(setup("/a/python3", "/a/worker")), first);
+  EXPECT_NE(SyntaxChecker::shared(setup("/b/python3", "/a/worker")), first);
+  EXPECT_NE(SyntaxChecker::shared(setup("/a/python3", "/b/worker")), first);
 }
 
 TEST(SyntaxChecker, AMissingInterpreterIsNoFinding) {

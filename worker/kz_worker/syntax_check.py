@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-MESSAGE_FD = 3
+from .protocol import MESSAGE_FD
 
 
 def syntax_error(source: str, filename: str):

@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "kz/eval/verdict.h"
+#include "kz/eval/worker_client.h"
 
 namespace kz {
 
@@ -43,10 +44,10 @@ class SyntaxChecker {
   // Thread-safe (one check at a time).
   std::optional<std::string> error(std::string_view source, std::string_view filename = "candidate.py");
 
-  // One checker per interpreter, worker dir and bytecode prefix in this process, made at the first
-  // call: the evaluators and the module validations of one kz process share it.
-  static std::shared_ptr<SyntaxChecker> shared(const std::string& python, const std::filesystem::path& worker_dir,
-                                               const std::filesystem::path& bytecode_prefix);
+  // One checker per interpreter, worker dir and bytecode prefix in this process (as `setup` names
+  // them for its workers), made at the first call: the evaluators and the module validations of one
+  // kz process share it.
+  static std::shared_ptr<SyntaxChecker> shared(const WorkerSetup& setup);
 
   // Whether the interpreter is running now (started at the first check, again after a failure).
   bool running() const;
