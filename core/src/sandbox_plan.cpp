@@ -72,6 +72,14 @@ void child_read_only_filesystem(const Plan& plan, int error_fd) {
     if (::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0)
       return child_skipped(error_fd, kStepBind, static_cast<int>(i), errno);  // nothing read-only
   }
+  for (size_t i = 0; i < plan.tmpfs.size(); ++i) {
+    const char* path = plan.tmpfs[i].path.c_str();
+    if (::mount(kTmpfsSource, path, "tmpfs", MS_NOSUID | MS_NODEV, plan.tmpfs[i].options.c_str()) == 0) continue;
+    child_skipped(error_fd, kStepTmpfs, static_cast<int>(i), errno);
+    // Writable as before, the parent's directory: a kStepBind index past `writable` names a tmpfs path.
+    if (::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      return child_skipped(error_fd, kStepBind, static_cast<int>(plan.writable.size() + i), errno);
+  }
   for (size_t i = 0; i < plan.readonly_mounts.size(); ++i) {
     const char* path = plan.readonly_mounts[i].path.c_str();
     if (plan.readonly_mounts[i].bind_first && ::mount(path, path, nullptr, MS_BIND | MS_REC, nullptr) != 0) {
@@ -145,6 +153,9 @@ nlohmann::json to_json(const Plan& plan) {
                          {"cgroup_procs", plan.cgroup_procs}, {"new_netns", plan.new_netns},
                          {"read_only", plan.read_only}, {"drop_caps", plan.drop_caps},
                          {"new_pidns", plan.new_pidns}, {"writable", plan.writable}, {"readonly_mounts", mounts}};
+  nlohmann::json tmpfs = nlohmann::json::array();
+  for (const Plan::Tmpfs& t : plan.tmpfs) tmpfs.push_back({t.path, t.options});
+  json["tmpfs"] = tmpfs;
   if (plan.nice) json["nice"] = *plan.nice;
   return json;
 }
@@ -162,6 +173,7 @@ Plan plan_from_json(const nlohmann::json& json) {
   plan.new_pidns = json.at("new_pidns").get<bool>();
   plan.writable = json.at("writable").get<std::vector<std::string>>();
   for (const auto& m : json.at("readonly_mounts")) plan.readonly_mounts.push_back({m.at(0).get<std::string>(), m.at(1).get<bool>()});
+  for (const auto& t : json.at("tmpfs")) plan.tmpfs.push_back({t.at(0).get<std::string>(), t.at(1).get<std::string>()});
   return plan;
 }
 

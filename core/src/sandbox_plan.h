@@ -7,7 +7,8 @@
 // apply_sandbox_plan makes only async-signal-safe calls.
 //
 // Order: setpgid, nice, rlimits, joining the pids cgroup, unshare(CLONE_NEWNET), the read-only
-// mount namespace (with a fresh /proc in a PID namespace), chdir, dropping capabilities. An
+// mount namespace (with a fresh /proc in a PID namespace, and fresh tmpfs mounts), chdir, dropping
+// capabilities. An
 // optional step that fails is reported to the parent as a record on the error pipe and skipped;
 // a fatal one writes its record and _exit(127)s.
 #pragma once
@@ -31,9 +32,13 @@ struct ChildRecord {
   int32_t err;    // errno
 };
 constexpr int32_t kFailed = 0, kSkipped = 1;
+// The source a fresh tmpfs is mounted from: what names it in /proc/<pid>/mountinfo, where a fork
+// server looks before it empties its /dev/shm between requests (worker/kz_worker/fork_server.py).
+constexpr const char* kTmpfsSource = "kz-tmpfs";
 enum Stage : int32_t { kStageSetpgid, kStageDup2, kStageChdir, kStageExec, kStageSetrlimit, kStageMountProc };
 enum Step : int32_t {
   kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
+  kStepTmpfs,
 };
 
 struct Plan {
@@ -49,6 +54,11 @@ struct Plan {
   bool new_netns = false, read_only = false, drop_caps = false;
   bool new_pidns = false;  // the child is pid 1 of a new PID namespace: mount its own /proc
   std::vector<std::string> writable;  // bind-mounted onto themselves
+  struct Tmpfs {
+    std::string path;
+    std::string options;  // tmpfs's mount data ("size=...,mode=1777"), made by the parent
+  };
+  std::vector<Tmpfs> tmpfs;  // a fresh tmpfs each; where refused, bound writable (kStepTmpfs, then kStepBind)
   struct ReadOnlyPath {
     std::string path;
     bool bind_first = false;  // not a mount point: bound onto itself first (e.g. /proc/sys)

@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -489,6 +490,7 @@ const char* step_name(int32_t step) {
     case kStepRemount: return "remounting read-only";
     case kStepCaps: return "dropping capabilities";
     case kStepNoNewPrivs: return "PR_SET_NO_NEW_PRIVS";
+    case kStepTmpfs: return "mounting a fresh tmpfs";
     default: return "sandbox step";
   }
 }
@@ -502,6 +504,8 @@ std::vector<std::string> missing_isolation(const ProcessSpec& spec, const Sandbo
   if (spec.drop_capabilities && !report.capabilities_dropped) missing.push_back("no capabilities");
   if (spec.new_pid_namespace && spec.read_only_filesystem && !report.pids_isolated)
     missing.push_back("its own PID namespace");
+  if (spec.read_only_filesystem && !spec.fresh_tmpfs.empty() && !report.tmpfs_private)
+    for (const auto& tmpfs : spec.fresh_tmpfs) missing.push_back("its own tmpfs at " + tmpfs.path.string());
   return missing;
 }
 
@@ -986,7 +990,15 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       if (ec) return invalid_argument(fmt::format("spawning {}: writable path {}: {}", prog, path.string(), ec.message()));
       plan.sandbox.writable.push_back(canonical.string());
     }
-    plan.sandbox.readonly_mounts = mounts_to_protect(plan.sandbox.writable, plan.sandbox.new_pidns);
+    std::vector<std::string> not_read_only = plan.sandbox.writable;
+    for (const auto& tmpfs : spec.fresh_tmpfs) {
+      std::error_code ec;
+      auto canonical = std::filesystem::canonical(tmpfs.path, ec);
+      if (ec) return invalid_argument(fmt::format("spawning {}: tmpfs path {}: {}", prog, tmpfs.path.string(), ec.message()));
+      plan.sandbox.tmpfs.push_back({canonical.string(), fmt::format("size={},mode=1777", tmpfs.size_bytes)});
+      not_read_only.push_back(canonical.string());
+    }
+    plan.sandbox.readonly_mounts = mounts_to_protect(not_read_only, plan.sandbox.new_pidns);
   }
 
   auto impl = std::make_unique<Impl>();
@@ -1126,8 +1138,12 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
     }
     skipped.push_back(r.what);
     std::string what = step_name(r.what);
-    if (r.what == kStepBind && r.index >= 0 && static_cast<size_t>(r.index) < plan.sandbox.writable.size())
-      what += " (" + plan.sandbox.writable[r.index] + ")";
+    const size_t index = r.index >= 0 ? static_cast<size_t>(r.index) : SIZE_MAX;
+    const size_t writable_count = plan.sandbox.writable.size();
+    if (r.what == kStepBind && index < writable_count) what += " (" + plan.sandbox.writable[index] + ")";
+    if (r.what == kStepBind && index >= writable_count && index - writable_count < plan.sandbox.tmpfs.size())
+      what += " (" + plan.sandbox.tmpfs[index - writable_count].path + ")";
+    if (r.what == kStepTmpfs && index < plan.sandbox.tmpfs.size()) what += " (" + plan.sandbox.tmpfs[index].path + ")";
     if (r.what == kStepRemount && r.index >= 0 && static_cast<size_t>(r.index) < plan.sandbox.readonly_mounts.size())
       what += " (" + plan.sandbox.readonly_mounts[r.index].path + ")";
     impl->report.notes.push_back(fmt::format("{}: {}", what, std::strerror(r.err)));
@@ -1141,6 +1157,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
   impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
   impl->report.pids_isolated = plan.sandbox.new_pidns;  // the child failed (above) where it could not mount /proc
+  impl->report.tmpfs_private = !spec.fresh_tmpfs.empty() && impl->report.filesystem_read_only && !was_skipped({kStepTmpfs});
   if (!impl->cgroup.empty() && was_skipped({kStepCgroup})) {  // the child is not in it: poll instead
     ::rmdir(impl->cgroup.c_str());
     impl->cgroup.clear();

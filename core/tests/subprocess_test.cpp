@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -590,6 +591,50 @@ TEST(SubprocessSandbox, ReadOnlyFilesystemButWritablePaths) {
   // The parent's namespace is untouched.
   std::ofstream(other.path / "parent") << "still writable";
   EXPECT_TRUE(std::filesystem::exists(other.path / "parent"));
+}
+
+// A fresh tmpfs path: the child writes there up to its size and no further (ENOSPC), the parent's
+// directory of that name never sees it, and it is writable though everything around it is read-only.
+TEST(SubprocessSandbox, FreshTmpfsIsTheChildsOwnAndBounded) {
+  TempDir writable, shared;
+  std::ofstream(shared.path / "parents-file") << "the parent's";
+  const std::string dir = shared.path.string();
+  ProcessSpec spec = sh("[ -e " + dir + "/parents-file ] && echo parent-file-seen || echo parent-file-hidden; "
+                        "head -c 1048576 /dev/zero > " + dir + "/small && echo small-ok; "
+                        "head -c 8388608 /dev/zero > " + dir + "/big 2>/dev/null && echo big-written || echo big-refused; "
+                        "grep -q ' " + dir + " rw,.* - tmpfs kz-tmpfs ' /proc/self/mountinfo && echo source-kz");
+  spec.cwd = writable.path;
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {writable.path};
+  spec.fresh_tmpfs = {{shared.path, 4u << 20}};
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  if (!proc->sandbox().filesystem_read_only) GTEST_SKIP() << "no read-only mount namespace here: " << notes(*proc);
+  ASSERT_TRUE(proc->sandbox().tmpfs_private) << notes(*proc);
+  EXPECT_TRUE(missing_isolation(spec, proc->sandbox()).empty());
+  EXPECT_EQ(proc->stdout_tail(), "parent-file-hidden\nsmall-ok\nbig-refused\nsource-kz\n") << proc->stderr_tail();
+  EXPECT_TRUE(std::filesystem::exists(shared.path / "parents-file"));
+  EXPECT_FALSE(std::filesystem::exists(shared.path / "small")) << "the child's file reached the parent's directory";
+  EXPECT_FALSE(std::filesystem::exists(shared.path / "big"));
+}
+
+// Where the mount is refused, the path is the parent's directory, writable, and the report and
+// missing_isolation say so (here: no mount namespace at all, so nothing is read-only either).
+TEST(SubprocessSandbox, FreshTmpfsMissingIsReported) {
+  TempDir writable, shared;
+  ProcessSpec spec = sh("true");
+  spec.cwd = writable.path;
+  spec.fresh_tmpfs = {{shared.path, 4u << 20}};  // without read_only_filesystem: never mounted
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  EXPECT_FALSE(proc->sandbox().tmpfs_private);
+  EXPECT_TRUE(missing_isolation(spec, proc->sandbox()).empty()) << "asked for with read_only_filesystem only";
+  spec.read_only_filesystem = true;
+  SandboxReport refused;  // what spawn reports where the mount namespace was refused
+  auto missing = missing_isolation(spec, refused);
+  EXPECT_NE(std::find(missing.begin(), missing.end(), "its own tmpfs at " + shared.path.string()), missing.end());
 }
 
 // CUDA's driver writes to procfs when it starts (a read-only /proc broke it on the H200 host), so

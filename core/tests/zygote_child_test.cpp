@@ -27,7 +27,7 @@ using ChildSetup = int (*)(const char*, const int*, int);
 constexpr const char* kRequest =
     R"({"plan": {"cwd": "", "new_group": false, "limits": [], "cgroup_procs": "", "new_netns": false,
                  "read_only": false, "drop_caps": false, "new_pidns": false, "writable": [],
-                 "readonly_mounts": []},
+                 "readonly_mounts": [], "tmpfs": []},
         "fds": ["stdin", "stdout", "stderr", "error"]})";
 
 constexpr int kClosedAll = 0, kLeftOpen = 1, kReturnedError = 2, kNoFilter = 3;

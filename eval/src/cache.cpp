@@ -226,6 +226,7 @@ std::string protocol_fingerprint(const EvalOptions& options) {
                   {"network", s.network},
                   {"read_only_filesystem", s.read_only_filesystem},
                   {"pid_namespace", s.pid_namespace},
+                  {"shm_mb", s.shm_mb},
                   {"gpu_memory_fraction", s.gpu_memory_fraction}};
   return j.dump();  // nlohmann::json objects keep their keys sorted: canonical
 }

@@ -64,6 +64,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.network", o.sandbox.network},
       {"sandbox.read_only_filesystem", o.sandbox.read_only_filesystem},
       {"sandbox.pid_namespace", o.sandbox.pid_namespace},
+      {"sandbox.shm_mb", o.sandbox.shm_mb},
       {"sandbox.require_isolation", o.sandbox.require_isolation},
       {"sandbox.gpu_memory_fraction", o.sandbox.gpu_memory_fraction},
   };
@@ -91,7 +92,7 @@ Status EvalOptions::validate() const {
                    tolerance.rtol_half, tolerance.norm_tol_half})
     if (t < 0) return invalid_argument("tolerances must be non-negative");
   if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
-      sandbox.open_files < 0)
+      sandbox.open_files < 0 || sandbox.shm_mb < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Besides its scratch dir a worker may write to /dev/shm only (CUDA's IPC and torch's shared memory
-// live there). Every compile cache is the request's own, in its scratch dir, and the GPU locks'
+// live there): its own tmpfs there ([sandbox] shm_mb), else the host's. Every compile cache is the request's own, in its scratch dir, and the GPU locks'
 // files are the supervisor's (prepared_gpu_lock_dir).
 constexpr const char* kSharedMemoryDir = "/dev/shm";
 
@@ -122,7 +122,11 @@ void apply_sandbox(const SandboxOptions& options, const std::string& device, Pro
   if (options.read_only_filesystem) {
     spec.writable_paths = {spec.cwd};
     std::error_code ec;
-    if (fs::is_directory(kSharedMemoryDir, ec)) spec.writable_paths.push_back(kSharedMemoryDir);
+    if (!fs::is_directory(kSharedMemoryDir, ec)) return;
+    if (options.shm_mb > 0)
+      spec.fresh_tmpfs.push_back({kSharedMemoryDir, static_cast<uint64_t>(options.shm_mb) << 20});
+    else
+      spec.writable_paths.push_back(kSharedMemoryDir);
   }
 }
 

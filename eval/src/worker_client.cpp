@@ -465,10 +465,12 @@ std::string server_key(const WorkerSetup& setup, const std::string& scratch_pref
   const ResourceLimits& l = spec.limits;
   std::vector<std::string> writable;
   for (const auto& path : spec.writable_paths) writable.push_back(path.string());
+  nlohmann::json tmpfs = nlohmann::json::array();
+  for (const auto& fresh : spec.fresh_tmpfs) tmpfs.push_back({fresh.path.string(), fresh.size_bytes});
   nlohmann::json key = {{"argv", spec.argv}, {"env", spec.env}, {"root", setup.scratch_root.string()},
                         {"keep", setup.keep_scratch},  // a kept server's dir carries no owner token (scratch_dirs.h)
                         {"require_isolation", setup.require_isolation},  // a tolerant setup's server may lack some
-                        {"prefix", scratch_prefix}, {"writable", writable},
+                        {"prefix", scratch_prefix}, {"writable", writable}, {"tmpfs", tmpfs},
                         {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.new_pid_namespace, spec.drop_capabilities,
                                    spec.new_process_group}},
                         {"nice", spec.nice_increment},

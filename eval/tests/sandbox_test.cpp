@@ -380,6 +380,7 @@ TEST_F(SandboxTest, ASiblingsSourceIsOutOfReach) {
   if (!sandbox_isolates_pids()) GTEST_SKIP() << "no PID namespace with its own /proc on this machine";
   EvalOptions o = options();
   o.worker.scratch_root = "/tmp";  // the fixture looks where the default puts scratch dirs
+  o.sandbox.shm_mb = 0;            // the host's /dev/shm: the sibling's marker must reach the spy
   Evaluator evaluator = make_evaluator(o);
   std::string sibling = "# kz-sibling-" + std::to_string(std::random_device{}()) + "\n" +
                         *read_file(source_dir() / kTritonRelu);
@@ -400,6 +401,55 @@ TEST_F(SandboxTest, ASiblingsSourceIsOutOfReach) {
   EXPECT_TRUE(contains(spied.message, "sibling sources found: [] end")) << spied.message;
   EXPECT_TRUE(contains(spied.message, "own server dir unlistable")) << spied.message;
   EXPECT_FALSE(contains(spied.message, "kz-scratch-")) << "a scratch path reached the verdict: " << spied.message;
+}
+
+// /dev/shm is the worker's own tmpfs ([sandbox] shm_mb): what a candidate leaves there no later
+// candidate finds, on the same fork server (which empties it between requests: both evaluations below
+// see the same tmpfs) or in a fresh worker, nothing reaches the host's /dev/shm, and a write past
+// shm_mb fails. With shm_mb = 0 (the host's /dev/shm, shared) the same fixture finds the earlier
+// candidate's file: what the test looks for is there to find.
+TEST_F(SandboxTest, SharedMemoryIsTheWorkersOwnAndBounded) {
+  if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";
+  const std::string prefix = "kz-shm-leftover-" + std::to_string(std::random_device{}()) + "-";
+  std::string source = replace_once(fixture("sandbox_shared_memory.py"), "\"kz-shm-leftover-\"", quoted(prefix));
+  source = replace_once(source, "BIG_MB = 64", "BIG_MB = 24");
+  auto host_leftovers = [&] {
+    int found = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator("/dev/shm", ec))
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) ++found;
+    return found;
+  };
+  auto device_of = [](const std::string& message) {
+    std::smatch m;
+    return std::regex_search(message, m, std::regex("shm_dev=(\\d+) end")) ? m[1].str() : std::string("none");
+  };
+  for (const char* fork_server : {"always", "never"}) {
+    EvalOptions o = options();
+    o.worker.fork_server = fork_server;
+    o.sandbox.shm_mb = 16;
+    Evaluator evaluator = make_evaluator(o);
+    Verdict first = evaluate(evaluator, "sandbox_shared_memory.py", source);
+    Verdict second = evaluate(evaluator, "sandbox_shared_memory.py", source);
+    for (const Verdict* v : {&first, &second}) {
+      expect_verdict(*v, EvalStatus::runtime_error, {Check::forward_failed});
+      EXPECT_TRUE(contains(v->message, "leftovers=[] big=ENOSPC shm_dev=")) << fork_server << ": " << v->message;
+    }
+    if (std::string(fork_server) == "always")  // one server, one tmpfs: emptied, not replaced
+      EXPECT_EQ(device_of(first.message), device_of(second.message)) << first.message << "\n" << second.message;
+    EXPECT_EQ(host_leftovers(), 0) << fork_server << ": a candidate's file reached the host's /dev/shm";
+    expect_next_is_ok(evaluator);
+  }
+  EvalOptions shared = options();
+  shared.sandbox.shm_mb = 0;
+  Evaluator evaluator = make_evaluator(shared);
+  evaluate(evaluator, "sandbox_shared_memory.py", source);
+  Verdict after = evaluate(evaluator, "sandbox_shared_memory.py", source);
+  EXPECT_TRUE(contains(after.message, "leftovers=['" + prefix)) << after.message;
+  EXPECT_TRUE(contains(after.message, "big=written")) << after.message;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/dev/shm", ec))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove(entry.path(), ec);
 }
 
 // ---- secrets -----------------------------------------------------------------------------------
@@ -479,6 +529,7 @@ TEST_F(SandboxTest, PlantedTritonHelperNeverLoadsInTheNextEvaluation) {
   o.device = "cuda:0";
   o.timing.runs = 10;
   o.worker.cache_dir = cache;
+  o.sandbox.shm_mb = 0;  // the host's /dev/shm: a planted library's marker must reach the test
   Evaluator evaluator = make_evaluator(o);
   std::string source = replace_once(fixture("sandbox_triton_poisons_helper.py"), "\"/dev/shm/kz_triton_poisoned\"",
                                     quoted(marker.string()));

@@ -28,6 +28,8 @@ as fd 3. What keeps a child from the next request's (docs/evaluation.md, "Fork s
   - before "done", every process below the server is killed, zombie-looking thread-group leaders
     included (the server is their subreaper, so daemons that double-fork come back to it); a
     server that cannot kill them says so ("leftovers") and is replaced;
+  - where /dev/shm is the server's own tmpfs ([sandbox] shm_mb), the server empties it before
+    "done", and retires where it cannot: the next request finds nothing a candidate left there;
   - the server retires ("retire") once its own CPU time passes half its RLIMIT_CPU, so that limit
     never ends a later request.
 """
@@ -53,6 +55,8 @@ MAX_LINE_BYTES = 64 << 20        # a result with its tracebacks is far smaller
 MAX_LINES = 100_000              # per request; stage messages are a handful
 DRAIN_READS = 256                # reads of what the child left in the pipe after its exit
 CHILD_SETUP_FAILED = 75          # the child's exit code when it could not set up (no candidate code ran)
+SHARED_MEMORY_DIR = "/dev/shm"
+OWN_TMPFS_SOURCE = "kz-tmpfs"    # the source of the sandbox's own tmpfs mounts (core/src/sandbox_plan.h)
 
 
 class TooMuchOutput(Exception):
@@ -76,6 +80,7 @@ def serve_prepared(device_name: str, environment: dict) -> int:
     os.environ.update(environment)
     prctl(PR_SET_DUMPABLE, 0)         # children (same uid, no capabilities) cannot read our memory
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a child come back to us, to be killed
+    own_shm = own_tmpfs(SHARED_MEMORY_DIR)
     spare = Spare.start_if_possible(device_name)
     try:
         while line := sys.stdin.buffer.readline():
@@ -83,7 +88,8 @@ def serve_prepared(device_name: str, environment: dict) -> int:
                 continue
             child = start_child(json.loads(line), spare)
             del line  # the next spare, forked later, gets no object of this request
-            spare = finish_child(child, device_name) if child is not None else Spare.start_if_possible(device_name)
+            spare = (finish_child(child, device_name, own_shm) if child is not None
+                     else Spare.start_if_possible(device_name))
     finally:
         if spare is not None:
             spare.discard()
@@ -248,7 +254,7 @@ def start_child(request: dict, spare):
     return child
 
 
-def finish_child(child, device_name: str):
+def finish_child(child, device_name: str, own_shm: bool = False):
     """Relays the child's messages until it exits, kills what it left behind (never the spare) and
     reports; the spare for the next request.
 
@@ -269,7 +275,10 @@ def finish_child(child, device_name: str):
     os.close(child.message_fd)
     child.close_pidfd()
     leftovers = kill_descendants(spare)
-    _send(done_message(status, cpu_s, leftovers))
+    message = done_message(status, cpu_s, leftovers)
+    if own_shm and not empty_directory(SHARED_MEMORY_DIR):
+        message["retire"] = True  # what stays there would reach the next request
+    _send(message)
     return spare if spare is not None else Spare.start_if_possible(device_name)
 
 
@@ -474,6 +483,49 @@ def own_cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (ValueError, IndexError):
         return 0.0
+
+
+def own_tmpfs(path: str) -> bool:
+    """Whether `path` is a tmpfs the sandbox mounted for this server's mount namespace alone (its
+    source OWN_TMPFS_SOURCE), not the host's directory, which other programs share and which it must
+    never empty. The last mount listed at a path is the one in effect."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return mounted_own_tmpfs(f.read(), path)
+    except OSError:
+        return False
+
+
+def mounted_own_tmpfs(mountinfo: str, path: str) -> bool:
+    """own_tmpfs, read from the text of a mountinfo file."""
+    own = False
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4 and fields[4] == path and "-" in fields[5:]:
+            after = fields[fields.index("-", 5) + 1:]
+            own = after[:2] == ["tmpfs", OWN_TMPFS_SOURCE]
+    return own
+
+
+def empty_directory(path: str) -> bool:
+    """Removes everything in `path` (not `path` itself), making each directory writable by its owner
+    first (a candidate may leave one at mode 0: the server has no CAP_DAC_OVERRIDE); whether nothing
+    is left."""
+    def remove(entry: str) -> None:
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            os.chmod(entry, 0o700)
+            for name in os.listdir(entry):
+                remove(os.path.join(entry, name))
+            os.rmdir(entry)
+        else:
+            os.unlink(entry)
+
+    try:
+        for name in os.listdir(path):
+            remove(os.path.join(path, name))
+        return not os.listdir(path)
+    except (OSError, RecursionError):  # a tree too deep to walk: the server retires with it
+        return False
 
 
 def done_message(status: int, cpu_s: float, leftovers: int) -> dict:

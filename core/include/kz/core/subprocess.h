@@ -76,6 +76,17 @@ struct ProcessSpec {
   // mounts are left alone. If a writable path cannot be bound, nothing is made read-only.
   bool read_only_filesystem = false;
   std::vector<std::filesystem::path> writable_paths;  // must exist
+  // With read_only_filesystem: each of these paths (which must exist) gets a fresh tmpfs of its own
+  // in the child's mount namespace (mode 1777, nosuid, nodev) in place of the parent's directory,
+  // writable: what the child and its processes write there counts against size_bytes (ENOSPC past
+  // it), is seen by no process outside that namespace, and is gone with the namespace. Where the
+  // mount is refused, the path is bound writable as a writable_paths entry is, and the report says so.
+  // Its mount source is "kz-tmpfs" (/proc/<pid>/mountinfo), so the child can tell it from the host's.
+  struct FreshTmpfs {
+    std::filesystem::path path;
+    uint64_t size_bytes = 0;
+  };
+  std::vector<FreshTmpfs> fresh_tmpfs;
   // PR_SET_NO_NEW_PRIVS, and every capability dropped from the bounding, inheritable and ambient
   // sets: a root child keeps uid 0 (it owns root's files) but cannot mount, undo the read-only
   // remounts, leave the network namespace (setns), raise its rlimits, ptrace or load modules.
@@ -96,12 +107,14 @@ struct SandboxReport {
   bool filesystem_read_only = false; // every mount but writable_paths remounted read-only
   bool capabilities_dropped = false;
   bool pids_isolated = false;        // in its own PID namespace, with its own /proc
+  bool tmpfs_private = false;        // every fresh_tmpfs path has its own tmpfs
   std::string process_cap;           // "cgroup", "polling", or "" without max_processes
   std::vector<std::string> notes;    // what was asked for but not applied, and why
 };
 
 // What `spec` asked for that `report` says the child did not get ("its own network namespace",
-// "a read-only filesystem", "no capabilities", "its own PID namespace"); empty when all of it holds.
+// "a read-only filesystem", "no capabilities", "its own PID namespace", "its own tmpfs at <path>");
+// empty when all of it holds.
 std::vector<std::string> missing_isolation(const ProcessSpec& spec, const SandboxReport& report);
 
 // Which limit ended (or, for `processes`, was crossed by) a sandboxed process.

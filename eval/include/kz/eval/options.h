@@ -123,10 +123,16 @@ struct SandboxOptions {
   int open_files = 4096;         // RLIMIT_NOFILE
   bool network = false;          // false: the worker gets its own network namespace (no network at all)
   bool read_only_filesystem = true;  // everything read-only but scratch and /dev/shm
+  // With read_only_filesystem: the worker's /dev/shm is a tmpfs of its own of this size (root only),
+  // so what one worker leaves there no other sees (a GRPO sibling's copied source, a cached output),
+  // nothing outlives the worker's namespace, and a full one fails a write (ENOSPC) instead of
+  // filling the host's memory; a fork server empties it between requests. 0: the host's /dev/shm,
+  // shared by every worker.
+  int shm_mb = 1024;
   bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
                                  // /proc (no other worker's process, cwd or cmdline in sight)
   // What happens where the machine refuses an isolation asked for above (the network, the
-  // read-only filesystem, dropped capabilities, the PID namespace: no root, a container without
+  // read-only filesystem, dropped capabilities, the PID namespace, the own /dev/shm: no root, a container without
   // CAP_SYS_ADMIN). false: the worker runs without it and kz says so once on stderr. true: no
   // worker runs without it; the evaluation is an error (no verdict), which stops `kz eval-suite`.
   // For RL runs, where one hole is a reward hack the policy will find.

@@ -43,7 +43,7 @@ std::filesystem::path prepared_gpu_lock_dir(const std::filesystem::path& cache_d
 std::filesystem::path extension_builds_dir(const std::filesystem::path& cache_dir);
 
 // Applies `options` to a worker's spec (nothing when disabled). spec.cwd must be the scratch dir:
-// it and /dev/shm stay writable.
+// it and /dev/shm stay writable (/dev/shm a fresh tmpfs of the worker's own where shm_mb > 0).
 // The address-space limit applies only when `device` is "cpu". The first call with the sandbox
 // enabled also makes this (supervisor) process non-dumpable, so a worker without CAP_SYS_PTRACE
 // cannot read its /proc/<pid>/environ or memory, nor ptrace it.
