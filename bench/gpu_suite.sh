@@ -7,7 +7,8 @@
 #                   protocol's tests (worker/tests/test_timing.py), how a worker prepares
 #                   (worker/tests/test_process.py, its GPU test too) and the GPU-only cheat fixtures
 #                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
-#                   side_stream_hidden ok, with timing end device_sync)
+#                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
+#                   refused (none expected), and where built, the workers' own /dev/shm tests
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
@@ -100,8 +101,17 @@ elif [[ $PART == checks ]]; then
   step_done "test_timing.py test_process.py" $?; tail -15 "$OUT/timing-gpu.log" | tee "$OUT/timing-gpu.txt"
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
            eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
-    build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json | tee -a "$OUT/cheats-gpu.jsonl"
+    build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json 2>> "$OUT/cheats-gpu.err" |
+      tee -a "$OUT/cheats-gpu.jsonl"
   done
+  grep "kz: sandbox" "$OUT/cheats-gpu.err" | sort -u | tee "$OUT/sandbox-gaps.txt"  # what this host refused
+  # The workers' own /dev/shm on this host (a tmpfs in each worker's mount namespace), where built
+  # (KZ_BUILD_TARGETS with core_test and eval_sandbox_test).
+  if [[ -x build/core/core_test && -x build/eval/eval_sandbox_test ]]; then
+    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*' &&
+      KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*'; } > "$OUT/shm.log" 2>&1
+    step_done "own /dev/shm tests" $?; grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
+  fi
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == ab ]]; then
   [[ -f ${KZ_AB_CONFIG:-} ]] || { echo "KZ_AB_CONFIG: no TOML at '${KZ_AB_CONFIG:-}'"; exit 1; }
