@@ -26,7 +26,8 @@
 #   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
 #                   through kz and its cuda candidates through KernelBench's own harness (a checkout
 #                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried
-#                   along), timing stability, reference-as-candidate; all within KZ_COMPARE_WALL_S
+#                   along), timing stability, reference-as-candidate, two more cold kz batches
+#                   (the report's are the median one's; --kz-rounds); all within KZ_COMPARE_WALL_S
 #                   (default 480 s, build included; the phases after the kz batch take what is
 #                   left, and the report says what was cut). KB_LIMIT: KernelBench's share, its
 #                   first N cuda candidates (default all 10: its parallel pre-build ~55-65 s whatever
@@ -118,7 +119,7 @@ elif [[ $PART == ab ]]; then
   for round in $(seq "${KZ_AB_ROUNDS:-2}"); do
     for side in A B; do
       config=(); [[ $side == B ]] && config=(--kz-config "$KZ_AB_CONFIG")
-      python3 bench/kernelbench_compare.py --skip kb,stability,ref --out "$OUT/$side-$round" --device cuda:0 \
+      python3 bench/kernelbench_compare.py --skip kb,stability,ref --kz-rounds 1 --out "$OUT/$side-$round" --device cuda:0 \
         "${config[@]}" > "$OUT/$side-$round.txt" 2> "$OUT/$side-$round.err"
       step_done "kz batch $side round $round" $?
       label=defaults; [[ $side == B ]] && label=$KZ_AB_CONFIG

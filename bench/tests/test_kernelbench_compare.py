@@ -76,11 +76,34 @@ def test_the_toolchain_settled_holds_torchs_headers(tmp_path):
 
 def test_every_phase_ran_and_was_saved(gpu_run):
     out, text, data = gpu_run
-    assert set(data["phases"]) == {"kz", "kb", "stability", "ref"}
+    assert set(data["phases"]) == {"kz", "kb", "stability", "ref", "kz rounds"}
     assert len(data["kz_batch"]["verdicts"]) == len(data["manifest"]) >= 32
     assert text.endswith((out / "report.txt").read_text())  # after the progress lines
-    for log in ("kz-batch.txt", "kz-batch.err", "kb-prebuild.log", "kb-eval.log", "kz-stability.txt"):
+    for log in ("kz-batch.txt", "kz-batch.err", "kb-prebuild.log", "kb-eval.log", "kz-stability.txt",
+                "kz-batch-2.txt", "kz-batch-3.txt"):
         assert (out / log).exists(), log
+
+
+def test_the_kz_batch_ran_three_times_cold_and_the_report_uses_the_median(gpu_run):
+    _, text, data = gpu_run
+    rounds = data["kz_rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3] and all(r["complete"] for r in rounds)
+    walls = sorted(r["wall_s"] for r in rounds)
+    assert data["kz_batch"]["wall_s"] == walls[1]
+    assert text.index("[compare] kb ...") < text.index("[compare] kz rounds ...")  # round 1 before KernelBench
+    assert f"kz: 3 cold batches (round 1 before KernelBench" in text
+    assert f"every table here is round {data['kz_batch']['round']}'s, the median by wall time" in text
+    assert "(the median of 3 cold kz batches; each: " in text
+
+
+def test_the_median_round_is_a_complete_one():
+    runs = [{"round": 1, "wall_s": 10.0, "complete": True}, {"round": 2, "wall_s": 30.0, "complete": True},
+            {"round": 3, "wall_s": 5.0, "complete": False}, {"round": 4, "wall_s": 20.0, "complete": True}]
+    assert kernelbench_compare.median_round(runs)["round"] == 4
+    assert kernelbench_compare.median_round(runs[:2])["round"] == 1  # the lower of an even count
+    assert kernelbench_compare.median_round([runs[2]])["round"] == 3  # none complete: the first
+    with pytest.raises(SystemExit):
+        kernelbench_compare.parse_args(["--skip", "kb", "--kz-rounds", "0"])
 
 
 def test_kernelbench_ran_the_first_cuda_candidates_its_way(gpu_run):
