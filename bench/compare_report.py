@@ -357,6 +357,8 @@ def stage_section(data: dict) -> str:
         if failed:
             lines.append(f"  {sum(o.get('eval_s') or 0.0 for o in failed):.1f} s of its evaluations went to "
                          f"{len(failed)} sample(s) whose pre-build had failed (it builds them again)")
+        prebuild = ((data.get("kb") or {}).get("prebuild") or {})
+        lines += host_cpu_lines(prebuild, bucket_s=10.0, who="its pre-build ran")
     return "\n".join(lines)
 
 
@@ -395,7 +397,26 @@ def timeline_lines(data: dict) -> list:
         lines.append(f"    cuda pre-builds {min(b[0] for b in builds):.1f}-{end:.1f}; the last to end ({last['id']}, "
                      f"{end - begin:.1f} s) then evaluated {last['started_s']:.1f}-"
                      f"{last['started_s'] + (last.get('wall_s') or 0.0):.1f}")
-    return lines + own_phase_lines(batch)
+    return lines + own_phase_lines(batch) + host_cpu_lines(batch)
+
+
+def host_cpu_lines(batch: dict, bucket_s: float = 2.0, who: str = "kz ran") -> list:
+    """How busy the host's cores were while kz ran (kernelbench_compare.CpuSampler): on average,
+    and per `bucket_s` of the batch, with the share the hypervisor gave other guests (steal)."""
+    cpu = batch.get("host_cpu") or {}
+    samples = cpu.get("samples") or []
+    if not samples:
+        return []
+    buckets = {}
+    for at, busy, steal in samples:
+        buckets.setdefault(int(at // bucket_s), []).append((busy, steal))
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    cells = [f"{int(b * bucket_s)}-{int((b + 1) * bucket_s)} {mean([x[0] for x in v]):.0%}"
+             for b, v in sorted(buckets.items())]
+    steal = mean([s[2] for s in samples])
+    return [f"  host CPU while {who} ({cpu.get('cores')} cores, /proc/stat every {cpu.get('interval_s')} s): busy "
+            f"{mean([s[1] for s in samples]):.0%} on average, stolen by other guests {steal:.1%}; busy per "
+            f"{bucket_s:g} s: " + ", ".join(cells)]
 
 
 def own_phase_lines(batch: dict) -> list:

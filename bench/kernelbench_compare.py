@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -112,6 +113,53 @@ def kb_how_to() -> str:
 
 # ---- running kz ---------------------------------------------------------------------------------
 
+class CpuSampler:
+    """The host's CPU while kz runs, from /proc/stat's first line every `interval_s`: per interval the
+    share of all cores' time that was busy (user, nice, system, irq, softirq) and stolen by the
+    hypervisor for other guests (steal), so a report can say whether a batch was bound by the cores
+    and whether it shared them with another machine's load. Nothing where /proc/stat is missing."""
+
+    def __init__(self, interval_s: float = 0.25):
+        self.interval_s, self.samples = interval_s, []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.started = time.monotonic()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join()
+
+    @staticmethod
+    def read():
+        """(busy, steal, total) jiffies of all cores so far; None where /proc/stat cannot be read."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+        return user + nice + system + irq + softirq, steal, user + nice + system + idle + iowait + irq + softirq + steal
+
+    def _run(self):
+        last = self.read()
+        while last is not None and not self.stopped.wait(self.interval_s):
+            now = self.read()
+            if now is None:
+                return
+            total = now[2] - last[2]
+            if total > 0:
+                self.samples.append([round(time.monotonic() - self.started, 2), round((now[0] - last[0]) / total, 3),
+                                     round((now[1] - last[1]) / total, 3)])
+            last = now
+
+    def result(self) -> dict:
+        return {"cores": os.cpu_count(), "interval_s": self.interval_s, "samples": self.samples}
+
+
 def run_kz(args, name: str, candidates: pathlib.Path, flags: list, cache_home: pathlib.Path, timeout: float) -> dict:
     """One `kz eval-suite` run; its verdicts (as far as it got), wall time and exit code. Logs in OUT."""
     out = args.out / f"{name}.jsonl"
@@ -119,7 +167,8 @@ def run_kz(args, name: str, candidates: pathlib.Path, flags: list, cache_home: p
                "--device", args.device, "--no-cache", "--out", str(out), *flags]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))  # empty torch-extension and Triton caches
     started = time.monotonic()
-    with open(args.out / f"{name}.txt", "w") as stdout, open(args.out / f"{name}.err", "w") as stderr:
+    with open(args.out / f"{name}.txt", "w") as stdout, open(args.out / f"{name}.err", "w") as stderr, \
+            CpuSampler() as cpu:
         try:
             limit = None if timeout == float("inf") else max(timeout, 1.0)
             rc = subprocess.run(command, stdout=stdout, stderr=stderr, env=env, timeout=limit).returncode
@@ -131,7 +180,7 @@ def run_kz(args, name: str, candidates: pathlib.Path, flags: list, cache_home: p
     summary = out.with_suffix(".summary.json")
     phases = json.loads(summary.read_text()).get("phases_s") if summary.exists() else None
     return {"command": shown(" ".join(command), args), "wall_s": wall_s, "rc": rc, "timed_out": timed_out,
-            "verdicts": verdicts, "phases_s": phases}
+            "verdicts": verdicts, "phases_s": phases, "host_cpu": cpu.result()}
 
 
 def shown(text: str, args) -> str:
@@ -248,8 +297,10 @@ def phase_kb(args, data, budget, stub_root):
         s["build_dir"] = str(builds / s["id"].replace("/", "__"))
     deadline = time.monotonic() + max(0.0, budget.left() - stability_reserve(args, data, len(samples), budget))
     # The pre-build may use all but the time of one evaluation: cut short, it leaves nothing to evaluate.
-    kb["prebuild"] = kb_harness.prebuild(samples, args.kb_compile_workers, args.kb_gpu_arch,
-                                         args.out / "kb-prebuild.log", deadline - 15)
+    with CpuSampler() as cpu:
+        kb["prebuild"] = kb_harness.prebuild(samples, args.kb_compile_workers, args.kb_gpu_arch,
+                                             args.out / "kb-prebuild.log", deadline - 15)
+    kb["prebuild"]["host_cpu"] = cpu.result()
     save(args, data)
     if args.device == "cpu":
         built = sum(bool(r.get("built")) for r in kb["prebuild"]["samples"].values())

@@ -4,6 +4,7 @@ from source markers), and its report on known numbers. The real harnesses run on
 import contextlib
 import io
 import json
+import os
 import pathlib
 import stat
 import sys
@@ -94,6 +95,24 @@ def test_the_kz_batch_ran_three_times_cold_and_the_report_uses_the_median(gpu_ru
     assert f"kz: 3 cold batches (round 1 before KernelBench" in text
     assert f"every table here is round {data['kz_batch']['round']}'s, the median by wall time" in text
     assert "(the median of 3 cold kz batches; each: " in text
+
+
+def test_the_hosts_cpu_is_sampled_while_kz_runs(gpu_run):
+    _, text, data = gpu_run
+    cpu = data["kz_batch"]["host_cpu"]
+    assert cpu["cores"] == os.cpu_count() and len(cpu["samples"]) >= 3
+    assert all(0.0 <= busy <= 1.0 and 0.0 <= steal <= 1.0 for _, busy, steal in cpu["samples"])
+    assert "host CPU while kz ran (" in text
+    assert data["kb"]["prebuild"]["host_cpu"]["cores"] == os.cpu_count()
+
+
+def test_host_cpu_lines_average_and_bucket_the_samples():
+    batch = {"host_cpu": {"cores": 16, "interval_s": 0.25,
+                          "samples": [[0.25, 0.2, 0.0], [1.0, 0.4, 0.0], [2.5, 1.0, 0.1], [3.9, 0.8, 0.1]]}}
+    line, = compare_report.host_cpu_lines(batch)
+    assert "(16 cores, /proc/stat every 0.25 s): busy 60% on average, stolen by other guests 5.0%" in line
+    assert line.endswith("busy per 2 s: 0-2 30%, 2-4 90%")
+    assert compare_report.host_cpu_lines({}) == []
 
 
 def test_the_median_round_is_a_complete_one():
