@@ -449,12 +449,20 @@ bool side_by_side(std::string_view policy, int running, int cores) {
   return running < cores;
 }
 
-int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
-  const char* policy = std::getenv("KZ_NVCC_SIDE_BY_SIDE");
-  int running = runnable_tasks(), cores = cpu_cores();  // both the host's
-  if (!side_by_side(policy ? policy : "idle", running, cores)) {
-    exec_nvcc(real_nvcc, args, {}, fmt::format("no idle core ({} runnable on {} cores)", running, cores));
+bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
+                        std::chrono::milliseconds poll) {
+  for (;;) {
+    if (host_done()) return false;
+    if (idle()) return true;
+    std::this_thread::sleep_for(poll);
   }
+}
+
+int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
+  const char* policy_text = std::getenv("KZ_NVCC_SIDE_BY_SIDE");
+  const std::string policy = policy_text ? policy_text : "idle";
+  if (policy == "never") exec_nvcc(real_nvcc, args, {}, "KZ_NVCC_SIDE_BY_SIDE=never");
+  const int cores = cpu_cores();  // the host's
   std::string keep_template = (fs::path(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") / "kz-nvcc-XXXXXX").string();
   if (!::mkdtemp(keep_template.data())) exec_nvcc(real_nvcc, args, {}, "no temporary directory");
   TemporaryDir keep{keep_template};
@@ -490,25 +498,34 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   auto started = std::chrono::steady_clock::now();
   wait_for_stop_signals();  // not before: nvcc exec'd in its place would inherit them blocked
   Stop signalled = [] { return stop_signal.load() != 0; };
-  std::atomic<bool> host_failed = false;
+  std::atomic<bool> host_failed = false, host_done = false;
   std::vector<Outcome> device;
-  double device_s = 0;
+  double device_s = 0, device_started_s = 0;
+  bool parallel = false;
   std::thread device_thread([&] {
-    device = run_chain(device_chain_with_own_id(*plan), environment, [&] { return host_failed || signalled(); });
+    parallel = wait_for_idle_core([&] { return side_by_side(policy, runnable_tasks(), cores); },
+                                  [&] { return host_done || signalled(); }, std::chrono::milliseconds(50));
+    if (host_failed || signalled()) return;  // nvcc would have stopped before any device step
+    device_started_s = seconds_since(started);
+    // After the host chain, nvcc's own device chain: it reads the module id cudafe++ wrote.
+    device = parallel ? run_chain(device_chain_with_own_id(*plan), environment, [&] { return host_failed || signalled(); })
+                      : run_chain(plan->device_chain, environment, signalled);
     device_s = seconds_since(started);
   });
   std::vector<Outcome> host = run_chain(plan->host_chain, environment, signalled);
   double host_s = seconds_since(started);
   if (chain_failed(host, plan->host_chain.size())) host_failed = true;
+  host_done = true;  // after host_failed: the device thread reads both
   device_thread.join();
   if (signalled()) end_by_signal(stop_signal, keep.path);
-  nlohmann::json line = {{"parallel", true}, {"host_chain_s", host_s}, {"device_chain_s", device_s}};
+  nlohmann::json line = {{"parallel", parallel}, {"host_chain_s", host_s}, {"device_chain_started_s", device_started_s},
+                         {"device_chain_s", device_s}};
   if (host_failed) {  // nvcc would have stopped there, before any device step
     line["status"] = emit(host);
     report(line);
     return line["status"];
   }
-  if (!chain_failed(device, plan->device_chain.size())) {
+  if (parallel && !chain_failed(device, plan->device_chain.size())) {
     Result<std::string> host_id = read_file(plan->module_id_file), device_id = read_file(plan->own_module_id_file);
     line["module_ids_agree"] = host_id.ok() && device_id.ok() && *host_id == *device_id;
     if (!line["module_ids_agree"]) device = run_chain(plan->device_chain, environment, signalled);  // cudafe++'s id

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <csignal>
 #include <regex>
 #include <sstream>
@@ -168,6 +169,19 @@ TEST(ParallelNvccPolicy, SideBySideOnlyWhileACoreIsIdleUnlessTold) {
   EXPECT_FALSE(side_by_side("never", 1, 16));
 }
 
+TEST(ParallelNvccPolicy, TheDeviceChainStartsWhenACoreComesFreeOrAfterTheHostChain) {
+  using std::chrono::milliseconds;
+  int asked = 0;
+  EXPECT_TRUE(wait_for_idle_core([&] { return ++asked == 3; }, [] { return false; }, milliseconds(1)));
+  EXPECT_EQ(asked, 3) << "asked again while the host chain ran, until a core was idle";
+  int polls = 0;
+  EXPECT_FALSE(wait_for_idle_core([] { return false; }, [&] { return ++polls == 4; }, milliseconds(1)));
+  EXPECT_TRUE(wait_for_idle_core([] { return true; }, [] { return false; }, milliseconds(1000)))
+      << "an idle core at once: no wait";
+  EXPECT_FALSE(wait_for_idle_core([] { return true; }, [] { return true; }, milliseconds(1)))
+      << "the host chain done: the device chain follows it, as in nvcc";
+}
+
 // ---- through the real nvcc ------------------------------------------------------------------------
 
 class ParallelNvccReal : public ::testing::Test {
@@ -252,26 +266,75 @@ TEST_F(ParallelNvccReal, TheObjectAndDependencyFileAreNvccsByteForByte) {
   }
 }
 
+// More spinning processes than cores while it lives: no core is idle for kz-nvcc's device chain.
+struct BusyCores {
+  std::vector<Process> spinners;
+  BusyCores() {
+    for (unsigned i = 0; i <= std::thread::hardware_concurrency(); ++i) {
+      ProcessSpec spec;
+      spec.argv = {"sh", "-c", "while :; do :; done"};
+      spec.env = {{"PATH", "/usr/bin:/bin"}};
+      auto spinner = Process::spawn(spec);
+      if (!spinner.ok()) ADD_FAILURE() << spinner.status().to_string();
+      else spinners.push_back(std::move(*spinner));
+    }
+  }
+};
+
+// Every core busy for the whole host chain: the device chain follows the host chain with nvcc's own
+// commands (cudafe++'s module id), and the object, the dependency file and the messages are nvcc's.
+TEST_F(ParallelNvccReal, WithNoIdleCoreTheChainsRunInNvccsOrderWithTheSameObject) {
+  auto busy = std::make_unique<BusyCores>();
+  write("k.cu", kKernel);
+  std::vector<std::string> flags = {"-arch=sm_90", "--compiler-options", "-fPIC", "-c", "k.cu", "-MD"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  RunResult expected = compile(test::nvcc_path(), with({"-MF", "nvcc.d", "-o", "k.o", "--keep", "--keep-dir", "nvcc-keep"}));
+  ASSERT_EQ(expected.exit.exit_code, 0) << expected.stderr_text;
+  fs::rename(dir_ / "k.o", dir_ / "nvcc.o");
+  side_by_side_ = "idle";
+  RunResult got = compile(KZ_NVCC_TOOL, with({"-MF", "kz.d", "-o", "k.o"}));
+  busy.reset();  // the spinners killed
+  ASSERT_EQ(got.exit.exit_code, 0) << got.stderr_text;
+  std::string report = last_report();
+  EXPECT_NE(report.find(R"("parallel":false)"), std::string::npos) << report;
+  EXPECT_NE(report.find(R"("device_chain_started_s")"), std::string::npos) << "kz-nvcc ran the chains itself: " << report;
+  EXPECT_EQ(report.find("module_ids_agree"), std::string::npos) << "no second id to check: " << report;
+  EXPECT_EQ(*read_file(dir_ / "k.o"), *read_file(dir_ / "nvcc.o"));
+  EXPECT_EQ(*read_file(dir_ / "kz.d"), *read_file(dir_ / "nvcc.d"));
+  EXPECT_EQ(got.stderr_text, expected.stderr_text);
+}
+
 TEST_F(ParallelNvccReal, BrokenSourcesFailAsUnderNvccWithItsMessagesAndStatus) {
   struct Case {
     const char* name;
     const char* source;
   };
-  for (const Case& broken : {
-           Case{"host_front_end", "__global__ void k(float* x) { x[0] = undefined_name; }\n"},
-           Case{"device_front_end", "__host__ int h() { return 1; }\n__global__ void k(int* x) { x[0] = h(); }\n"},
-           Case{"ptxas", "__global__ void k(float* x) { asm(\"bogus.instr;\"); }\n"},
-           Case{"preprocessor", "#include \"no_such_header.h\"\n"},
-       }) {
-    SCOPED_TRACE(broken.name);
-    write(std::string(broken.name) + ".cu", broken.source);
-    std::vector<std::string> args = {"-arch=sm_90", "-c", std::string(broken.name) + ".cu", "-o", "broken.o"};
-    RunResult expected = compile(test::nvcc_path(), args);
-    RunResult got = compile(KZ_NVCC_TOOL, args);
-    EXPECT_NE(expected.exit.exit_code, 0);
-    EXPECT_EQ(got.exit.exit_code, expected.exit.exit_code);
-    EXPECT_EQ(without_paths(got.stderr_text), without_paths(expected.stderr_text));
-    EXPECT_NE(last_report().find(R"("parallel":true)"), std::string::npos) << last_report();
+  // Side by side, and one after the other with every core busy (the device chain after the host's).
+  for (bool side_by_side : {true, false}) {
+    std::unique_ptr<BusyCores> busy;
+    if (!side_by_side) busy = std::make_unique<BusyCores>();
+    side_by_side_ = side_by_side ? "always" : "idle";
+    for (const Case& broken : {
+             Case{"host_front_end", "__global__ void k(float* x) { x[0] = undefined_name; }\n"},
+             Case{"device_front_end", "__host__ int h() { return 1; }\n__global__ void k(int* x) { x[0] = h(); }\n"},
+             Case{"ptxas", "__global__ void k(float* x) { asm(\"bogus.instr;\"); }\n"},
+             Case{"preprocessor", "#include \"no_such_header.h\"\n"},
+         }) {
+      SCOPED_TRACE(std::string(broken.name) + (side_by_side ? " side by side" : " one after the other"));
+      write(std::string(broken.name) + ".cu", broken.source);
+      std::vector<std::string> args = {"-arch=sm_90", "-c", std::string(broken.name) + ".cu", "-o", "broken.o"};
+      RunResult expected = compile(test::nvcc_path(), args);
+      RunResult got = compile(KZ_NVCC_TOOL, args);
+      EXPECT_NE(expected.exit.exit_code, 0);
+      EXPECT_EQ(got.exit.exit_code, expected.exit.exit_code);
+      EXPECT_EQ(without_paths(got.stderr_text), without_paths(expected.stderr_text));
+      std::string parallel = side_by_side ? R"("parallel":true)" : R"("parallel":false)";
+      EXPECT_NE(last_report().find(parallel), std::string::npos) << last_report();
+    }
   }
 }
 

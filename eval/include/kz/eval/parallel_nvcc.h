@@ -6,14 +6,18 @@
 // then the host compiler on cudafe++'s output (which includes the fatbinary). On a kernel with
 // torch's headers the two front ends are ~2/3 of the time. cicc only waits for cudafe++ to read
 // the module's id; cicc can compute the same id itself. So kz-nvcc takes nvcc's own plan
-// (`nvcc --dryrun`), runs the host chain and the device chain (the latter computing its own module
-// id) at once, checks that the two ids agree (otherwise it runs the device chain again with
-// cudafe++'s id, as nvcc would), then runs the host compile. The commands and their arguments are
+// (`nvcc --dryrun`) and runs the host chain; the device chain (computing its own module id) starts
+// beside it as soon as a core is idle, checked while the host chain runs, and where none comes free
+// it runs after the host chain, reading cudafe++'s id, in nvcc's order. Side by side, kz-nvcc
+// checks that the two ids agree (otherwise it runs the device chain again with cudafe++'s id, as
+// nvcc would). Then it runs the host compile. The commands and their arguments are
 // nvcc's own, so the object is nvcc's, byte for byte (parallel_nvcc_test). Each command's output
 // is passed on in nvcc's order, and a failure ends it with that command's status, as nvcc does.
 // Anything else (other flags, several inputs, a plan it does not recognise) runs nvcc itself.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -75,11 +79,21 @@ Command with_dependency_output(Command command, const std::string& depfile, cons
 // the preprocessors' dependency files (gcc's make syntax) in the order first seen.
 Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_depfiles, const std::string& target);
 
-// Whether to run the two chains side by side: `policy` "always", "never", or "idle" (the default):
-// only while a core is idle (`running`: the host's runnable tasks, this one included, /proc/stat's
-// procs_running; `cores`: the host's online cores). A second chain on a busy host only takes a core from
-// other work (a batch's evaluations beside its pre-builds), and the build is no sooner.
+// Whether the device chain may start beside the host chain now: `policy` "always", "never", or
+// "idle" (the default): while a core is idle (`running`: the host's runnable tasks, this one
+// included, /proc/stat's procs_running; `cores`: the host's online cores). A second chain on a busy
+// host only takes a core from other work (a batch's evaluations beside its pre-builds), and the build
+// is no sooner. "never" runs nvcc itself.
 bool side_by_side(std::string_view policy, int running, int cores);
+
+// Waits for the device chain's start: until `idle()` (asked at once, then every `poll`) or
+// `host_done()`. Whether a core came free while the host chain ran (then the chains run side by
+// side); false where the host chain ended first (then the device chain follows it, as in nvcc).
+// A cold batch's pre-builds start while its evaluations fill every core, and end eight at a time,
+// each in one compiler with half the cores idle (bench/README.md, session 20): a decision taken once
+// at the start left their second halves waiting for their first.
+bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
+                        std::chrono::milliseconds poll);
 
 // kz-nvcc's main: runs the compile as above with `real_nvcc` (side by side as $KZ_NVCC_SIDE_BY_SIDE
 // says, see side_by_side), or execs real_nvcc with `args` where it does not apply. Returns the exit
