@@ -96,8 +96,8 @@ Status EvalOptions::validate() const {
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
-  if (worker.prebuild_niceness < 0 || worker.prebuild_niceness > 19)
-    return invalid_argument("worker.prebuild_niceness must be within 0..19 (0: the evaluations' priority)");
+  if (worker.prebuild_niceness < -20 || worker.prebuild_niceness > 19)
+    return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")

@@ -67,6 +67,18 @@ TEST(Options, InvalidValuesAreRejected) {
     EvalOptions n;
     EXPECT_FALSE(apply_toml_text(fmt::format("[timing]\nniceness = {}\n", niceness), "t", n).is_ok()) << niceness;
   }
+  for (const char* niceness : {"-21", "20"}) {
+    EvalOptions n;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprebuild_niceness = {}\n", niceness), "t", n).is_ok())
+        << niceness;
+  }
+  EvalOptions favoured;  // builds first: below 0
+  EXPECT_TRUE(apply_toml_text("[worker]\nprebuild_niceness = -5\n", "t", favoured).is_ok());
+  EXPECT_EQ(favoured.worker.prebuild_niceness, -5);
+  EvalOptions small_shm, negative_shm;
+  EXPECT_TRUE(apply_toml_text("[sandbox]\nshm_mb = 64\n", "t", small_shm).is_ok());
+  EXPECT_EQ(small_shm.sandbox.shm_mb, 64);
+  EXPECT_FALSE(apply_toml_text("[sandbox]\nshm_mb = -1\n", "t", negative_shm).is_ok());
   EvalOptions off;
   EXPECT_TRUE(apply_toml_text("[timing]\nniceness = 0\n[worker]\nsyntax_check = false\n", "t", off).is_ok());
   EXPECT_EQ(off.timing.niceness, 0);

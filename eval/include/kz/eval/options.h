@@ -84,8 +84,10 @@ struct WorkerOptions {
   int spare_servers = 2;
   // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc): when the CPU
   // is short, as at a cold batch's start, the evaluations' start-up (imports, CUDA contexts) goes
-  // first and the builds take the cores left. 0..19; 0: same priority. Measured on the H200 (bench/
-  // README.md): 10 made `cuda-rtc` 7% faster and `cuda` 8% slower, the whole batch 4% slower.
+  // first and the builds take the cores left. -20..19; 0: same priority; below 0 the builds go first
+  // (needs CAP_SYS_NICE, else left at 0). Measured on the H200 (bench/README.md): 10 made `cuda-rtc`
+  // 7% faster and `cuda` 8% slower, the whole batch 4% slower. Below 0 is not measured yet: a cold
+  // batch's builds, its critical path, end with half the cores idle (session 20's CPU samples).
   int prebuild_niceness = 0;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
