@@ -165,11 +165,23 @@ def goal_lines(data: dict, kb_rate) -> list:
         ratio = rate / kb_rate
         line = f"goal {fmt} >= {goal:g}x KernelBench{where}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}"
         if len(rounds) > 1:
-            ratios = [goal_rate(r, fmt)[0] for r in rounds]
-            line += (f" (the median of {len(rounds)} cold kz batches; each: "
-                     + ", ".join(fmt_ratio(r, kb_rate) for r in ratios) + ")")
+            each = [fmt_ratio(goal_rate(r, fmt)[0], kb_rate) if r["kz_batch"].get("complete") else "n/a (incomplete)"
+                    for r in rounds]
+            line += f" ({chosen_round_words(data)}; each: " + ", ".join(each) + ")"
         lines.append(line)
     return lines
+
+
+def chosen_round_words(data: dict) -> str:
+    """Which cold kz batch the report's figures are (kernelbench_compare.median_round)."""
+    complete = sum(1 for r in data.get("kz_rounds") or [] if r.get("complete"))
+    chosen = (data.get("kz_batch") or {}).get("round")
+    if not complete:
+        return f"round {chosen}, incomplete: no cold kz batch completed"
+    if complete == 1:
+        return f"round {chosen}, the only complete cold kz batch"
+    return (f"round {chosen}, the median by wall time of {complete} complete cold kz batches"
+            + (" (the slower of the middle two)" if complete % 2 == 0 else ""))
 
 
 def rounds_section(data: dict) -> str:
@@ -184,15 +196,14 @@ def rounds_section(data: dict) -> str:
     for r in rounds:
         batch = r["kz_batch"]
         cells = [batch.get("round"), fmt_num(batch.get("wall_s")), "yes" if batch.get("complete") else "no"]
-        for fmt in FORMATS:
-            rate, _ = goal_rate(r, fmt)
-            cells.append(f"{fmt_num(rate)} ({fmt_ratio(rate, kb_rate)})")
+        for fmt in FORMATS:  # a cut batch's rates would count its finished candidates over its time
+            rate, _ = goal_rate(r, fmt) if batch.get("complete") else (None, "")
+            cells.append(f"{fmt_num(rate)} ({fmt_ratio(rate, kb_rate)})" if rate else "n/a (incomplete)")
         cells.append("<- the tables" if batch.get("round") == chosen else "")
         rows.append(cells)
     header = ["round", "wall s", "complete", *(f"{fmt} /min (vs KB)" for fmt in FORMATS), ""]
     return (f"kz: {len(rounds)} cold batches (round 1 before KernelBench, the others after every other phase, each with "
-            f"empty compile caches); every table here is round {chosen}'s, the median by wall time\n"
-            + table(header, rows))
+            f"empty compile caches); every table here is {chosen_round_words(data)}\n" + table(header, rows))
 
 
 # Without startup_s: a child of a ready fork server answers in ~1-2 s on the H200, a fresh worker in ~12 s.

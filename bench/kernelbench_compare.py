@@ -239,10 +239,10 @@ def phase_kz_batch(args, data, budget, cache_home, kz_runs: list, number: int = 
 
 
 def median_round(kz_runs: list) -> dict:
-    """The complete round with the median wall time (the lower one of an even count); the first
-    round where none is complete."""
+    """The complete round with the median wall time (of an even count the slower of the middle two:
+    the figure never flatters kz); the first round where none is complete."""
     complete = sorted((r for r in kz_runs if r.get("complete")), key=lambda r: r["wall_s"])
-    return complete[(len(complete) - 1) // 2] if complete else kz_runs[0]
+    return complete[len(complete) // 2] if complete else kz_runs[0]
 
 
 def phase_kz_rounds(args, data, budget, work: pathlib.Path, kz_runs: list):

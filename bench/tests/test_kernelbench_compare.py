@@ -93,8 +93,9 @@ def test_the_kz_batch_ran_three_times_cold_and_the_report_uses_the_median(gpu_ru
     assert data["kz_batch"]["wall_s"] == walls[1]
     assert text.index("[compare] kb ...") < text.index("[compare] kz rounds ...")  # round 1 before KernelBench
     assert f"kz: 3 cold batches (round 1 before KernelBench" in text
-    assert f"every table here is round {data['kz_batch']['round']}'s, the median by wall time" in text
-    assert "(the median of 3 cold kz batches; each: " in text
+    chosen = data["kz_batch"]["round"]
+    assert f"every table here is round {chosen}, the median by wall time of 3 complete cold kz batches" in text
+    assert f"(round {chosen}, the median by wall time of 3 complete cold kz batches; each: " in text
 
 
 def test_the_hosts_cpu_is_sampled_while_kz_runs(gpu_run):
@@ -115,11 +116,26 @@ def test_host_cpu_lines_average_and_bucket_the_samples():
     assert compare_report.host_cpu_lines({}) == []
 
 
+def test_an_incomplete_round_is_listed_but_never_rated():
+    def verdicts(wall):
+        return [{"id": f"t/c{i}", "format": fmt, "wall_s": wall, "prebuild_s": None, "status": "ok"}
+                for i, fmt in enumerate(["cuda", "cuda-rtc", "triton"])]
+    done = {"round": 1, "wall_s": 10.0, "complete": True, "verdicts": verdicts(1.0)}
+    cut = {"round": 2, "wall_s": 3.0, "complete": False, "verdicts": verdicts(0.5)[:1]}
+    data = {"kz_rounds": [done, cut], "kz_batch": done,
+            "kb": {"prebuild": {"wall_s": 60.0}, "eval": {"outcomes": [{"id": "t/c0", "wall_s": 6.0, "eval_s": 5.0}]}}}
+    section = compare_report.rounds_section(data)
+    assert "round 1, the only complete cold kz batch" in section
+    assert section.splitlines()[-1].count("n/a (incomplete)") == 3
+    goals = "\n".join(compare_report.goal_lines(data, 1.0))
+    assert "each: " in goals and "n/a (incomplete)" in goals
+
+
 def test_the_median_round_is_a_complete_one():
     runs = [{"round": 1, "wall_s": 10.0, "complete": True}, {"round": 2, "wall_s": 30.0, "complete": True},
             {"round": 3, "wall_s": 5.0, "complete": False}, {"round": 4, "wall_s": 20.0, "complete": True}]
     assert kernelbench_compare.median_round(runs)["round"] == 4
-    assert kernelbench_compare.median_round(runs[:2])["round"] == 1  # the lower of an even count
+    assert kernelbench_compare.median_round(runs[:2])["round"] == 2  # of an even count the slower
     assert kernelbench_compare.median_round([runs[2]])["round"] == 3  # none complete: the first
     with pytest.raises(SystemExit):
         kernelbench_compare.parse_args(["--skip", "kb", "--kz-rounds", "0"])

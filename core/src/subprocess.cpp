@@ -436,6 +436,19 @@ long long cgroup_max_events(const std::string& dir) {
 // global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
 // Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
 // there to remount: their paths are bound onto themselves first, as /proc/sys is.
+// A fresh tmpfs's mount data: its size, and files at most one per 16 KiB of it (at least 1024). tmpfs
+// bounds its inodes by half the RAM's pages otherwise, and an inode's kernel memory is not counted in
+// `size`: a million empty files would take ~1 GB of it, and as long to remove between requests.
+std::string tmpfs_options(uint64_t size_bytes) {
+  return fmt::format("size={},nr_inodes={},mode=1777", size_bytes, std::max<uint64_t>(1024, size_bytes >> 14));
+}
+
+// Whether `path` is `dir` or lies below it (both canonical).
+bool is_under(const std::string& path, const std::string& dir) {
+  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+                         (dir.back() == '/' || path[dir.size()] == '/'));
+}
+
 std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
   auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
     std::string out;
@@ -448,10 +461,6 @@ std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>
       }
     }
     return out;
-  };
-  auto under = [](const std::string& path, const std::string& dir) {
-    return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
-                           (dir.back() == '/' || path[dir.size()] == '/'));
   };
   std::vector<Plan::ReadOnlyPath> mounts;
   auto add = [&mounts](std::string path, bool bind_first) {
@@ -469,12 +478,12 @@ std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>
     fields >> fstype;
     if (point.empty() || fstype == "autofs") continue;
     point = unescape(point);
-    if (std::any_of(writable.begin(), writable.end(), [&](const std::string& w) { return under(point, w); })) continue;
+    if (std::any_of(writable.begin(), writable.end(), [&](const std::string& w) { return is_under(point, w); })) continue;
     if (fstype == "proc") {
       add(point + "/sys", true);
       add(point + "/sysrq-trigger", true);
     } else {
-      add(point, fresh_proc && under(point, "/proc"));
+      add(point, fresh_proc && is_under(point, "/proc"));
     }
   }
   return mounts;
@@ -983,6 +992,8 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   plan.sandbox.read_only = spec.read_only_filesystem;
   plan.sandbox.drop_caps = spec.drop_capabilities;
   plan.sandbox.new_pidns = spec.new_pid_namespace && spec.read_only_filesystem;
+  std::vector<std::string> plan_notes;  // what the plan left out, for the report
+  bool tmpfs_given_up = false;
   if (plan.sandbox.read_only) {
     for (const auto& path : spec.writable_paths) {
       std::error_code ec;
@@ -995,13 +1006,24 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       std::error_code ec;
       auto canonical = std::filesystem::canonical(tmpfs.path, ec);
       if (ec) return invalid_argument(fmt::format("spawning {}: tmpfs path {}: {}", prog, tmpfs.path.string(), ec.message()));
-      plan.sandbox.tmpfs.push_back({canonical.string(), fmt::format("size={},mode=1777", tmpfs.size_bytes)});
-      not_read_only.push_back(canonical.string());
+      if (tmpfs.size_bytes == 0) return invalid_argument(fmt::format("spawning {}: tmpfs at {} of size 0", prog, canonical.string()));
+      std::string path = canonical.string();
+      auto below = std::find_if(plan.sandbox.writable.begin(), plan.sandbox.writable.end(),
+                                [&](const std::string& w) { return is_under(w, path); });
+      if (below != plan.sandbox.writable.end()) {  // a fresh tmpfs would hide it (a scratch dir under /dev/shm)
+        plan_notes.push_back(fmt::format("a fresh tmpfs at {}: not mounted, the writable path {} lies in it", path, *below));
+        tmpfs_given_up = true;
+        plan.sandbox.writable.push_back(path);
+      } else {
+        plan.sandbox.tmpfs.push_back({path, tmpfs_options(tmpfs.size_bytes)});
+      }
+      not_read_only.push_back(path);
     }
     plan.sandbox.readonly_mounts = mounts_to_protect(not_read_only, plan.sandbox.new_pidns);
   }
 
   auto impl = std::make_unique<Impl>();
+  impl->report.notes = std::move(plan_notes);
   // Sandbox: everything the child will need, and the pids cgroup.
   const ResourceLimits& lim = spec.limits;
   auto add_limit = [&](int resource, uint64_t value, uint64_t extra_hard = 0) {
@@ -1157,7 +1179,9 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
       spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
   impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
   impl->report.pids_isolated = plan.sandbox.new_pidns;  // the child failed (above) where it could not mount /proc
-  impl->report.tmpfs_private = !spec.fresh_tmpfs.empty() && impl->report.filesystem_read_only && !was_skipped({kStepTmpfs});
+  // Remounts skipped elsewhere leave the tmpfs in place; a failed writable bind stops before it.
+  impl->report.tmpfs_private = spec.read_only_filesystem && !spec.fresh_tmpfs.empty() && !tmpfs_given_up &&
+                               !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepTmpfs});
   if (!impl->cgroup.empty() && was_skipped({kStepCgroup})) {  // the child is not in it: poll instead
     ::rmdir(impl->cgroup.c_str());
     impl->cgroup.clear();

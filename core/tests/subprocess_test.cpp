@@ -602,7 +602,9 @@ TEST(SubprocessSandbox, FreshTmpfsIsTheChildsOwnAndBounded) {
   ProcessSpec spec = sh("[ -e " + dir + "/parents-file ] && echo parent-file-seen || echo parent-file-hidden; "
                         "head -c 1048576 /dev/zero > " + dir + "/small && echo small-ok; "
                         "head -c 8388608 /dev/zero > " + dir + "/big 2>/dev/null && echo big-written || echo big-refused; "
-                        "grep -q ' " + dir + " rw,.* - tmpfs kz-tmpfs ' /proc/self/mountinfo && echo source-kz");
+                        "grep -q ' " + dir + " rw,.* - tmpfs kz-tmpfs ' /proc/self/mountinfo && echo source-kz; "
+                        "i=0; while [ $i -lt 1100 ]; do true 2>/dev/null > " + dir + "/f$i || break; i=$((i+1)); done; "
+                        "[ $i -lt 1100 ] && echo files-bounded");
   spec.cwd = writable.path;
   spec.read_only_filesystem = true;
   spec.writable_paths = {writable.path};
@@ -613,10 +615,35 @@ TEST(SubprocessSandbox, FreshTmpfsIsTheChildsOwnAndBounded) {
   if (!proc->sandbox().filesystem_read_only) GTEST_SKIP() << "no read-only mount namespace here: " << notes(*proc);
   ASSERT_TRUE(proc->sandbox().tmpfs_private) << notes(*proc);
   EXPECT_TRUE(missing_isolation(spec, proc->sandbox()).empty());
-  EXPECT_EQ(proc->stdout_tail(), "parent-file-hidden\nsmall-ok\nbig-refused\nsource-kz\n") << proc->stderr_tail();
+  // 4 MB: at most 1024 files (one per 16 KiB, at least 1024), whatever their size.
+  EXPECT_EQ(proc->stdout_tail(), "parent-file-hidden\nsmall-ok\nbig-refused\nsource-kz\nfiles-bounded\n")
+      << proc->stderr_tail();
   EXPECT_TRUE(std::filesystem::exists(shared.path / "parents-file"));
   EXPECT_FALSE(std::filesystem::exists(shared.path / "small")) << "the child's file reached the parent's directory";
   EXPECT_FALSE(std::filesystem::exists(shared.path / "big"));
+}
+
+// A writable path inside the tmpfs's path (a scratch dir under /dev/shm) would be hidden by it: the
+// path is bound writable instead, and the report and missing_isolation say so. A size of 0 is refused.
+TEST(SubprocessSandbox, FreshTmpfsOverAWritablePathIsNotMounted) {
+  TempDir shared;
+  std::filesystem::create_directory(shared.path / "scratch");
+  ProcessSpec spec = sh("echo in-scratch > here && cat here");
+  spec.cwd = shared.path / "scratch";
+  spec.read_only_filesystem = true;
+  spec.writable_paths = {spec.cwd};
+  spec.fresh_tmpfs = {{shared.path, 4u << 20}};
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  finish(*proc, 10s);
+  if (!proc->sandbox().filesystem_read_only) GTEST_SKIP() << "no read-only mount namespace here: " << notes(*proc);
+  EXPECT_EQ(proc->stdout_tail(), "in-scratch\n") << proc->stderr_tail();
+  EXPECT_FALSE(proc->sandbox().tmpfs_private);
+  EXPECT_NE(notes(*proc).find("not mounted, the writable path"), std::string::npos) << notes(*proc);
+  auto missing = missing_isolation(spec, proc->sandbox());
+  EXPECT_NE(std::find(missing.begin(), missing.end(), "its own tmpfs at " + shared.path.string()), missing.end());
+  spec.fresh_tmpfs = {{shared.path, 0}};
+  EXPECT_FALSE(Process::spawn(spec).ok());
 }
 
 // Where the mount is refused, the path is the parent's directory, writable, and the report and

@@ -13,10 +13,12 @@
 #include <csignal>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -450,11 +452,12 @@ bool side_by_side(std::string_view policy, int running, int cores) {
 }
 
 bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
-                        std::chrono::milliseconds poll) {
-  for (;;) {
+                        const std::function<void()>& pause, int in_a_row) {
+  for (int idle_looks = 0;;) {
     if (host_done()) return false;
-    if (idle()) return true;
-    std::this_thread::sleep_for(poll);
+    idle_looks = idle() ? idle_looks + 1 : 0;
+    if (idle_looks >= in_a_row) return true;
+    pause();
   }
 }
 
@@ -499,12 +502,19 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   wait_for_stop_signals();  // not before: nvcc exec'd in its place would inherit them blocked
   Stop signalled = [] { return stop_signal.load() != 0; };
   std::atomic<bool> host_failed = false, host_done = false;
+  std::mutex host_mutex;
+  std::condition_variable host_ended;  // wakes the wait below at once when the host chain ends
+  auto pause = [&] {
+    std::unique_lock lock(host_mutex);
+    host_ended.wait_for(lock, std::chrono::milliseconds(50), [&] { return host_done.load(); });
+  };
   std::vector<Outcome> device;
   double device_s = 0, device_started_s = 0;
   bool parallel = false;
   std::thread device_thread([&] {
+    // A core idle for three looks 50 ms apart (each the most of three: runnable_tasks).
     parallel = wait_for_idle_core([&] { return side_by_side(policy, runnable_tasks(), cores); },
-                                  [&] { return host_done || signalled(); }, std::chrono::milliseconds(50));
+                                  [&] { return host_done || signalled(); }, pause, policy == "always" ? 1 : 3);
     if (host_failed || signalled()) return;  // nvcc would have stopped before any device step
     device_started_s = seconds_since(started);
     // After the host chain, nvcc's own device chain: it reads the module id cudafe++ wrote.
@@ -515,7 +525,11 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   std::vector<Outcome> host = run_chain(plan->host_chain, environment, signalled);
   double host_s = seconds_since(started);
   if (chain_failed(host, plan->host_chain.size())) host_failed = true;
-  host_done = true;  // after host_failed: the device thread reads both
+  {
+    std::lock_guard lock(host_mutex);
+    host_done = true;  // after host_failed: the device thread reads both
+  }
+  host_ended.notify_all();
   device_thread.join();
   if (signalled()) end_by_signal(stop_signal, keep.path);
   nlohmann::json line = {{"parallel", parallel}, {"host_chain_s", host_s}, {"device_chain_started_s", device_started_s},

@@ -170,15 +170,21 @@ TEST(ParallelNvccPolicy, SideBySideOnlyWhileACoreIsIdleUnlessTold) {
 }
 
 TEST(ParallelNvccPolicy, TheDeviceChainStartsWhenACoreComesFreeOrAfterTheHostChain) {
-  using std::chrono::milliseconds;
-  int asked = 0;
-  EXPECT_TRUE(wait_for_idle_core([&] { return ++asked == 3; }, [] { return false; }, milliseconds(1)));
-  EXPECT_EQ(asked, 3) << "asked again while the host chain ran, until a core was idle";
+  int pauses = 0;
+  auto pause = [&] { ++pauses; };
+  auto never_done = [] { return false; };
+  // Busy, busy, idle, busy (a lull), then idle three times running: started at the 7th look.
+  const std::vector<bool> looks = {false, false, true, false, true, true, true, true};
+  size_t asked = 0;
+  EXPECT_TRUE(wait_for_idle_core([&] { return looks.at(asked++); }, never_done, pause, 3));
+  EXPECT_EQ(asked, 7u) << "one idle look in a lull is not enough";
+  EXPECT_EQ(pauses, 6);
   int polls = 0;
-  EXPECT_FALSE(wait_for_idle_core([] { return false; }, [&] { return ++polls == 4; }, milliseconds(1)));
-  EXPECT_TRUE(wait_for_idle_core([] { return true; }, [] { return false; }, milliseconds(1000)))
-      << "an idle core at once: no wait";
-  EXPECT_FALSE(wait_for_idle_core([] { return true; }, [] { return true; }, milliseconds(1)))
+  EXPECT_FALSE(wait_for_idle_core([] { return false; }, [&] { return ++polls == 4; }, pause, 3));
+  pauses = 0;
+  EXPECT_TRUE(wait_for_idle_core([] { return true; }, never_done, pause, 1)) << "\"always\": at once";
+  EXPECT_EQ(pauses, 0);
+  EXPECT_FALSE(wait_for_idle_core([] { return true; }, [] { return true; }, pause, 1))
       << "the host chain done: the device chain follows it, as in nvcc";
 }
 

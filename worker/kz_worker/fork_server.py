@@ -39,6 +39,7 @@ import os
 import resource
 import select
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -276,7 +277,9 @@ def finish_child(child, device_name: str, own_shm: bool = False):
     child.close_pidfd()
     leftovers = kill_descendants(spare)
     message = done_message(status, cpu_s, leftovers)
-    if own_shm and not empty_directory(SHARED_MEMORY_DIR):
+    # With a process of the request left the server is replaced anyway, and that process could
+    # change the tree while it is walked.
+    if own_shm and (leftovers or not empty_directory(SHARED_MEMORY_DIR)):
         message["retire"] = True  # what stays there would reach the next request
     _send(message)
     return spare if spare is not None else Spare.start_if_possible(device_name)
@@ -487,32 +490,39 @@ def own_cpu_seconds(pid: int) -> float:
 
 def own_tmpfs(path: str) -> bool:
     """Whether `path` is a tmpfs the sandbox mounted for this server's mount namespace alone (its
-    source OWN_TMPFS_SOURCE), not the host's directory, which other programs share and which it must
-    never empty. The last mount listed at a path is the one in effect."""
+    source OWN_TMPFS_SOURCE, the device `path` is on), not the host's directory, which other programs
+    share and which it must never empty. The path as the sandbox mounted it: links resolved."""
     try:
+        real = os.path.realpath(path)
         with open("/proc/self/mountinfo") as f:
-            return mounted_own_tmpfs(f.read(), path)
+            device = mounted_own_tmpfs(f.read(), real)
+        return device is not None and os.stat(real).st_dev == device
     except OSError:
         return False
 
 
-def mounted_own_tmpfs(mountinfo: str, path: str) -> bool:
-    """own_tmpfs, read from the text of a mountinfo file."""
-    own = False
+def mounted_own_tmpfs(mountinfo: str, path: str):
+    """The device number of the mount in effect at `path` (the last listed there) where it is the
+    sandbox's own tmpfs; None otherwise."""
+    device = None
     for line in mountinfo.splitlines():
         fields = line.split(" ")
         if len(fields) > 4 and fields[4] == path and "-" in fields[5:]:
             after = fields[fields.index("-", 5) + 1:]
-            own = after[:2] == ["tmpfs", OWN_TMPFS_SOURCE]
-    return own
+            major, _, minor = fields[2].partition(":")
+            own = after[:2] == ["tmpfs", OWN_TMPFS_SOURCE] and major.isdigit() and minor.isdigit()
+            device = os.makedev(int(major), int(minor)) if own else None
+    return device
 
 
-def empty_directory(path: str) -> bool:
-    """Removes everything in `path` (not `path` itself), making each directory writable by its owner
-    first (a candidate may leave one at mode 0: the server has no CAP_DAC_OVERRIDE); whether nothing
-    is left."""
+def empty_directory(path: str, mode: int = 0o1777) -> bool:
+    """Makes `path` as the sandbox mounted it: empty, at `mode`, without extended attributes (a
+    candidate owns the directory: it may have changed its mode, left a user.* attribute or an ACL for
+    the next request to read, or a directory at mode 0 inside, and the server has no
+    CAP_DAC_OVERRIDE). Whether that worked. Only once no process of the request is left: nothing
+    changes the tree while it is walked (links are removed, never followed)."""
     def remove(entry: str) -> None:
-        if os.path.isdir(entry) and not os.path.islink(entry):
+        if stat.S_ISDIR(os.lstat(entry).st_mode):
             os.chmod(entry, 0o700)
             for name in os.listdir(entry):
                 remove(os.path.join(entry, name))
@@ -521,11 +531,20 @@ def empty_directory(path: str) -> bool:
             os.unlink(entry)
 
     try:
+        os.chmod(path, mode)
         for name in os.listdir(path):
             remove(os.path.join(path, name))
-        return not os.listdir(path)
-    except (OSError, RecursionError):  # a tree too deep to walk: the server retires with it
+        for name in candidates_attributes(path):
+            os.removexattr(path, name)
+        return not os.listdir(path) and stat.S_IMODE(os.stat(path).st_mode) == mode and not candidates_attributes(path)
+    except Exception:  # OSError, RecursionError (a tree too deep), MemoryError: the server retires
         return False
+
+
+def candidates_attributes(path: str) -> list:
+    """The extended attributes of `path` a process without capabilities can set: user.* and POSIX
+    ACLs (security.* and trusted.* need capabilities; an LSM's own label stays)."""
+    return [name for name in os.listxattr(path) if name.startswith(("user.", "system.posix_acl_"))]
 
 
 def done_message(status: int, cpu_s: float, leftovers: int) -> dict:

@@ -11,13 +11,13 @@ ROOT = "23 1 252:0 / / ro,relatime - ext4 /dev/vda rw\n"
 
 
 def test_only_the_sandboxs_own_tmpfs_counts_as_the_servers_own():
-    assert fork_server.mounted_own_tmpfs(ROOT + HOST_SHM + OWN_SHM, "/dev/shm")
-    assert not fork_server.mounted_own_tmpfs(ROOT + HOST_SHM, "/dev/shm")  # the host's: never emptied
-    assert not fork_server.mounted_own_tmpfs(ROOT + OWN_SHM + HOST_SHM, "/dev/shm")  # the last mount is the one seen
-    assert not fork_server.mounted_own_tmpfs(ROOT + OWN_SHM.replace("/dev/shm", "/dev/shm/x"), "/dev/shm")
+    assert fork_server.mounted_own_tmpfs(ROOT + HOST_SHM + OWN_SHM, "/dev/shm") == os.makedev(0, 98)
+    assert fork_server.mounted_own_tmpfs(ROOT + HOST_SHM, "/dev/shm") is None  # the host's: never emptied
+    assert fork_server.mounted_own_tmpfs(ROOT + OWN_SHM + HOST_SHM, "/dev/shm") is None  # the last mount is seen
+    assert fork_server.mounted_own_tmpfs(ROOT + OWN_SHM.replace("/dev/shm", "/dev/shm/x"), "/dev/shm") is None
     bind = "613 29 252:0 /tmp/x /dev/shm rw - ext4 kz-tmpfs rw\n"  # a source named so, but no tmpfs
-    assert not fork_server.mounted_own_tmpfs(ROOT + bind, "/dev/shm")
-    assert not fork_server.mounted_own_tmpfs("", "/dev/shm")
+    assert fork_server.mounted_own_tmpfs(ROOT + bind, "/dev/shm") is None
+    assert fork_server.mounted_own_tmpfs("", "/dev/shm") is None
 
 
 def test_this_process_has_no_tmpfs_of_its_own():
@@ -39,10 +39,13 @@ def test_emptying_removes_what_a_candidate_hid_and_nothing_outside(tmp_path):
     os.chmod(locked, 0)  # the server has no CAP_DAC_OVERRIDE: it must chmod first
     os.symlink(outside, shm / "link-to-outside")
     os.mkfifo(shm / "fifo")
+    os.chmod(shm, 0o555)  # the candidate owns the root: the next request could not write there
+    os.setxattr(shm, "user.note", b"for the next request")
     assert fork_server.empty_directory(str(shm))
     assert os.listdir(shm) == []
     assert (outside / "keep").read_text() == "not the server's"  # a link is removed, not followed
-    assert stat.S_ISDIR(os.stat(shm).st_mode)
+    assert os.stat(shm).st_mode == stat.S_IFDIR | 0o1777
+    assert fork_server.candidates_attributes(str(shm)) == []
 
 
 def test_what_cannot_be_emptied_is_reported(tmp_path):

@@ -78,9 +78,10 @@ struct ProcessSpec {
   std::vector<std::filesystem::path> writable_paths;  // must exist
   // With read_only_filesystem: each of these paths (which must exist) gets a fresh tmpfs of its own
   // in the child's mount namespace (mode 1777, nosuid, nodev) in place of the parent's directory,
-  // writable: what the child and its processes write there counts against size_bytes (ENOSPC past
-  // it), is seen by no process outside that namespace, and is gone with the namespace. Where the
-  // mount is refused, the path is bound writable as a writable_paths entry is, and the report says so.
+  // writable: what the child and its processes write there counts against size_bytes (> 0; ENOSPC
+  // past it, and past one file per 16 KiB of it), is seen by no process outside that namespace, and is
+  // gone with the namespace. Where the mount is refused, or a writable path lies in it (which the
+  // tmpfs would hide), the path is bound writable as a writable_paths entry is, and the report says so.
   // Its mount source is "kz-tmpfs" (/proc/<pid>/mountinfo), so the child can tell it from the host's.
   struct FreshTmpfs {
     std::filesystem::path path;

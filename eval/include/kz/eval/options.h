@@ -127,9 +127,9 @@ struct SandboxOptions {
   bool read_only_filesystem = true;  // everything read-only but scratch and /dev/shm
   // With read_only_filesystem: the worker's /dev/shm is a tmpfs of its own of this size (root only),
   // so what one worker leaves there no other sees (a GRPO sibling's copied source, a cached output),
-  // nothing outlives the worker's namespace, and a full one fails a write (ENOSPC) instead of
-  // filling the host's memory; a fork server empties it between requests. 0: the host's /dev/shm,
-  // shared by every worker.
+  // nothing outlives the worker's namespace, and a full one (this size, or one file per 16 KiB of
+  // it) fails a write (ENOSPC) instead of filling the host's memory; a fork server empties it
+  // between requests. 0: the host's /dev/shm, shared by every worker.
   int shm_mb = 1024;
   bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
                                  // /proc (no other worker's process, cwd or cmdline in sight)

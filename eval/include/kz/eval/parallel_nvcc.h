@@ -16,7 +16,6 @@
 // Anything else (other flags, several inputs, a plan it does not recognise) runs nvcc itself.
 #pragma once
 
-#include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
@@ -86,14 +85,15 @@ Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_d
 // is no sooner. "never" runs nvcc itself.
 bool side_by_side(std::string_view policy, int running, int cores);
 
-// Waits for the device chain's start: until `idle()` (asked at once, then every `poll`) or
-// `host_done()`. Whether a core came free while the host chain ran (then the chains run side by
-// side); false where the host chain ended first (then the device chain follows it, as in nvcc).
-// A cold batch's pre-builds start while its evaluations fill every core, and end eight at a time,
-// each in one compiler with half the cores idle (bench/README.md, session 20): a decision taken once
-// at the start left their second halves waiting for their first.
+// Waits for the device chain's start: until `idle()` has said yes `in_a_row` times running (asked at
+// once, then after each `pause()`), or `host_done()`. Whether a core came free while the host chain
+// ran (then the chains run side by side); false where the host chain ended first (then the device
+// chain follows it, as in nvcc). A cold batch's pre-builds start while its evaluations fill every
+// core, and end eight at a time, each in one compiler with half the cores idle (bench/README.md,
+// session 20): a decision taken once at the start left their second halves waiting for their first.
+// Several looks in a row, since one may fall in a short lull of a busy host.
 bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
-                        std::chrono::milliseconds poll);
+                        const std::function<void()>& pause, int in_a_row);
 
 // kz-nvcc's main: runs the compile as above with `real_nvcc` (side by side as $KZ_NVCC_SIDE_BY_SIDE
 // says, see side_by_side), or execs real_nvcc with `args` where it does not apply. Returns the exit
