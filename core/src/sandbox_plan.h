@@ -8,9 +8,8 @@
 //
 // Order: setpgid, nice, rlimits, joining the pids cgroup, unshare(CLONE_NEWNET), the read-only
 // mount namespace (with a fresh /proc in a PID namespace, and fresh tmpfs mounts), chdir, dropping
-// capabilities. An
-// optional step that fails is reported to the parent as a record on the error pipe and skipped;
-// a fatal one writes its record and _exit(127)s.
+// capabilities. An optional step that fails is reported to the parent as a record on the error pipe
+// and skipped; a fatal one writes its record and _exit(127)s.
 #pragma once
 #include <sys/resource.h>
 

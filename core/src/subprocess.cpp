@@ -430,12 +430,6 @@ long long cgroup_max_events(const std::string& dir) {
   return pos == std::string::npos ? 0 : to_ll(std::string_view(*text).substr(pos + 4));
 }
 
-// Paths to remount read-only: every mount in our namespace but the writable paths, what lies
-// under them, and autofs (remounting it could trigger or break automounts). procfs stays writable
-// (CUDA's driver fails to start on a read-only /proc: error 304, seen on the H200 host), but its
-// global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
-// Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
-// there to remount: their paths are bound onto themselves first, as /proc/sys is.
 // A fresh tmpfs's mount data: its size, and files at most one per 16 KiB of it (at least 1024). tmpfs
 // bounds its inodes by half the RAM's pages otherwise, and an inode's kernel memory is not counted in
 // `size`: a million empty files would take ~1 GB of it, and as long to remove between requests.
@@ -449,6 +443,12 @@ bool is_under(const std::string& path, const std::string& dir) {
                          (dir.back() == '/' || path[dir.size()] == '/'));
 }
 
+// Paths to remount read-only: every mount in our namespace but the writable paths, what lies
+// under them, and autofs (remounting it could trigger or break automounts). procfs stays writable
+// (CUDA's driver fails to start on a read-only /proc: error 304, seen on the H200 host), but its
+// global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
+// Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
+// there to remount: their paths are bound onto themselves first, as /proc/sys is.
 std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
   auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
     std::string out;

@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // Besides its scratch dir a worker may write to /dev/shm only (CUDA's IPC and torch's shared memory
-// live there): its own tmpfs there ([sandbox] shm_mb), else the host's. Every compile cache is the request's own, in its scratch dir, and the GPU locks'
-// files are the supervisor's (prepared_gpu_lock_dir).
+// live there): its own tmpfs there ([sandbox] shm_mb), else the host's. Every compile cache is the
+// request's own, in its scratch dir, and the GPU locks' files are the supervisor's
+// (prepared_gpu_lock_dir).
 constexpr const char* kSharedMemoryDir = "/dev/shm";
 
 }  // namespace
