@@ -408,7 +408,46 @@ def timeline_lines(data: dict) -> list:
         lines.append(f"    cuda pre-builds {min(b[0] for b in builds):.1f}-{end:.1f}; the last to end ({last['id']}, "
                      f"{end - begin:.1f} s) then evaluated {last['started_s']:.1f}-"
                      f"{last['started_s'] + (last.get('wall_s') or 0.0):.1f}")
+        lines += build_part_lines([b[2] for b in builds], last)
     return lines + own_phase_lines(batch) + host_cpu_lines(batch)
+
+
+# A pre-build's parts (the verdict's build_s: worker/kz_worker/formats.py, build_parts) in the order
+# they run, as (label, part or parts summed).
+_BUILD_STEPS = [("worker", "worker_start"), ("import", "import_to_build"), ("load_inline", "load_inline"),
+                ("ninja", "ninja")]
+_NINJA_STEPS = [("nvcc", "ninja_cuda"), ("main.cpp", "ninja_cpp"), ("link", "ninja_link")]
+_NVCC_STEPS = [("plan", "nvcc_plan"), ("host chain", "nvcc_host_chain"), ("device chain waited", "nvcc_device_wait"),
+               ("device chain", "nvcc_device_chain"), ("host compile", "nvcc_host_compile")]
+
+
+def build_part_lines(builds: list, last: dict) -> list:
+    """Where the pre-builds' seconds went: each part's median over the builds that report it, and the
+    last build's in brackets (the batch's critical path), with the rest of prebuild_s (the worker's
+    exit, the supervisor keeping the build)."""
+    reported = [v for v in builds if v.get("build_s")]
+    if not reported:
+        return []
+
+    def cell(label, part):
+        values = sorted(v["build_s"][part] for v in reported if part in v["build_s"])
+        if not values:
+            return None
+        mine = (last.get("build_s") or {}).get(part)
+        return f"{label} {statistics.median(values):.1f}" + (f" [{mine:.1f}]" if mine is not None else "")
+
+    def cells(steps):
+        return ", ".join(c for c in (cell(label, part) for label, part in steps) if c)
+
+    rest = [v["prebuild_s"] - sum(v["build_s"].get(p, 0.0) for p in ("worker_start", "import_to_build", "load_inline"))
+            for v in reported if v.get("prebuild_s")]
+    lines = [f"    where a pre-build's seconds went (median of {len(reported)}, the last's in brackets): "
+             + cells(_BUILD_STEPS) + (f", the rest {statistics.median(rest):.1f}" if rest else "")]
+    if ninja := cells(_NINJA_STEPS):
+        lines.append(f"      ninja's steps (nvcc and main.cpp side by side, then the link): {ninja}")
+    if nvcc := cells(_NVCC_STEPS):
+        lines.append(f"      kz-nvcc (the device chain beside the host chain once a core is idle, then the host compile): {nvcc}")
+    return lines
 
 
 def host_cpu_lines(batch: dict, bucket_s: float = 2.0, who: str = "kz ran") -> list:

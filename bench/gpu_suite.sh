@@ -70,6 +70,9 @@ if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:
     exit 1; }
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+# The host's CPUs: whether its 16 are 8 cores of two threads each says what "half busy" means.
+lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|CPU max MHz|L3 cache)" \
+  | tee -a "$OUT/gpu.txt"
 
 # The run's exit status: 1 when a step below failed (each still runs, and says so where it ends), so
 # that a caller reading only the status does not take a lost phase for a finished one.

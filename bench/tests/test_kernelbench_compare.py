@@ -116,6 +116,20 @@ def test_host_cpu_lines_average_and_bucket_the_samples():
     assert compare_report.host_cpu_lines({}) == []
 
 
+def test_the_pre_builds_parts_are_medians_with_the_last_builds_beside():
+    def build(prebuild_s, ninja_cuda, **extra):
+        parts = {"worker_start": 1.0, "import_to_build": 0.5, "load_inline": prebuild_s - 2.0, "ninja": ninja_cuda + 0.5,
+                 "ninja_cuda": ninja_cuda, "ninja_cpp": 2.0, "ninja_link": 0.5, **extra}
+        return {"id": f"t/{prebuild_s}", "prebuild_s": prebuild_s, "build_s": parts}
+    builds = [build(10.0, 6.0), build(12.0, 8.0), build(14.0, 10.0, nvcc_host_chain=4.0)]
+    head, ninja, nvcc = compare_report.build_part_lines(builds + [{"id": "t/old", "prebuild_s": 9.0}], builds[2])
+    assert "(median of 3, the last's in brackets): worker 1.0 [1.0], import 0.5 [0.5], load_inline 10.0 [12.0]" in head
+    assert head.endswith("ninja 8.5 [10.5], the rest 0.5"), "prebuild_s less the worker's start, import and load_inline"
+    assert ninja.endswith("nvcc 8.0 [10.0], main.cpp 2.0 [2.0], link 0.5 [0.5]")
+    assert nvcc.endswith("host chain 4.0 [4.0]"), "a part is the median of the builds that report it"
+    assert compare_report.build_part_lines([{"id": "t/old", "prebuild_s": 9.0}], {}) == [], "from before build_s"
+
+
 def test_an_incomplete_round_is_listed_but_never_rated():
     def verdicts(wall):
         return [{"id": f"t/c{i}", "format": fmt, "wall_s": wall, "prebuild_s": None, "status": "ok"}

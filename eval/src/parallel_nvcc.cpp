@@ -462,6 +462,7 @@ bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<b
 }
 
 int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
+  auto entered = std::chrono::steady_clock::now();
   const char* policy_text = std::getenv("KZ_NVCC_SIDE_BY_SIDE");
   const std::string policy = policy_text ? policy_text : "idle";
   if (policy == "never") exec_nvcc(real_nvcc, args, {}, "KZ_NVCC_SIDE_BY_SIDE=never");
@@ -532,7 +533,11 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   host_ended.notify_all();
   device_thread.join();
   if (signalled()) end_by_signal(stop_signal, keep.path);
-  nlohmann::json line = {{"parallel", parallel}, {"host_chain_s", host_s}, {"device_chain_started_s", device_started_s},
+  // Seconds: planning (`nvcc --dryrun`) before the chains' start, then each from that start.
+  nlohmann::json line = {{"parallel", parallel},
+                         {"plan_s", std::chrono::duration<double>(started - entered).count()},
+                         {"host_chain_s", host_s},
+                         {"device_chain_started_s", device_started_s},
                          {"device_chain_s", device_s}};
   if (host_failed) {  // nvcc would have stopped there, before any device step
     line["status"] = emit(host);

@@ -65,11 +65,6 @@ Task task_of(const ServiceItem& item) {
 
 Candidate candidate_of(const ServiceItem& item) { return Candidate{id_text(item.id), item.candidate}; }
 
-// A finished pre-build: when it started (seconds from its batch's submission) and its seconds.
-struct PreBuild {
-  double started_s = 0, seconds = 0;
-};
-
 struct Job {
   std::string batch;
   ServiceItem item;
@@ -423,10 +418,7 @@ void EvalService::Impl::work() {
     double started_s = ticket->since_submitted();
     Verdict verdict = evaluate(*ticket, EvalMode::full);
     verdict.started_s = started_s;
-    if (ticket->prebuild) {
-      verdict.prebuild_started_s = ticket->prebuild->started_s;
-      verdict.prebuild_s = ticket->prebuild->seconds;
-    }
+    if (ticket->prebuild) attach_prebuild(verdict, *ticket->prebuild);  // started_s from its batch's submission
     board.finish(ticket->job, to_json(verdict));
   }
 }
@@ -442,7 +434,7 @@ void EvalService::Impl::build() {
       verdict.started_s = started_s;
       board.finish(ticket->job, to_json(verdict));
     } else {
-      board.built(ticket->job, PreBuild{started_s, verdict.wall_s});
+      board.built(ticket->job, prebuild_of(verdict, started_s));
     }
   }
 }

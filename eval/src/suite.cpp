@@ -195,11 +195,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
   // Build servers come from their own zygote, where there is one: it imports beside the other's.
   if (!to_build.empty()) (void)pools->at(0).start_fork_servers(0, EvalMode::compile_only);
   SuiteRecorder recorder(entries.size(), to_build.size(), options.results_path, progress_out);
-  // A pre-build that the evaluation follows: when it started (from the batch's start) and its
-  // seconds. Written by the build, read after it.
-  struct PreBuild {
-    double started_s, seconds;
-  };
+  // A pre-build that the evaluation follows. Written by the build, read after it.
   std::vector<std::optional<PreBuild>> prebuilds(entries.size());
   auto batch_start = std::chrono::steady_clock::now();
   auto since_start = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - batch_start).count(); };
@@ -211,7 +207,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     // A failed build is final: the GPU phase would only fail it again, one build at a time.
     bool final = verdict->status == EvalStatus::compile_error;
     if (final) verdict->started_s = started_s;
-    else prebuilds[i] = PreBuild{started_s, verdict->wall_s};
+    else prebuilds[i] = prebuild_of(*verdict, started_s);
     KZ_RETURN_IF_ERROR(recorder.prebuilt(i, std::move(*verdict), final));
     return final ? Built::settled : Built::evaluate;
   };
@@ -224,10 +220,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     }();
     if (!verdict.ok()) return verdict.status();
     verdict->started_s = started_s;
-    if (const auto& prebuild = prebuilds[i]) {
-      verdict->prebuild_started_s = prebuild->started_s;
-      verdict->prebuild_s = prebuild->seconds;
-    }
+    if (const auto& prebuild = prebuilds[i]) attach_prebuild(*verdict, *prebuild);
     return recorder.record(i, std::move(*verdict));
   };
   PipelineJobs jobs{.build = options.compile_jobs, .evaluate = options.jobs * static_cast<int>(pools->size())};

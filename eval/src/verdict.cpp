@@ -105,6 +105,7 @@ nlohmann::json to_json(const Verdict& v) {
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
+  write_parts(j, "build_s", v.build_s);              // optional: a load_inline build ran (or pre-built)
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
@@ -165,6 +166,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   read_parts(j, "correctness_s", v.correctness_s);
   read_parts(j, "timing_s", v.timing_s);
   read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
+  read_parts(j, "build_s", v.build_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
@@ -182,6 +184,21 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     v.candidate_gap_ms = number_or_zero(t, "candidate_gap_ms");
   }
   return v;
+}
+
+PreBuild prebuild_of(const Verdict& build_verdict, double started_s) {
+  PreBuild prebuild{started_s, build_verdict.wall_s, build_verdict.build_s};
+  double worker_start = 0;
+  for (const auto& [stage, seconds] : build_verdict.stage_s)
+    if (stage == "startup" || stage == "load_reference") worker_start += seconds;
+  if (!prebuild.build_s.empty()) prebuild.build_s.emplace_back("worker_start", worker_start);
+  return prebuild;
+}
+
+void attach_prebuild(Verdict& verdict, const PreBuild& prebuild) {
+  verdict.prebuild_started_s = prebuild.started_s;
+  verdict.prebuild_s = prebuild.seconds;
+  if (verdict.build_s.empty()) verdict.build_s = prebuild.build_s;  // the evaluation loaded the build
 }
 
 }  // namespace kz

@@ -4,6 +4,9 @@
 // which loads it. Slow (nvcc on a small CPU): label "slow", beside eval_cuda_compile_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "kz/core/files.h"
 #include "kz/eval/sandbox.h"
 #include "service_fixture.h"
@@ -62,6 +65,15 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_GT(*cuda.prebuild_s, 0);
   EXPECT_GE(*cuda.started_s, *cuda.prebuild_started_s + *cuda.prebuild_s - 0.5) << "evaluated after its build";
   EXPECT_LT(cuda.wall_s, *cuda.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
+  // Where the pre-build's seconds went, reported by the worker that built (formats.build_parts).
+  std::map<std::string, double> parts(cuda.build_s.begin(), cuda.build_s.end());
+  for (const char* part : {"worker_start", "import_to_build", "load_inline", "ninja", "ninja_cuda", "ninja_cpp",
+                           "ninja_link", "nvcc_host_chain", "nvcc_device_chain", "nvcc_host_compile"})
+    EXPECT_TRUE(parts.contains(part)) << part << " in " << to_json(cuda).dump(2);
+  EXPECT_GT(parts["ninja_cuda"], 0.5) << "nvcc took seconds";
+  EXPECT_LE(parts["ninja"], parts["load_inline"]);
+  EXPECT_LE(parts["worker_start"] + parts["import_to_build"] + parts["load_inline"], *cuda.prebuild_s)
+      << "parts of the pre-build's wall time";
   // The build was kept by the supervisor (no worker can write there), and nothing was built in a
   // directory that workers share.
   int libraries = 0;
@@ -76,10 +88,14 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_TRUE(broken.has_check(Check::kernel_compile));
   EXPECT_TRUE(broken.started_s.has_value());
   EXPECT_FALSE(broken.prebuild_s.has_value()) << "the pre-build's own verdict";
+  EXPECT_TRUE(std::any_of(broken.build_s.begin(), broken.build_s.end(),
+                          [](const auto& part) { return part.first == "load_inline"; }))
+      << "a failed build reports its seconds too: " << to_json(broken).dump(2);
 
   // Other formats are never pre-built.
   EXPECT_EQ(triton.status, EvalStatus::ok) << to_json(triton).dump(2);
   EXPECT_FALSE(triton.prebuild_s.has_value());
+  EXPECT_TRUE(triton.build_s.empty()) << "nothing built";
   EXPECT_TRUE(triton.started_s.has_value());
 
   // A cached verdict is not built again: the repeat is a lookup.

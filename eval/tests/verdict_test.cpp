@@ -142,6 +142,40 @@ TEST(Verdict, JsonRoundTripKeepsTheBatchTimeline) {
   EXPECT_EQ(back->prebuild_started_s, 0.5);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheBuildsParts) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("build_s")) << "absent where nothing was built";
+  v.build_s = {{"load_inline", 6.5}, {"ninja", 6.25}, {"ninja_cuda", 6.0}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->build_s, v.build_s);
+}
+
+TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
+  Verdict build = make_verdict(EvalStatus::compiled_not_run, {}, "built");
+  build.wall_s = 9.5;
+  build.stage_s = {{"startup", 1.5}, {"load_reference", 0.25}, {"compile", 7.5}};
+  build.build_s = {{"load_inline", 7.0}};
+  PreBuild prebuild = prebuild_of(build, 0.125);
+  EXPECT_EQ(prebuild.started_s, 0.125);
+  EXPECT_EQ(prebuild.seconds, 9.5);
+  using Parts = std::vector<std::pair<std::string, double>>;
+  EXPECT_EQ(prebuild.build_s, (Parts{{"load_inline", 7.0}, {"worker_start", 1.75}})) << "the stages before compile";
+
+  Verdict evaluation = make_verdict(EvalStatus::ok, {}, "correct");
+  attach_prebuild(evaluation, prebuild);
+  EXPECT_EQ(evaluation.prebuild_started_s, 0.125);
+  EXPECT_EQ(evaluation.prebuild_s, 9.5);
+  EXPECT_EQ(evaluation.build_s, prebuild.build_s);
+
+  Verdict rebuilt = make_verdict(EvalStatus::ok, {}, "correct");  // it built again itself: its own parts stay
+  rebuilt.build_s = {{"load_inline", 3.0}};
+  attach_prebuild(rebuilt, prebuild);
+  EXPECT_EQ(rebuilt.build_s, (Parts{{"load_inline", 3.0}}));
+  EXPECT_TRUE(prebuild_of(make_verdict(EvalStatus::compiled_not_run, {}, ""), 0).build_s.empty())
+      << "no worker_start alone where nothing was built (a kept build)";
+}
+
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   auto json = to_json(make_verdict(EvalStatus::ok, {}, "correct"));
   EXPECT_TRUE(json["speedup"].is_null());

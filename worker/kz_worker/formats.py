@@ -12,9 +12,11 @@ cannot run: their verdict is compiled_not_run, never ok.
 import errno
 import functools
 import hashlib
+import json
 import os
 import re
 import subprocess
+import time
 
 import torch
 
@@ -23,6 +25,9 @@ from . import verdict as v
 
 _extension_builds = []  # names passed to load_inline in this process
 _kept_builds = None      # the supervisor's kept builds of this candidate (read-only), or None
+# Mutated, never rebound: the Guard refuses a harness module whose names change under it.
+_build_parts = {}        # where this process's load_inline builds spent their seconds (build_parts)
+_load_inline_calls = []  # time.monotonic() of each load_inline call
 
 
 def prepare(fmt: str, device: torch.device, extensions=None) -> None:
@@ -75,6 +80,7 @@ def _count_extension_builds() -> None:
     original = cpp_extension.load_inline
 
     def load_inline(name, *args, **kwargs):
+        _load_inline_calls.append(time.monotonic())
         _extension_builds.append(name)
         lighter = lighter_sources(original, args, kwargs)
         if lighter is not None:
@@ -86,7 +92,7 @@ def _count_extension_builds() -> None:
                 _extension_build_dir(light_name), _LIGHTER_BUILD_FAILED)
             if failed_marker and not os.path.exists(failed_marker):
                 try:
-                    return original(light_name, **light_kwargs)
+                    return _timed_build(original, light_name, (), light_kwargs)
                 except Exception as exc:
                     if not _is_compile_exception(exc) or not may_need_the_full_header(str(exc), main_lightened):
                         raise  # as written, it would fail alike: no second build
@@ -94,11 +100,105 @@ def _count_extension_builds() -> None:
         full_name = content_addressed_name(name, args, kwargs)
         if (kept := kept_build(full_name, kwargs)) is not None:
             return kept
-        return original(full_name, *args, **kwargs)
+        return _timed_build(original, full_name, args, kwargs)
 
     # A build is CPU work: never inside a shared GPU hold (one called in a forward).
     cpp_extension.load_inline = gpu_lock.releasing(load_inline)
 
+
+
+_NVCC_REPORT = "kz_nvcc_report.jsonl"  # in the build dir: kz-nvcc's phases, one line per compile
+
+
+def _timed_build(build, name: str, args: tuple, kwargs: dict):
+    """load_inline(name, ...) as torch runs it, adding where its seconds went to build_parts(): the
+    call's wall time, ninja's steps (from the lines its log gained) and kz-nvcc's phases."""
+    directory = kwargs.get("build_directory") or _extension_build_dir(name)
+    ninja_log, nvcc_report = os.path.join(directory, ".ninja_log"), os.path.join(directory, _NVCC_REPORT)
+    _remove_quietly(nvcc_report)  # an earlier evaluation's build in this dir
+    os.environ["KZ_NVCC_REPORT"] = nvcc_report
+    log_size = os.path.getsize(ninja_log) if os.path.exists(ninja_log) else 0
+    started = time.monotonic()
+    try:
+        return build(name, *args, **kwargs)
+    finally:
+        _add_part("load_inline", time.monotonic() - started)
+        _add_ninja_parts(ninja_log, log_size)
+        _add_nvcc_parts(nvcc_report)
+
+
+def build_parts(compile_started=None) -> dict:
+    """Where this process's load_inline builds spent their seconds (a verdict's build_s, reported for
+    the throughput benchmark, never part of a reward; a candidate could write these files itself):
+      import_to_build   from the compile stage's start (compile_started, time.monotonic()) to the
+                        candidate's first load_inline call: its import up to there
+      load_inline       the calls that built (torch writing the sources and build.ninja, ninja, the
+                        import of the library)
+      ninja             ninja's span; ninja_cuda, ninja_cpp, ninja_link its steps (the .cu objects,
+                        main.cpp's, the link): the first two run side by side
+      nvcc_plan         kz-nvcc's `nvcc --dryrun` and set-up; nvcc_host_chain (host preprocessing,
+                        cudafe++); nvcc_device_wait (from the chains' start until the device chain
+                        started: 0 side by side, the host chain's time after it); nvcc_device_chain
+                        (device preprocessing, cicc, ptxas, fatbinary); nvcc_host_compile (the
+                        host compiler on cudafe++'s output, after both chains)
+    Sums over this process's builds; empty where none ran (no load_inline, or a kept build)."""
+    parts = dict(_build_parts)
+    if parts and compile_started is not None and _load_inline_calls:
+        parts["import_to_build"] = max(0.0, _load_inline_calls[0] - compile_started)
+    return parts
+
+
+def _add_part(name: str, seconds: float) -> None:
+    _build_parts[name] = _build_parts.get(name, 0.0) + seconds
+
+
+def _add_ninja_parts(ninja_log: str, size_before: int) -> None:
+    """ninja's log gains a line per step it ran (start and end in ms from ninja's start, then the
+    output); the lines after size_before are this build's (the whole log where ninja rewrote it)."""
+    try:
+        with open(ninja_log) as log:
+            if os.fstat(log.fileno()).st_size >= size_before:
+                log.seek(size_before)
+            lines = log.read().splitlines()
+    except OSError:
+        return
+    spans = []
+    for line in lines:
+        fields = line.split("\t")
+        if line.startswith("#") or len(fields) < 4 or not fields[0].isdigit() or not fields[1].isdigit():
+            continue
+        start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
+        spans.append((start, end))
+        step = "ninja_cuda" if output.endswith(".cuda.o") else "ninja_cpp" if output.endswith(".o") else "ninja_link"
+        _add_part(step, end - start)
+    if spans:
+        _add_part("ninja", max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def _add_nvcc_parts(report: str) -> None:
+    """kz-nvcc's line per compile ($KZ_NVCC_REPORT, eval/src/parallel_nvcc.cpp); none where nvcc
+    itself ran."""
+    try:
+        with open(report) as lines:
+            records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return
+    for record in records:
+        if "total_s" not in record:
+            continue  # nvcc ran itself, or the host chain failed
+        host, device_started, device_end = record["host_chain_s"], record["device_chain_started_s"], record["device_chain_s"]
+        _add_part("nvcc_plan", record.get("plan_s", 0.0))
+        _add_part("nvcc_host_chain", host)
+        _add_part("nvcc_device_wait", device_started)
+        _add_part("nvcc_device_chain", device_end - device_started)
+        _add_part("nvcc_host_compile", record["total_s"] - max(host, device_end))
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 # load_inline's build parses torch's headers three times over (nvcc's cudafe++ and cicc, then the
 # host compiler on the CUDA file; the host compiler on main.cpp). kz lightens both files, keeping what

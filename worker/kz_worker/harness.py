@@ -89,6 +89,7 @@ class Evaluation:
         self.guard = None
         self.replays = None
         self.gpu = gpu_lock.NoLock()
+        self.compile_started = None  # time.monotonic() at the compile stage's start
 
     def enter(self, stage: str) -> None:
         self.stage = stage
@@ -104,6 +105,8 @@ class Evaluation:
             self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
         self.result.update(self.gpu.report())
+        if build_s := formats.build_parts(self.compile_started):
+            self.result["build_s"] = build_s
         return self.result
 
     def _fail(self, status, message, checks):
@@ -145,6 +148,7 @@ class Evaluation:
         self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
 
         self.enter("compile")
+        self.compile_started = time.monotonic()
         model_class = formats.model_class_name(self.format, self.request["candidate_source"])
         candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
         self.guard.verify("importing the candidate")

@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -231,7 +232,9 @@ def recorded_builds(tmp_path, monkeypatch):
     for name in ("PYTORCH_NVCC", "KZ_REAL_NVCC"):  # recorded, so the test's own are undone after it
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    monkeypatch.setenv("KZ_NVCC_REPORT", str(tmp_path / "kz-nvcc.jsonl"))
+    monkeypatch.setenv("KZ_NVCC_REPORT", "")  # the wrapper points it into each build's dir
+    monkeypatch.setattr(formats, "_build_parts", {})  # a fresh worker's
+    monkeypatch.setattr(formats, "_load_inline_calls", [])
     formats._use_parallel_nvcc()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
     formats._count_extension_builds()
     return cpp_extension.load_inline, built, tmp_path
@@ -247,8 +250,33 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     main = (ext_dir / built[0] / "main.cpp").read_text()
     assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
     if os.environ.get("KZ_NVCC_SIDE_BY_SIDE") == "always":  # under CTest: nvcc was kz-nvcc, its two halves at once
-        report = [json.loads(line) for line in (ext_dir / "kz-nvcc.jsonl").read_text().splitlines()]
+        report = [json.loads(line) for line in (ext_dir / built[0] / formats._NVCC_REPORT).read_text().splitlines()]
         assert report and all(r["parallel"] and r["module_ids_agree"] and r["status"] == 0 for r in report), report
+
+
+def test_a_build_reports_where_its_seconds_went(recorded_builds):
+    load_inline, built, ext_dir = recorded_builds
+    compile_started = time.monotonic()
+    load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
+    parts = formats.build_parts(compile_started)
+    for step in ("load_inline", "ninja", "ninja_cuda", "ninja_cpp", "ninja_link", "import_to_build"):
+        assert step in parts, parts
+    assert parts["ninja"] <= parts["load_inline"]
+    assert max(parts["ninja_cuda"], parts["ninja_cpp"]) <= parts["ninja"] + 0.01  # ninja logs whole ms
+    assert parts["ninja_cuda"] + parts["ninja_link"] <= parts["ninja"] + 0.01, "the link follows the objects"
+    assert parts["ninja_cuda"] > 1.0, "nvcc over torch's headers takes seconds"
+    if os.environ.get("KZ_PARALLEL_NVCC"):  # under CTest: kz-nvcc, whose phases lie inside ninja's step
+        nvcc = ("nvcc_plan", "nvcc_host_chain", "nvcc_device_wait", "nvcc_device_chain", "nvcc_host_compile")
+        assert all(parts[name] >= 0 for name in nvcc), parts
+        chains = max(parts["nvcc_host_chain"], parts["nvcc_device_wait"] + parts["nvcc_device_chain"])
+        assert parts["nvcc_plan"] + chains + parts["nvcc_host_compile"] <= parts["ninja_cuda"] + 0.01, parts
+    # A second load of the same build runs no ninja step: nothing is added but the call.
+    before = dict(parts)
+    load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
+                cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
+    after = formats.build_parts(compile_started)
+    assert {k: after[k] for k in after if k != "load_inline"} == {k: before[k] for k in before if k != "load_inline"}
 
 
 def keep_like_the_supervisor(ext_dir, kept_dir):

@@ -129,6 +129,11 @@ struct Verdict {
   // comparing the sampled outputs and inputs copied in the hold), measured by the worker. Empty when
   // not timed.
   std::vector<std::pair<std::string, double>> timing_after_hold_s;
+  // Where a `cuda` candidate's load_inline build spent its seconds (import_to_build, load_inline,
+  // ninja and its steps, kz-nvcc's phases: worker/kz_worker/formats.py, build_parts), reported by
+  // the worker that built; for a pre-built candidate, its pre-build's, with "worker_start" (that
+  // worker's stages before compile). Diagnostics for the throughput report. Empty when nothing built.
+  std::vector<std::pair<std::string, double>> build_s;
   // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
   // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
@@ -142,5 +147,17 @@ Result<Verdict> verdict_from_json(const nlohmann::json& json);
 
 // Builds the verdict for a failure the supervisor detects itself (timeout, crash, ...).
 Verdict make_verdict(EvalStatus status, std::vector<Check> checks, std::string message);
+
+// A `cuda` candidate's finished compile-only pre-build (kz eval-suite, kz serve-eval), for the
+// evaluation that follows it: when it started (seconds from the batch's start), its wall seconds,
+// and where they went (its build_s, with "worker_start": its worker's startup and load_reference).
+struct PreBuild {
+  double started_s = 0, seconds = 0;
+  std::vector<std::pair<std::string, double>> build_s;
+};
+PreBuild prebuild_of(const Verdict& build_verdict, double started_s);
+// Puts the pre-build on the verdict of the evaluation after it (prebuild_started_s, prebuild_s,
+// build_s).
+void attach_prebuild(Verdict& verdict, const PreBuild& prebuild);
 
 }  // namespace kz
