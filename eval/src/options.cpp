@@ -49,6 +49,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.fork_server", o.worker.fork_server},
       {"worker.zygote", o.worker.zygote},
       {"worker.parallel_nvcc", o.worker.parallel_nvcc},
+      {"worker.nvcc_side_by_side", o.worker.nvcc_side_by_side},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
@@ -100,6 +101,8 @@ Status EvalOptions::validate() const {
     return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
+  if (worker.nvcc_side_by_side != "idle" && worker.nvcc_side_by_side != "always")
+    return invalid_argument(fmt::format("worker.nvcc_side_by_side \"{}\": expected idle or always", worker.nvcc_side_by_side));
   if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
     return invalid_argument(
         fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));

@@ -85,7 +85,10 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   if (!setup.bytecode_prefix.empty()) env["PYTHONPYCACHEPREFIX"] = setup.bytecode_prefix.string();
   if (!setup.lighter_builds_dir.empty()) env["KZ_LIGHTER_BUILDS_DIR"] = setup.lighter_builds_dir.string();
   if (!setup.triton_helpers_dir.empty()) env["KZ_TRITON_HELPERS_DIR"] = setup.triton_helpers_dir.string();
-  if (!setup.parallel_nvcc.empty()) env["KZ_PARALLEL_NVCC"] = setup.parallel_nvcc.string();
+  if (!setup.parallel_nvcc.empty()) {
+    env["KZ_PARALLEL_NVCC"] = setup.parallel_nvcc.string();
+    env["KZ_NVCC_SIDE_BY_SIDE"] = setup.nvcc_side_by_side;
+  }
   if (setup.cuda_connections > 0) env["CUDA_DEVICE_MAX_CONNECTIONS"] = std::to_string(setup.cuda_connections);
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -655,6 +658,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
     fs::path tool = env_or("KZ_PARALLEL_NVCC", KZ_DEFAULT_PARALLEL_NVCC);
     std::error_code missing;
     if (!tool.empty() && fs::exists(tool, missing)) setup.parallel_nvcc = fs::absolute(tool);
+    setup.nvcc_side_by_side = options.nvcc_side_by_side;
   }
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;
