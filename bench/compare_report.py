@@ -446,7 +446,7 @@ def build_part_lines(builds: list, last: dict) -> list:
     if ninja := cells(_NINJA_STEPS):
         lines.append(f"      ninja's steps (nvcc and main.cpp side by side, then the link): {ninja}")
     if nvcc := cells(_NVCC_STEPS):
-        lines.append(f"      kz-nvcc (the device chain beside the host chain once a core is idle, then the host compile): {nvcc}")
+        lines.append(f"      kz-nvcc (its host and device chains, the device one after waiting where it waited, then the host compile): {nvcc}")
     return lines
 
 

@@ -40,7 +40,7 @@ struct WorkerSetup {
   // Workers' KZ_PARALLEL_NVCC: kz-nvcc, which their load_inline runs as nvcc ([worker] parallel_nvcc).
   // Empty: nvcc itself.
   std::filesystem::path parallel_nvcc;
-  std::string nvcc_side_by_side = "idle";  // workers' KZ_NVCC_SIDE_BY_SIDE ([worker] nvcc_side_by_side)
+  std::string nvcc_side_by_side = "always";  // workers' KZ_NVCC_SIDE_BY_SIDE ([worker] nvcc_side_by_side)
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
