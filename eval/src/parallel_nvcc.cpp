@@ -547,12 +547,17 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   if (parallel && !chain_failed(device, plan->device_chain.size())) {
     Result<std::string> host_id = read_file(plan->module_id_file), device_id = read_file(plan->own_module_id_file);
     line["module_ids_agree"] = host_id.ok() && device_id.ok() && *host_id == *device_id;
-    if (!line["module_ids_agree"]) device = run_chain(plan->device_chain, environment, signalled);  // cudafe++'s id
+    if (!line["module_ids_agree"]) {  // again, with cudafe++'s id
+      double rerun_started_s = seconds_since(started);
+      device = run_chain(plan->device_chain, environment, signalled);
+      line["device_rerun_s"] = seconds_since(started) - rerun_started_s;
+    }
   }
   if (signalled()) end_by_signal(stop_signal, keep.path);
   int status = emit(host);
   if (status == 0) status = emit(device);
   if (status == 0) {
+    line["final_started_s"] = seconds_since(started);  // the host compile's start
     std::vector<Outcome> final_outcomes = run_chain(plan->final_commands, environment, signalled);
     if (signalled()) end_by_signal(stop_signal, keep.path);
     status = emit(final_outcomes);

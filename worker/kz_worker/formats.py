@@ -13,6 +13,7 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -117,14 +118,23 @@ def _timed_build(build, name: str, args: tuple, kwargs: dict):
     ninja_log, nvcc_report = os.path.join(directory, ".ninja_log"), os.path.join(directory, _NVCC_REPORT)
     _remove_quietly(nvcc_report)  # an earlier evaluation's build in this dir
     os.environ["KZ_NVCC_REPORT"] = nvcc_report
-    log_size = os.path.getsize(ninja_log) if os.path.exists(ninja_log) else 0
-    started = time.monotonic()
     try:
-        return build(name, *args, **kwargs)
+        log_size = os.path.getsize(ninja_log)
+    except OSError:
+        log_size = 0
+    started, built = time.monotonic(), False
+    try:
+        module = build(name, *args, **kwargs)
+        built = True
+        return module
     finally:
-        _add_part("load_inline", time.monotonic() - started)
-        _add_ninja_parts(ninja_log, log_size)
-        _add_nvcc_parts(nvcc_report)
+        try:  # diagnostics: never in the way of the build's module or its error
+            _add_part("load_inline", time.monotonic() - started)
+            if built:  # ninja logs only the steps that succeeded: a failed build's would read as fast
+                _add_ninja_parts(ninja_log, log_size)
+            _add_nvcc_parts(nvcc_report)
+        except Exception:
+            pass
 
 
 def build_parts(compile_started=None) -> dict:
@@ -135,63 +145,90 @@ def build_parts(compile_started=None) -> dict:
       load_inline       the calls that built (torch writing the sources and build.ninja, ninja, the
                         import of the library)
       ninja             ninja's span; ninja_cuda, ninja_cpp, ninja_link its steps (the .cu objects,
-                        main.cpp's, the link): the first two run side by side
+                        main.cpp's, the link): the first two run side by side. Only from builds that
+                        succeeded (ninja logs no failed step)
       nvcc_plan         kz-nvcc's `nvcc --dryrun` and set-up; nvcc_host_chain (host preprocessing,
                         cudafe++); nvcc_device_wait (from the chains' start until the device chain
                         started: 0 side by side, the host chain's time after it); nvcc_device_chain
-                        (device preprocessing, cicc, ptxas, fatbinary); nvcc_host_compile (the
-                        host compiler on cudafe++'s output, after both chains)
-    Sums over this process's builds; empty where none ran (no load_inline, or a kept build)."""
-    parts = dict(_build_parts)
-    if parts and compile_started is not None and _load_inline_calls:
-        parts["import_to_build"] = max(0.0, _load_inline_calls[0] - compile_started)
+                        (device preprocessing, cicc, ptxas, fatbinary, and its rerun where the two
+                        module ids differed); nvcc_host_compile (the host compiler on cudafe++'s
+                        output, after both chains)
+    Sums over this process's builds; empty where none ran (no load_inline, or a kept build). Only
+    names and finite seconds: the candidate runs in this process and could put anything there."""
+    parts = {name: seconds for name, seconds in _build_parts.items() if _is_seconds(name, seconds)}
+    first_call = _load_inline_calls[0] if _load_inline_calls else None
+    if parts and _is_seconds("", compile_started) and _is_seconds("", first_call):
+        parts["import_to_build"] = max(0.0, first_call - compile_started)
     return parts
 
 
+def _is_seconds(name, value) -> bool:
+    return type(name) is str and type(value) is float and math.isfinite(value)
+
+
 def _add_part(name: str, seconds: float) -> None:
-    _build_parts[name] = _build_parts.get(name, 0.0) + seconds
+    _build_parts[name] = _build_parts.get(name, 0.0) + float(seconds)
+
+
+def _read_lines(path: str) -> list:
+    """The file's lines (undecodable bytes replaced), or none where it cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            return file.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+_NINJA_LOG_LINE = re.compile(r"([0-9]+)\t([0-9]+)\t[^\t]*\t([^\t]+)\t")
 
 
 def _add_ninja_parts(ninja_log: str, size_before: int) -> None:
-    """ninja's log gains a line per step it ran (start and end in ms from ninja's start, then the
-    output); the lines after size_before are this build's (the whole log where ninja rewrote it)."""
+    """ninja's log gains a line per step that succeeded (start and end in ms from ninja's start, its
+    mtime, the output, its command's hash; the same columns in logs v5-v7); the lines after
+    size_before are this build's (the whole log where ninja rewrote it, which it does only past
+    ~100 entries)."""
     try:
-        with open(ninja_log) as log:
+        with open(ninja_log, "rb") as log:
             if os.fstat(log.fileno()).st_size >= size_before:
                 log.seek(size_before)
-            lines = log.read().splitlines()
+            lines = log.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return
     spans = []
     for line in lines:
-        fields = line.split("\t")
-        if line.startswith("#") or len(fields) < 4 or not fields[0].isdigit() or not fields[1].isdigit():
-            continue
-        start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
-        spans.append((start, end))
+        if not (match := _NINJA_LOG_LINE.match(line)):
+            continue  # the header, or a line torn by a concurrent write
+        start_ms, end_ms, output = int(match[1]), int(match[2]), match[3]
+        spans.append((start_ms, end_ms))
         step = "ninja_cuda" if output.endswith(".cuda.o") else "ninja_cpp" if output.endswith(".o") else "ninja_link"
-        _add_part(step, end - start)
+        _add_part(step, (end_ms - start_ms) / 1000)
     if spans:
-        _add_part("ninja", max(end for _, end in spans) - min(start for start, _ in spans))
+        _add_part("ninja", (max(end for _, end in spans) - min(start for start, _ in spans)) / 1000)
+
+
+_NVCC_PHASES = ("plan_s", "host_chain_s", "device_chain_started_s", "device_chain_s", "final_started_s", "total_s")
 
 
 def _add_nvcc_parts(report: str) -> None:
-    """kz-nvcc's line per compile ($KZ_NVCC_REPORT, eval/src/parallel_nvcc.cpp); none where nvcc
-    itself ran."""
-    try:
-        with open(report) as lines:
-            records = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError):
-        return
-    for record in records:
-        if "total_s" not in record:
-            continue  # nvcc ran itself, or the host chain failed
-        host, device_started, device_end = record["host_chain_s"], record["device_chain_started_s"], record["device_chain_s"]
-        _add_part("nvcc_plan", record.get("plan_s", 0.0))
-        _add_part("nvcc_host_chain", host)
-        _add_part("nvcc_device_wait", device_started)
-        _add_part("nvcc_device_chain", device_end - device_started)
-        _add_part("nvcc_host_compile", record["total_s"] - max(host, device_end))
+    """kz-nvcc's line per compile ($KZ_NVCC_REPORT, eval/src/parallel_nvcc.cpp; seconds from its
+    chains' start); none where nvcc itself ran or a chain failed (no final_started_s)."""
+    for line in _read_lines(report):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        phases = {key: record.get(key) for key in _NVCC_PHASES}
+        if not all(type(value) in (int, float) and math.isfinite(value) for value in phases.values()):
+            continue
+        rerun = record.get("device_rerun_s", 0.0)
+        rerun = rerun if type(rerun) in (int, float) and math.isfinite(rerun) else 0.0
+        _add_part("nvcc_plan", phases["plan_s"])
+        _add_part("nvcc_host_chain", phases["host_chain_s"])
+        _add_part("nvcc_device_wait", phases["device_chain_started_s"])
+        _add_part("nvcc_device_chain", phases["device_chain_s"] - phases["device_chain_started_s"] + rerun)
+        _add_part("nvcc_host_compile", phases["total_s"] - phases["final_started_s"])
 
 
 def _remove_quietly(path: str) -> None:

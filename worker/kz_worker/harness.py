@@ -105,8 +105,11 @@ class Evaluation:
             self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
         self.result.update(self.gpu.report())
-        if build_s := formats.build_parts(self.compile_started):
-            self.result["build_s"] = build_s
+        try:  # diagnostics: never in the way of the verdict
+            if build_s := formats.build_parts(self.compile_started):
+                self.result["build_s"] = build_s
+        except Exception:
+            pass
         return self.result
 
     def _fail(self, status, message, checks):

@@ -4,6 +4,7 @@ with lighter headers where they compile so, as written where not."""
 import functools
 import json
 import os
+import pathlib
 import re
 import time
 
@@ -277,6 +278,60 @@ def test_a_build_reports_where_its_seconds_went(recorded_builds):
                 cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
     after = formats.build_parts(compile_started)
     assert {k: after[k] for k in after if k != "load_inline"} == {k: before[k] for k in before if k != "load_inline"}
+
+
+@pytest.fixture
+def fresh_parts(monkeypatch):
+    monkeypatch.setattr(formats, "_build_parts", {})
+    monkeypatch.setattr(formats, "_load_inline_calls", [])
+    monkeypatch.setenv("KZ_NVCC_REPORT", "")
+
+
+def test_build_parts_come_from_ninjas_log_and_kz_nvccs_report(tmp_path, fresh_parts):
+    def build(name, build_directory):  # what ninja and kz-nvcc leave, without compiling
+        (tmp_path / ".ninja_log").write_text("# ninja log v6\n0\t6000\t1\tkz.cuda.o\tab\n"
+                                             "10\t2010\t1\tmain.o\tcd\n6000\t6500\t1\tkz.so\tef\n")
+        report = {"parallel": True, "plan_s": 0.25, "host_chain_s": 3.0, "device_chain_started_s": 0.5,
+                  "device_chain_s": 2.5, "device_rerun_s": 1.0, "final_started_s": 4.0, "total_s": 5.5}
+        pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text(json.dumps(report) + "\n")
+        return "module"
+    assert formats._timed_build(build, "kz_parts", (), {"build_directory": str(tmp_path)}) == "module"
+    parts = formats.build_parts()
+    assert {k: parts[k] for k in parts if k != "load_inline"} == {
+        "ninja_cuda": 6.0, "ninja_cpp": 2.0, "ninja_link": 0.5, "ninja": 6.5, "nvcc_plan": 0.25,
+        "nvcc_host_chain": 3.0, "nvcc_device_wait": 0.5, "nvcc_device_chain": 3.0, "nvcc_host_compile": 1.5}
+    assert "import_to_build" not in parts, "no compile stage start given"
+
+
+@pytest.mark.parametrize("report, log", [
+    (b'1\n"total_s"\n{"total_s": 1}\n{"plan_s": "x"}\n[]\n', "\u00b2\t5\t1\tx.o\th\n".encode()),
+    (b"\xff\xfe{not json\n", b"12\t\n\t\t\t\n\xff\t1\t1\tx.o\th\n"),
+    (None, None),
+])
+def test_a_malformed_report_or_log_never_gets_in_the_builds_way(tmp_path, fresh_parts, report, log):
+    def build(name, build_directory):
+        if report is not None:
+            pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_bytes(report)
+            (tmp_path / ".ninja_log").write_bytes(log)
+        return "module"
+    assert formats._timed_build(build, "kz_bad", (), {"build_directory": str(tmp_path)}) == "module"
+    assert set(formats.build_parts()) == {"load_inline"}
+
+
+def test_a_failed_build_keeps_its_error_and_reports_no_ninja_steps(tmp_path, fresh_parts):
+    def build(name, build_directory):
+        (tmp_path / ".ninja_log").write_text("# ninja log v6\n0\t900\t1\tmain.o\tcd\n")
+        pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text("not json\n")
+        raise RuntimeError("Error building extension 'kz_broken'")
+    with pytest.raises(RuntimeError, match="kz_broken"):
+        formats._timed_build(build, "kz_broken", (), {"build_directory": str(tmp_path)})
+    assert set(formats.build_parts()) == {"load_inline"}, "ninja logs no failed step: main.o alone would mislead"
+
+
+def test_only_names_and_finite_seconds_leave_build_parts(fresh_parts):
+    formats._build_parts.update({"load_inline": 2.0, ("a",): 1.0, "nan": float("nan"), "text": "1"})
+    formats._load_inline_calls.append(None)  # what a candidate in the process could do
+    assert formats.build_parts(0.5) == {"load_inline": 2.0}
 
 
 def keep_like_the_supervisor(ext_dir, kept_dir):
