@@ -220,6 +220,8 @@ std::string protocol_fingerprint(const EvalOptions& options) {
   j["sandbox"] = {{"enabled", s.enabled},
                   {"cpu_time_s", s.cpu_time_s},
                   {"file_size_mb", s.file_size_mb},
+                  {"scratch_mb", s.scratch_mb},
+                  {"scratch_files", s.scratch_files},
                   {"max_processes", s.max_processes},
                   {"memory_mb", s.memory_mb},
                   {"open_files", s.open_files},

@@ -59,6 +59,8 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.enabled", o.sandbox.enabled},
       {"sandbox.cpu_time_s", o.sandbox.cpu_time_s},
       {"sandbox.file_size_mb", o.sandbox.file_size_mb},
+      {"sandbox.scratch_mb", o.sandbox.scratch_mb},
+      {"sandbox.scratch_files", o.sandbox.scratch_files},
       {"sandbox.max_processes", o.sandbox.max_processes},
       {"sandbox.memory_mb", o.sandbox.memory_mb},
       {"sandbox.open_files", o.sandbox.open_files},
@@ -93,7 +95,7 @@ Status EvalOptions::validate() const {
                    tolerance.rtol_half, tolerance.norm_tol_half})
     if (t < 0) return invalid_argument("tolerances must be non-negative");
   if (sandbox.cpu_time_s < 0 || sandbox.file_size_mb < 0 || sandbox.max_processes < 0 || sandbox.memory_mb < 0 ||
-      sandbox.open_files < 0 || sandbox.shm_mb < 0)
+      sandbox.open_files < 0 || sandbox.shm_mb < 0 || sandbox.scratch_mb < 0 || sandbox.scratch_files < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");

@@ -153,6 +153,13 @@ std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options
       message = fmt::format("a write went past the file size limit ({} MB, RLIMIT_FSIZE); the worker was killed",
                             options.file_size_mb);
       break;
+    case LimitHit::scratch:
+      check = Check::scratch_limit;
+      message = fmt::format(
+          "the worker's scratch dir held more than {} MB or {} files (sandbox.scratch_mb, scratch_files); the "
+          "worker was killed",
+          options.scratch_mb, options.scratch_files);
+      break;
     case LimitHit::processes:
       check = Check::process_limit;
       message = fmt::format(

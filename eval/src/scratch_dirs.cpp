@@ -147,6 +147,24 @@ int sweep_dead_owners(const fs::path& parent) {
   return removed;
 }
 
+std::optional<std::string> scratch_over_bound(const fs::path& dir, const ScratchBound& bound) {
+  if (!bound.any()) return std::nullopt;
+  uint64_t bytes = 0, entries = 0;
+  std::error_code error;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, error);
+  for (; !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    struct stat info {};
+    if (::lstat(it->path().c_str(), &info) != 0) continue;  // gone since listed
+    bytes += static_cast<uint64_t>(info.st_blocks) * 512;
+    ++entries;
+    if (bound.max_bytes > 0 && bytes > bound.max_bytes)
+      return fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb)", bound.max_bytes >> 20);
+    if (bound.max_entries > 0 && entries > bound.max_entries)
+      return fmt::format("its scratch dir held more than {} files (sandbox.scratch_files)", bound.max_entries);
+  }
+  return std::nullopt;
+}
+
 Result<fs::path> make_scratch_dir(const fs::path& scratch_root, const std::string& prefix, bool keep) {
   auto parent = scratch_parent(scratch_root);
   if (!parent.ok()) return parent.status();

@@ -38,6 +38,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // How long a fork server may take, after its child's result, to report the child gone.
 constexpr std::chrono::seconds kServerCleanUp{30};
+// How often the supervisor looks at what a running worker's scratch dir holds (ScratchBound).
+constexpr std::chrono::milliseconds kScratchLook{500};
 // How long a zygote may take to fork a server: its first answer comes once its imports are done
 // (~4 s on a busy H200 host).
 constexpr std::chrono::seconds kZygoteAnswer{120};
@@ -206,9 +208,10 @@ class TimingPriority {
 
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
 // (fork_server) relays its child's messages, then reports the child gone ("fork_server_done"); a
-// worker started for one request is killed once its result is in.
+// worker started for one request is killed once its result is in. Every kScratchLook, and at the
+// result, it looks at what `scratch` holds, and kills the worker past `bound` (LimitHit::scratch).
 Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server, const std::string& token,
-                     int timing_niceness) {
+                     int timing_niceness, const fs::path& scratch, const ScratchBound& bound) {
   std::string stage = "startup";
   TimingPriority priority(worker.pid(), timing_niceness);
   StageClock clock;
@@ -220,10 +223,25 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
     bool server_failed = fork_server && !child_spoke && outcome.kind == WorkerOutcome::Kind::crashed;
     return Supervised{with_stages(std::move(outcome), clock, stage), reusable, server_failed};
   };
+  decltype(deadline) next_look = Clock::now() + kScratchLook;  // deadline's clock and representation
+  // Past the bound: the worker is killed, whatever it says next (its result included).
+  auto scratch_overfull = [&]() -> std::optional<Supervised> {
+    next_look = Clock::now() + kScratchLook;
+    auto over = scratch_over_bound(scratch, bound);
+    if (!over) return std::nullopt;
+    worker.kill_and_reap();
+    WorkerOutcome outcome = failed(WorkerOutcome::Kind::crashed, stage, "the worker was killed: " + *over);
+    outcome.limit_hit = LimitHit::scratch;
+    return finish(std::move(outcome), false);
+  };
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (bound.any() && Clock::now() >= next_look)
+      if (auto overfull = scratch_overfull()) return std::move(*overfull);
+    auto until = bound.any() ? std::min(deadline, next_look) : deadline;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
     std::string line;
     auto event = worker.read_message(line, std::max(left, std::chrono::milliseconds(0)));
+    if (event == Process::ReadEvent::timeout && Clock::now() < deadline) continue;  // time for a look
     if (event == Process::ReadEvent::timeout && result) {  // the result is in; the server did not finish
       worker.kill_and_reap();
       return finish({WorkerOutcome::Kind::result, std::move(*result), stage}, false);
@@ -262,6 +280,8 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
       priority.enter(stage);
       deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
     } else if (type == "result") {
+      if (bound.any())
+        if (auto overfull = scratch_overfull()) return std::move(*overfull);
       result = std::move(message);
       if (!fork_server) {
         worker.wait_for(std::chrono::seconds(10));
@@ -555,7 +575,7 @@ bool clear_scratch(const StartedWorker& server) {
 
 Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
                            const std::function<nlohmann::json(const fs::path&)>& make_request,
-                           const StageDeadline& deadline_s, int timing_niceness) {
+                           const StageDeadline& deadline_s, const WorkerSetup& setup) {
   nlohmann::json request_json = make_request(request_scratch);
   std::string token = message_token();
   request_json["message_token"] = token;
@@ -568,7 +588,8 @@ Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratc
   } else {
     process.send_stdin(request);
   }
-  Supervised supervised = supervise(process, deadline_s, fork_server, token, timing_niceness);
+  Supervised supervised =
+      supervise(process, deadline_s, fork_server, token, setup.timing_niceness, worker.scratch, setup.scratch_bound);
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
   outcome.sandbox = process.sandbox();
@@ -599,8 +620,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
   if (!fs::create_directory(request_scratch, error))  // never one a child left behind
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
                                       error ? error.message() : "it exists already"));
-  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s,
-                                          setup.timing_niceness);
+  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s, setup);
   auto& stages = supervised.outcome.stage_s;
   if (!stages.empty() && stages.front().first == "startup") stages.front().second += spawn_s;
   supervised.outcome.server_wait_s = spawn_s;
@@ -683,8 +703,7 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   if (!setup.fork_server) {
     auto worker = start_worker(setup, scratch_prefix, customize);
     if (!worker.ok()) return worker.status();
-    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s,
-                                            setup.timing_niceness);
+    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s, setup);
     if (after_request) after_request(worker->scratch);
     return std::move(supervised.outcome);
   }

@@ -127,6 +127,35 @@ TEST_F(ScratchDirsTest, AKilledProcesssDirIsSweptByTheNextProcess) {
   EXPECT_TRUE(fs::is_directory(*mine));
 }
 
+TEST_F(ScratchDirsTest, AScratchDirPastItsBoundIsFoundByBytesOrByEntries) {
+  fs::path dir = root_ / "worker";
+  fs::create_directories(dir / "sub");
+  EXPECT_FALSE(scratch_over_bound(dir, {})) << "no bound";
+  std::string mebibyte(1 << 20, 'x');
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(write_file_atomic(dir / "sub" / std::to_string(i), mebibyte).is_ok());
+  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20, .max_entries = 10}));
+  auto bytes = scratch_over_bound(dir, {.max_bytes = 2 << 20});
+  ASSERT_TRUE(bytes);
+  EXPECT_NE(bytes->find("more than 2 MB"), std::string::npos) << *bytes;
+  auto entries = scratch_over_bound(dir, {.max_entries = 3});  // sub and its three files
+  ASSERT_TRUE(entries);
+  EXPECT_NE(entries->find("more than 3 files"), std::string::npos) << *entries;
+
+  // What a file uses, not its length: a sparse 1 TiB file holds almost nothing.
+  int fd = ::open((dir / "sparse").c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, off_t{1} << 40), 0);
+  ::close(fd);
+  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20}));
+  // A link out of the dir is not followed: what it points at is not the worker's.
+  fs::path outside = root_ / "outside";
+  fs::create_directories(outside);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(write_file_atomic(outside / std::to_string(i), mebibyte).is_ok());
+  fs::create_directory_symlink(outside, dir / "link");
+  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20}));
+  EXPECT_FALSE(scratch_over_bound(root_ / "gone", {.max_bytes = 1})) << "nothing to read: within";
+}
+
 TEST(ScrubScratchPaths, WritesEveryScratchPathAsScratch) {
   EXPECT_EQ(scrub_scratch_paths("File \"/tmp/kz-scratch-0/kz-eval-Wn7ipQ/request-4-0123456789abcdef/candidate.py\", "
                                 "line 3"),

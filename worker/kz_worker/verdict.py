@@ -52,6 +52,7 @@ FORGED_MESSAGE = "forged_message"                      # supervisor: a message w
 # Sandbox checks (the supervisor's limits, and sandbox.py's audit hook in the worker).
 CPU_LIMIT = "cpu_limit"                # killed at its CPU-time limit (SIGXCPU)
 FILE_SIZE_LIMIT = "file_size_limit"    # a write past the file size limit (SIGXFSZ / EFBIG)
+SCRATCH_LIMIT = "scratch_limit"        # the scratch dir past [sandbox] scratch_mb / scratch_files (the supervisor's)
 PROCESS_LIMIT = "process_limit"        # more processes/threads than the cap; the group was killed
 MEMORY_LIMIT = "memory_limit"          # an allocation refused (CPU address-space limit, GPU memory fraction)
 NETWORK_ACCESS = "network_access"      # a socket connect / sendto

@@ -118,8 +118,9 @@ struct SandboxReport {
 // empty when all of it holds.
 std::vector<std::string> missing_isolation(const ProcessSpec& spec, const SandboxReport& report);
 
-// Which limit ended (or, for `processes`, was crossed by) a sandboxed process.
-enum class LimitHit { none, cpu_time, file_size, processes };
+// Which limit ended (or, for `processes`, was crossed by) a sandboxed process. `scratch` is the
+// caller's own bound on what its scratch dir holds (the eval supervisor's; Process never sets it).
+enum class LimitHit { none, cpu_time, file_size, processes, scratch };
 
 struct ExitInfo {
   bool exited = false;      // exited normally (exit_code valid)

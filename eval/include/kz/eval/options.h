@@ -123,6 +123,12 @@ struct SandboxOptions {
   double cpu_time_s = 3600;      // RLIMIT_CPU per process (all its threads): far above the stage timeouts'
                                  // sum of wall time for one thread; a backstop, not the hang detector
   int file_size_mb = 1024;       // RLIMIT_FSIZE: no file written past this (a torch extension is ~10s of MB)
+  // The worker's scratch dir in all (its files' allocated bytes, and its entries): the supervisor
+  // looks every 0.5 s while it runs and kills it past either, so a candidate cannot fill the disk
+  // with many files under the per-file limit. A bound looked at, not a quota: between two looks a
+  // candidate can write what the disk takes in 0.5 s. 0: no bound.
+  int scratch_mb = 4096;
+  int scratch_files = 100000;
   int max_processes = 2048;      // tasks (processes + threads) of the worker and its children; nvcc builds
                                  // run MAX_JOBS = cores compilers at once
   int memory_mb = 32768;         // RLIMIT_AS (address space), CPU device only: CUDA reserves TBs of address

@@ -9,7 +9,9 @@
 // namespaces (containers sharing /tmp) and pid reuse.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "kz/core/status.h"
@@ -33,6 +35,18 @@ std::string request_dir_name(int n);
 // request dir's name): what a worker's traceback says must not tell a later candidate where a fork
 // server runs its next request.
 std::string scrub_scratch_paths(const std::string& text);
+
+// How much a worker may keep in its scratch dir ([sandbox] scratch_mb, scratch_files); 0: no bound.
+struct ScratchBound {
+  uint64_t max_bytes = 0;
+  uint64_t max_entries = 0;
+  bool any() const { return max_bytes > 0 || max_entries > 0; }
+};
+
+// Where `dir` holds more than `bound` allows (its entries' allocated bytes, st_blocks, so a sparse
+// file counts what it uses; its files, dirs and links, not following links): what it holds, for
+// the verdict. nullopt within the bound or where nothing could be read. The walk stops once past.
+std::optional<std::string> scratch_over_bound(const std::filesystem::path& dir, const ScratchBound& bound);
 
 // Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
 // files; returns how many dirs went. Called by make_scratch_dir once per parent and process.

@@ -39,7 +39,7 @@ namespace kz {
   X(wrong_during_timing) X(background_thread) X(inherits_reference)             \
   X(side_stream) X(tensor_subclass) X(harness_access) X(forged_message)         \
   /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
-  X(cpu_limit) X(file_size_limit) X(process_limit) X(memory_limit)              \
+  X(cpu_limit) X(file_size_limit) X(scratch_limit) X(process_limit) X(memory_limit) \
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
   X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 

@@ -20,6 +20,7 @@
 #include "kz/core/status.h"
 #include "kz/core/subprocess.h"
 #include "kz/eval/options.h"
+#include "kz/eval/scratch_dirs.h"
 
 namespace kz {
 
@@ -60,6 +61,9 @@ struct WorkerSetup {
   // set by the supervisor at the stage message and set back at the next (or at the request's end).
   // 0: left as is.
   int timing_niceness = 0;
+  // What a worker's scratch dir may hold ([sandbox] scratch_mb, scratch_files): the supervisor looks
+  // every kScratchLook while the worker runs and kills it past the bound (LimitHit::scratch).
+  ScratchBound scratch_bound;
 };
 
 // Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
