@@ -86,6 +86,7 @@ Result<ModuleVerdict> validate_module(const std::string& source, const std::vect
   KZ_RETURN_IF_ERROR(options.validate());
   auto setup = resolve_worker_setup(options.worker, options.device);
   if (!setup.ok()) return setup.status();
+  setup->scratch_bound = scratch_bound(options.sandbox);
   // Python's own compiler first, in a long-lived interpreter (kz/eval/syntax_check.h): a module
   // that is not valid Python costs a millisecond, not a worker. The worker's check says the same.
   if (options.worker.syntax_check)

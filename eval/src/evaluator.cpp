@@ -196,9 +196,7 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
   setup.require_isolation = options_.sandbox.enabled && options_.sandbox.require_isolation;
   setup.timing_niceness = mode == EvalMode::full ? options_.timing.niceness : 0;  // builds never time
-  if (options_.sandbox.enabled)
-    setup.scratch_bound = {static_cast<uint64_t>(options_.sandbox.scratch_mb) << 20,
-                           static_cast<uint64_t>(options_.sandbox.scratch_files)};
+  setup.scratch_bound = scratch_bound(options_.sandbox);
   // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or
   // `cuda` pre-builds (one per core), so that the next batch's first wave finds them all prepared.

@@ -137,6 +137,11 @@ nlohmann::json sandbox_request_json(const SandboxOptions& options) {
           {"gpu_memory_fraction", options.gpu_memory_fraction}};
 }
 
+ScratchBound scratch_bound(const SandboxOptions& options) {
+  if (!options.enabled) return {};
+  return {static_cast<uint64_t>(options.scratch_mb) << 20, static_cast<uint64_t>(options.scratch_files)};
+}
+
 std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options, const Verdict& verdict) {
   Check check = Check::cpu_limit;
   std::string message;
@@ -155,10 +160,8 @@ std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options
       break;
     case LimitHit::scratch:
       check = Check::scratch_limit;
-      message = fmt::format(
-          "the worker's scratch dir held more than {} MB or {} files (sandbox.scratch_mb, scratch_files); the "
-          "worker was killed",
-          options.scratch_mb, options.scratch_files);
+      // The supervisor's own words (scratch_over_bound): which bound, or why it could not measure.
+      message = verdict.message;
       break;
     case LimitHit::processes:
       check = Check::process_limit;

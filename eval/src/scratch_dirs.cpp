@@ -1,5 +1,6 @@
 #include "kz/eval/scratch_dirs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -147,22 +149,82 @@ int sweep_dead_owners(const fs::path& parent) {
   return removed;
 }
 
-std::optional<std::string> scratch_over_bound(const fs::path& dir, const ScratchBound& bound) {
-  if (!bound.any()) return std::nullopt;
+namespace {
+
+// What scratch_over_bound has seen so far, and its verdict once one is reached.
+struct ScratchWalk {
+  const ScratchBound& bound;
   uint64_t bytes = 0, entries = 0;
-  std::error_code error;
-  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, error);
-  for (; !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
-    struct stat info {};
-    if (::lstat(it->path().c_str(), &info) != 0) continue;  // gone since listed
+  std::optional<std::string> over;
+
+  bool count(const struct stat& info) {
     bytes += static_cast<uint64_t>(info.st_blocks) * 512;
     ++entries;
     if (bound.max_bytes > 0 && bytes > bound.max_bytes)
-      return fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb)", bound.max_bytes >> 20);
-    if (bound.max_entries > 0 && entries > bound.max_entries)
-      return fmt::format("its scratch dir held more than {} files (sandbox.scratch_files)", bound.max_entries);
+      over = fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb)", bound.max_bytes >> 20);
+    else if (bound.max_entries > 0 && entries > bound.max_entries)
+      over = fmt::format("its scratch dir held more than {} files (sandbox.scratch_files)", bound.max_entries);
+    return !over;
   }
-  return std::nullopt;
+  bool refuse(const std::string& why) {
+    over = "its scratch dir could not be measured: " + why;
+    return false;
+  }
+};
+
+constexpr int kMaxScratchDepth = 64;  // deeper is no build's and would cost a descriptor a level
+
+// Counts what directory `fd` (owned, closed here) holds, through descriptors: no path is ever
+// resolved again, so neither depth nor name length hides anything, and no link is followed. An
+// entry gone since listed is skipped (the candidate may be removing files); any other error is
+// a verdict, since a tree the supervisor cannot read is one it cannot bound. False once `walk`
+// has its verdict.
+bool walk_directory(int fd, int depth, ScratchWalk& walk) {
+  DIR* dir = ::fdopendir(fd);
+  if (!dir) {
+    ::close(fd);
+    return walk.refuse(fmt::format("opening a directory: {}", std::strerror(errno)));
+  }
+  bool going = true;
+  while (going) {
+    errno = 0;
+    struct dirent* entry = ::readdir(dir);
+    if (!entry) {
+      if (errno != 0) going = walk.refuse(fmt::format("reading a directory: {}", std::strerror(errno)));
+      break;
+    }
+    if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+    struct stat info {};
+    if (::fstatat(::dirfd(dir), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) going = walk.refuse(fmt::format("{}: {}", entry->d_name, std::strerror(errno)));
+      continue;
+    }
+    going = walk.count(info);
+    if (!going || !S_ISDIR(info.st_mode)) continue;
+    if (depth + 1 > kMaxScratchDepth) {
+      going = walk.refuse(fmt::format("directories nested deeper than {}", kMaxScratchDepth));
+      continue;
+    }
+    int child = ::openat(::dirfd(dir), entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (child < 0) {
+      if (errno != ENOENT) going = walk.refuse(fmt::format("{}: {}", entry->d_name, std::strerror(errno)));
+      continue;
+    }
+    going = walk_directory(child, depth + 1, walk);
+  }
+  ::closedir(dir);
+  return going;
+}
+
+}  // namespace
+
+std::optional<std::string> scratch_over_bound(const fs::path& dir, const ScratchBound& bound) {
+  if (!bound.any()) return std::nullopt;
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // not there (yet, or any more): nothing held
+  ScratchWalk walk{bound};
+  walk_directory(fd, 0, walk);
+  return walk.over;
 }
 
 Result<fs::path> make_scratch_dir(const fs::path& scratch_root, const std::string& prefix, bool keep) {

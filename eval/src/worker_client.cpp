@@ -226,8 +226,11 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
   decltype(deadline) next_look = Clock::now() + kScratchLook;  // deadline's clock and representation
   // Past the bound: the worker is killed, whatever it says next (its result included).
   auto scratch_overfull = [&]() -> std::optional<Supervised> {
-    next_look = Clock::now() + kScratchLook;
+    auto look_started = Clock::now();
     auto over = scratch_over_bound(scratch, bound);
+    // A slow look (a tree of many entries) is spaced out further: reading the worker comes first.
+    auto look = Clock::now() - look_started;
+    next_look = Clock::now() + std::max<Clock::duration>(kScratchLook, 4 * look);
     if (!over) return std::nullopt;
     worker.kill_and_reap();
     WorkerOutcome outcome = failed(WorkerOutcome::Kind::crashed, stage, "the worker was killed: " + *over);
@@ -238,7 +241,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
     if (bound.any() && Clock::now() >= next_look)
       if (auto overfull = scratch_overfull()) return std::move(*overfull);
     auto until = bound.any() ? std::min(deadline, next_look) : deadline;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());  // never wake early
     std::string line;
     auto event = worker.read_message(line, std::max(left, std::chrono::milliseconds(0)));
     if (event == Process::ReadEvent::timeout && Clock::now() < deadline) continue;  // time for a look

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include "kz/core/files.h"
@@ -131,7 +132,9 @@ TEST_F(ScratchDirsTest, AScratchDirPastItsBoundIsFoundByBytesOrByEntries) {
   fs::path dir = root_ / "worker";
   fs::create_directories(dir / "sub");
   EXPECT_FALSE(scratch_over_bound(dir, {})) << "no bound";
-  std::string mebibyte(1 << 20, 'x');
+  std::string mebibyte(1 << 20, '\0');  // random: no filesystem stores it in fewer blocks
+  std::mt19937_64 random(7);
+  for (char& c : mebibyte) c = static_cast<char>(random());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(write_file_atomic(dir / "sub" / std::to_string(i), mebibyte).is_ok());
   EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20, .max_entries = 10}));
   auto bytes = scratch_over_bound(dir, {.max_bytes = 2 << 20});
@@ -154,6 +157,42 @@ TEST_F(ScratchDirsTest, AScratchDirPastItsBoundIsFoundByBytesOrByEntries) {
   fs::create_directory_symlink(outside, dir / "link");
   EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20}));
   EXPECT_FALSE(scratch_over_bound(root_ / "gone", {.max_bytes = 1})) << "nothing to read: within";
+}
+
+TEST_F(ScratchDirsTest, NeitherDepthNorLongNamesHideWhatAScratchDirHolds) {
+  // Past PATH_MAX: 30 levels of 200-character names, a file at the bottom.
+  fs::path dir = root_ / "worker";
+  fs::create_directories(dir);
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  std::string name(200, 'd');
+  for (int level = 0; level < 30; ++level) {
+    ASSERT_EQ(::mkdirat(fd, name.c_str(), 0700), 0) << level;
+    int next = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY);
+    ::close(fd);
+    ASSERT_GE(next, 0);
+    fd = next;
+  }
+  int file = ::openat(fd, "big", O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(file, 0);
+  std::string block(1 << 20, '\0');
+  std::mt19937_64 random(11);
+  for (char& c : block) c = static_cast<char>(random());
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(::write(file, block.data(), block.size()), ssize_t(block.size()));
+  ::close(file);
+  ::close(fd);
+  auto over = scratch_over_bound(dir, {.max_bytes = 2 << 20});
+  ASSERT_TRUE(over) << "3 MiB at a depth past PATH_MAX";
+  EXPECT_NE(over->find("more than 2 MB"), std::string::npos) << *over;
+
+  // Nesting deeper than any build's: a verdict of its own, whatever it holds.
+  fs::path deep = root_ / "deep";
+  fs::path path = deep;
+  for (int level = 0; level < 70; ++level) path /= "d";
+  fs::create_directories(path);
+  auto too_deep = scratch_over_bound(deep, {.max_entries = 1000});
+  ASSERT_TRUE(too_deep);
+  EXPECT_NE(too_deep->find("deeper than 64"), std::string::npos) << *too_deep;
 }
 
 TEST(ScrubScratchPaths, WritesEveryScratchPathAsScratch) {

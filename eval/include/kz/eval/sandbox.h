@@ -16,6 +16,7 @@
 #include "kz/core/status.h"
 #include "kz/core/subprocess.h"
 #include "kz/eval/options.h"
+#include "kz/eval/scratch_dirs.h"
 #include "kz/eval/verdict.h"
 
 namespace kz {
@@ -53,8 +54,11 @@ void apply_sandbox(const SandboxOptions& options, const std::string& device, Pro
 // directories, the GPU memory fraction).
 nlohmann::json sandbox_request_json(const SandboxOptions& options);
 
+// What a worker's scratch dir may hold under `options` (nothing bounded with the sandbox off).
+ScratchBound scratch_bound(const SandboxOptions& options);
+
 // The sandbox_violation verdict for a limit the worker hit (cpu_limit, file_size_limit,
-// process_limit), keeping the stage and any sandbox checks of `verdict` (the worker's or the
+// scratch_limit, process_limit), keeping the stage and any sandbox checks of `verdict` (the worker's or the
 // supervisor's own conclusion); nullopt when no limit was hit.
 std::optional<Verdict> limit_verdict(LimitHit hit, const SandboxOptions& options, const Verdict& verdict);
 

@@ -44,8 +44,9 @@ struct ScratchBound {
 };
 
 // Where `dir` holds more than `bound` allows (its entries' allocated bytes, st_blocks, so a sparse
-// file counts what it uses; its files, dirs and links, not following links): what it holds, for
-// the verdict. nullopt within the bound or where nothing could be read. The walk stops once past.
+// file counts what it uses; its files, dirs and links, not following links), or cannot be measured
+// (a directory it cannot read, nesting past 64 levels): why, for the verdict. nullopt within the
+// bound, or where `dir` itself is not there. The walk stops once past.
 std::optional<std::string> scratch_over_bound(const std::filesystem::path& dir, const ScratchBound& bound);
 
 // Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
