@@ -445,10 +445,10 @@ Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_d
   return out + "\n";
 }
 
-bool side_by_side(std::string_view policy, int running, int cores) {
+bool side_by_side(std::string_view policy, const std::function<int()>& running, int cores) {
   if (policy == "always") return true;
   if (policy == "never") return false;
-  return running < cores;
+  return running() < cores;
 }
 
 bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
@@ -514,7 +514,7 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   bool parallel = false;
   std::thread device_thread([&] {
     // A core idle for three looks 50 ms apart (each the most of three: runnable_tasks).
-    parallel = wait_for_idle_core([&] { return side_by_side(policy, runnable_tasks(), cores); },
+    parallel = wait_for_idle_core([&] { return side_by_side(policy, runnable_tasks, cores); },
                                   [&] { return host_done || signalled(); }, pause, policy == "always" ? 1 : 3);
     if (host_failed || signalled()) return;  // nvcc would have stopped before any device step
     device_started_s = seconds_since(started);

@@ -576,9 +576,11 @@ bool clear_scratch(const StartedWorker& server) {
   return fs::is_empty(server.scratch, error) && !error;
 }
 
-Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch, bool fork_server,
+// One request on `worker`: a fork server where setup.fork_server, else a worker started for it.
+Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratch,
                            const std::function<nlohmann::json(const fs::path&)>& make_request,
                            const StageDeadline& deadline_s, const WorkerSetup& setup) {
+  const bool fork_server = setup.fork_server;
   nlohmann::json request_json = make_request(request_scratch);
   std::string token = message_token();
   request_json["message_token"] = token;
@@ -623,7 +625,7 @@ Result<Supervised> run_on_fork_server(const WorkerSetup& setup, const std::strin
   if (!fs::create_directory(request_scratch, error))  // never one a child left behind
     return internal_error(fmt::format("creating the scratch dir {}: {}", request_scratch.string(),
                                       error ? error.message() : "it exists already"));
-  Supervised supervised = run_one_request(*server, request_scratch, true, make_request, deadline_s, setup);
+  Supervised supervised = run_one_request(*server, request_scratch, make_request, deadline_s, setup);
   auto& stages = supervised.outcome.stage_s;
   if (!stages.empty() && stages.front().first == "startup") stages.front().second += spawn_s;
   supervised.outcome.server_wait_s = spawn_s;
@@ -706,7 +708,7 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
   if (!setup.fork_server) {
     auto worker = start_worker(setup, scratch_prefix, customize);
     if (!worker.ok()) return worker.status();
-    Supervised supervised = run_one_request(*worker, worker->scratch, false, make_request, deadline_s, setup);
+    Supervised supervised = run_one_request(*worker, worker->scratch, make_request, deadline_s, setup);
     if (after_request) after_request(worker->scratch);
     return std::move(supervised.outcome);
   }

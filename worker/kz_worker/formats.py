@@ -107,7 +107,6 @@ def _count_extension_builds() -> None:
     cpp_extension.load_inline = gpu_lock.releasing(load_inline)
 
 
-
 _NVCC_REPORT = "kz_nvcc_report.jsonl"  # in the build dir: kz-nvcc's phases, one line per compile
 
 
@@ -170,10 +169,13 @@ def _add_part(name: str, seconds: float) -> None:
     _build_parts[name] = _build_parts.get(name, 0.0) + float(seconds)
 
 
-def _read_lines(path: str) -> list:
-    """The file's lines (undecodable bytes replaced), or none where it cannot be read."""
+def _read_lines(path: str, offset: int = 0) -> list:
+    """The file's lines from byte `offset` (all of them where it is shorter now: rewritten), with
+    undecodable bytes replaced; none where it cannot be read."""
     try:
         with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size >= offset:
+                file.seek(offset)
             return file.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return []
@@ -187,15 +189,8 @@ def _add_ninja_parts(ninja_log: str, size_before: int) -> None:
     mtime, the output, its command's hash; the same columns in logs v5-v7); the lines after
     size_before are this build's (the whole log where ninja rewrote it, which it does only past
     ~100 entries)."""
-    try:
-        with open(ninja_log, "rb") as log:
-            if os.fstat(log.fileno()).st_size >= size_before:
-                log.seek(size_before)
-            lines = log.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return
     spans = []
-    for line in lines:
+    for line in _read_lines(ninja_log, size_before):
         if not (match := _NINJA_LOG_LINE.match(line)):
             continue  # the header, or a line torn by a concurrent write
         start_ms, end_ms, output = int(match[1]), int(match[2]), match[3]
@@ -236,6 +231,7 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
 
 # load_inline's build parses torch's headers three times over (nvcc's cudafe++ and cicc, then the
 # host compiler on the CUDA file; the host compiler on main.cpp). kz lightens both files, keeping what

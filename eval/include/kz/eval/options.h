@@ -73,8 +73,8 @@ struct WorkerOptions {
   // answer, servers are started as programs of their own, with a warning.
   bool zygote = true;
   // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
-  // the host front end and the device chain at once while a core is idle (one build alone 1.25-1.4x
-  // sooner on the H200; nothing in a CPU-bound batch; the same object byte for byte). false: nvcc itself.
+  // the host front end and the device chain at once (nvcc_side_by_side; one build alone 1.25-1.4x
+  // sooner on the H200; the same object byte for byte). false: nvcc itself.
   bool parallel_nvcc = true;
   // When kz-nvcc runs the device chain beside the host chain: "always", from the start (a build
   // takes a second core even while every core is busy: the pre-builds are a cold batch's critical
@@ -91,8 +91,8 @@ struct WorkerOptions {
   // is short, as at a cold batch's start, the evaluations' start-up (imports, CUDA contexts) goes
   // first and the builds take the cores left. -20..19; 0: same priority; below 0 the builds go first
   // (needs CAP_SYS_NICE, else left at 0). Measured on the H200 (bench/README.md): 10 made `cuda-rtc`
-  // 7% faster and `cuda` 8% slower, the whole batch 4% slower. Below 0 is not measured yet: a cold
-  // batch's builds, its critical path, end with half the cores idle (session 20's CPU samples).
+  // 7% faster and `cuda` 8% slower, the whole batch 4% slower; -5 made the builds end no sooner and
+  // `cuda-rtc` 5-21% slower (with nvcc_side_by_side = "idle": the builds' serial chains held them).
   int prebuild_niceness = 0;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
@@ -124,9 +124,9 @@ struct SandboxOptions {
                                  // sum of wall time for one thread; a backstop, not the hang detector
   int file_size_mb = 1024;       // RLIMIT_FSIZE: no file written past this (a torch extension is ~10s of MB)
   // The worker's scratch dir in all (its files' allocated bytes, and its entries): the supervisor
-  // looks every 0.5 s while it runs and kills it past either, so a candidate cannot fill the disk
-  // with many files under the per-file limit. A bound looked at, not a quota: between two looks a
-  // candidate can write what the disk takes in 0.5 s. 0: no bound.
+  // looks every 0.5 s while it runs and kills it past either, against many files each under the
+  // per-file limit. A bound looked at, not a quota: between two looks a candidate can write what the
+  // disk takes in 0.5 s, and files it removed but keeps open are not seen. 0: no bound.
   int scratch_mb = 4096;
   int scratch_files = 100000;
   int max_processes = 2048;      // tasks (processes + threads) of the worker and its children; nvcc builds

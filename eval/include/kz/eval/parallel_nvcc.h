@@ -7,8 +7,9 @@
 // torch's headers the two front ends are ~2/3 of the time. cicc only waits for cudafe++ to read
 // the module's id; cicc can compute the same id itself. So kz-nvcc takes nvcc's own plan
 // (`nvcc --dryrun`) and runs the host chain; the device chain (computing its own module id) starts
-// beside it as soon as a core is idle, checked while the host chain runs, and where none comes free
-// it runs after the host chain, reading cudafe++'s id, in nvcc's order. Side by side, kz-nvcc
+// beside it at once, or with the "idle" policy as soon as a core is idle, checked while the host
+// chain runs, and where none comes free it runs after the host chain, reading cudafe++'s id, in
+// nvcc's order. Side by side, kz-nvcc
 // checks that the two ids agree (otherwise it runs the device chain again with cudafe++'s id, as
 // nvcc would). Then it runs the host compile. The commands and their arguments are
 // nvcc's own, so the object is nvcc's, byte for byte (parallel_nvcc_test). Each command's output
@@ -78,12 +79,11 @@ Command with_dependency_output(Command command, const std::string& depfile, cons
 // the preprocessors' dependency files (gcc's make syntax) in the order first seen.
 Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_depfiles, const std::string& target);
 
-// Whether the device chain may start beside the host chain now: `policy` "always", "never", or
-// "idle" (the default): while a core is idle (`running`: the host's runnable tasks, this one
-// included, /proc/stat's procs_running; `cores`: the host's online cores). A second chain on a busy
-// host only takes a core from other work (a batch's evaluations beside its pre-builds), and the build
-// is no sooner. "never" runs nvcc itself.
-bool side_by_side(std::string_view policy, int running, int cores);
+// Whether the device chain may start beside the host chain now: `policy` "always" (the workers'
+// default, [worker] nvcc_side_by_side), "never" (nvcc itself), or "idle" (kz-nvcc's own default):
+// while a core is idle (`running()`, asked for "idle" only: the host's runnable tasks, this one
+// included, /proc/stat's procs_running; `cores`: the host's online cores).
+bool side_by_side(std::string_view policy, const std::function<int()>& running, int cores);
 
 // Waits for the device chain's start: until `idle()` has said yes `in_a_row` times running (asked at
 // once, then after each `pause()`), or `host_done()`. Whether a core came free while the host chain
