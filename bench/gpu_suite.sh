@@ -8,7 +8,8 @@
 #                   (worker/tests/test_process.py, its GPU test too) and the GPU-only cheat fixtures
 #                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
 #                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
-#                   refused (none expected), and where built, the workers' own /dev/shm tests
+#                   refused (none expected), and where built, the workers' own /dev/shm tests and
+#                   the scratch dir's bound (eval_sandbox_test)
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
@@ -109,12 +110,14 @@ elif [[ $PART == checks ]]; then
       tee -a "$OUT/cheats-gpu.jsonl"
   done
   grep "kz: sandbox" "$OUT/cheats-gpu.err" | sort -u | tee "$OUT/sandbox-gaps.txt"  # what this host refused
-  # The workers' own /dev/shm on this host (a tmpfs in each worker's mount namespace), where built
+  # The workers' own /dev/shm on this host (a tmpfs in each worker's mount namespace) and the scratch
+  # dir's bound (the supervisor's looks beside a worker on this host's file system), where built
   # (KZ_BUILD_TARGETS with core_test and eval_sandbox_test).
   if [[ -x build/core/core_test && -x build/eval/eval_sandbox_test ]]; then
     { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*' &&
-      KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*'; } > "$OUT/shm.log" 2>&1
-    step_done "own /dev/shm tests" $?; grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
+      KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*:*ScratchDir*'; } > "$OUT/shm.log" 2>&1
+    step_done "own /dev/shm and scratch bound tests" $?
+    grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
   fi
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == ab ]]; then

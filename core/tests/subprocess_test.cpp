@@ -345,6 +345,19 @@ TEST(Subprocess, NiceIncrementIsInheritedByGrandchildren) {
   EXPECT_EQ(run_ok(spec).stdout_text, std::to_string(parent) + "\n" + std::to_string(parent) + "\n");
 }
 
+// Below 0 (the pre-builds' default, -5) the child gets the CPU first where the parent may raise a
+// priority (root: CAP_SYS_NICE); elsewhere it keeps the parent's, and still runs.
+TEST(Subprocess, NegativeNiceIncrementRaisesPriorityWhereAllowed) {
+  errno = 0;
+  int parent = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  ProcessSpec spec = sh("nice; sh -c nice");
+  spec.nice_increment = -5;
+  RunResult r = run_ok(spec);
+  int expected = ::geteuid() == 0 ? std::max(parent - 5, -20) : parent;
+  EXPECT_EQ(r.stdout_text, std::to_string(expected) + "\n" + std::to_string(expected) + "\n") << r.stderr_text;
+}
+
 TEST(Subprocess, MovedProcessKeepsOwnership) {
   auto proc = Process::spawn(sh("exit 5"));
   ASSERT_TRUE(proc.ok());

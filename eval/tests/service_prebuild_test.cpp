@@ -4,8 +4,14 @@
 // which loads it. Slow (nvcc on a small CPU): label "slow", beside eval_cuda_compile_test.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <map>
+
+#include <fmt/format.h>
 
 #include "kz/core/files.h"
 #include "kz/eval/sandbox.h"
@@ -49,15 +55,17 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   ServiceClient c = client();
   auto submission = c.submit({relu_item("cuda", "suite/examples/cuda/02_relu.py"),
                               relu_item("broken", "eval/tests/fixtures/cuda_compile_error.py"),
-                              relu_item("triton", "suite/examples/triton/02_relu.py")});
+                              relu_item("triton", "suite/examples/triton/02_relu.py"),
+                              relu_item("niced", "eval/tests/fixtures/cuda_build_reports_niceness.py")});
   ASSERT_TRUE(submission.ok()) << submission.status().to_string();
   auto results = c.wait(submission->batch, std::chrono::minutes(15));
   ASSERT_TRUE(results.ok()) << results.status().to_string();
-  ASSERT_EQ(results->size(), 3u);
+  ASSERT_EQ(results->size(), 4u);
   for (const auto& result : *results) ASSERT_TRUE(result.verdict.has_value()) << result.job;
   const Verdict& cuda = *(*results)[0].verdict;
   const Verdict& broken = *(*results)[1].verdict;
   const Verdict& triton = *(*results)[2].verdict;
+  const Verdict& niced = *(*results)[3].verdict;
 
   // Built ahead (prebuild_s, from the batch's submission), then evaluated: the build is loaded.
   EXPECT_EQ(status_name(cuda.status), std::string("compiled_not_run")) << to_json(cuda).dump(2);
@@ -91,6 +99,16 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_TRUE(std::any_of(broken.build_s.begin(), broken.build_s.end(),
                           [](const auto& part) { return part.first == "load_inline"; }))
       << "a failed build reports its seconds too: " << to_json(broken).dump(2);
+
+  // The pre-build and its nvcc ran at [worker] prebuild_niceness (-5 by default: the builds first),
+  // where this process may raise a priority (root), else at its own.
+  errno = 0;
+  int own = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  int expected = ::geteuid() == 0 ? std::max(own + EvalOptions{}.worker.prebuild_niceness, -20) : own;
+  EXPECT_EQ(status_name(niced.status), std::string("compile_error")) << to_json(niced).dump(2);
+  EXPECT_NE(niced.message.find(fmt::format("kz-build-niceness[{}]", expected)), std::string::npos)
+      << "expected nice " << expected << ": " << niced.message;
 
   // Other formats are never pre-built.
   EXPECT_EQ(triton.status, EvalStatus::ok) << to_json(triton).dump(2);

@@ -87,13 +87,15 @@ struct WorkerOptions {
   // 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
   // Each holds a CUDA context. Servers beyond the cap are killed when their request ends.
   int spare_servers = 2;
-  // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc): when the CPU
-  // is short, as at a cold batch's start, the evaluations' start-up (imports, CUDA contexts) goes
-  // first and the builds take the cores left. -20..19; 0: same priority; below 0 the builds go first
-  // (needs CAP_SYS_NICE, else left at 0). Measured on the H200 (bench/README.md): 10 made `cuda-rtc`
-  // 7% faster and `cuda` 8% slower, the whole batch 4% slower; -5 made the builds end no sooner and
-  // `cuda-rtc` 5-21% slower (with nvcc_side_by_side = "idle": the builds' serial chains held them).
-  int prebuild_niceness = 0;
+  // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc). A cold
+  // batch's pre-builds are its critical path: with kz-nvcc's chains side by side (nvcc_side_by_side =
+  // "always") each build's chains want the CPU at once, and below 0 they get it before the
+  // evaluations. -20..19; 0: same priority; below 0 needs CAP_SYS_NICE (else left at 0). Measured on
+  // the H200 (bench/README.md, session 22): -5 against 0 made the cold batch 9% shorter, `cuda` 19%
+  // faster and `cuda-rtc` 7% slower (its evaluations wait for the CPU while the builds run; they end
+  // before the builds either way). With nvcc_side_by_side = "idle", -5 gained nothing (the builds'
+  // chains ran one after the other); 10 made `cuda-rtc` 7% faster and the batch 4% slower.
+  int prebuild_niceness = -5;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
   // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
