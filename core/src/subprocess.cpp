@@ -1343,6 +1343,16 @@ Result<RunResult> run_process(const ProcessSpec& spec, std::chrono::milliseconds
   return result;  // ~Process kills whatever is left of the group
 }
 
+bool nice_value_allowed(int nice) {
+  pid_t child = ::fork();
+  if (child < 0) return false;
+  if (child == 0) _exit(::setpriority(PRIO_PROCESS, 0, nice) == 0 ? 0 : 1);  // async-signal-safe only
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 std::map<std::string, std::string> current_environment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {

@@ -196,6 +196,7 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
   setup.require_isolation = options_.sandbox.enabled && options_.sandbox.require_isolation;
   setup.timing_niceness = mode == EvalMode::full ? options_.timing.niceness : 0;  // builds never time
+  setup.prepare_niceness = mode == EvalMode::full ? options_.worker.prepare_niceness : 0;  // builds: prebuild_niceness throughout
   setup.scratch_bound = scratch_bound(options_.sandbox);
   // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or

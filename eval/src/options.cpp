@@ -52,6 +52,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.nvcc_side_by_side", o.worker.nvcc_side_by_side},
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
+      {"worker.prepare_niceness", o.worker.prepare_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
       {"worker.syntax_check", o.worker.syntax_check},
       {"cache.enabled", o.cache.enabled},
@@ -101,6 +102,8 @@ Status EvalOptions::validate() const {
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
   if (worker.prebuild_niceness < -20 || worker.prebuild_niceness > 19)
     return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
+  if (worker.prepare_niceness < -20 || worker.prepare_niceness > 19)
+    return invalid_argument("worker.prepare_niceness must be within -20..19 (0: the evaluations' priority)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
   if (worker.nvcc_side_by_side != "idle" && worker.nvcc_side_by_side != "always")

@@ -177,22 +177,36 @@ std::string message_token() {
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", device(), device(), device(), device());
 }
 
-// The worker's process group at `niceness` for its timing stage, and back to what it had at the next
-// stage (or, for a server that serves again, at the request's end): the exclusive GPU hold inside that
-// stage keeps every other evaluation on the GPU waiting, so it gets the CPU first. A fork server's
-// group holds its evaluating child (and its spare). Without CAP_SYS_NICE setpriority refuses, and
-// nothing changes. Never used on a group that was reaped: its id may be someone else's by then.
-class TimingPriority {
+// The worker's process group's priority through its stages:
+//  - started at [worker] prepare_niceness (its start-up and device preparation), it is set to the
+//    supervisor's own nice value at its first stage message, before the request's code runs, and
+//    again at each later one and at the request's end: a fork server forks its next child right
+//    after relaying the first message, and a fork caught midway by the first setpriority keeps the
+//    increment (the kernel copies the nice value early in a fork, and adds the child to the group
+//    late). So a server's later children prepare at the supervisor's value;
+//  - at `timing_niceness` for its timing stage, and back to what it had at the next stage (or, for a
+//    server that serves again, at the request's end): the exclusive GPU hold inside that stage keeps
+//    every other evaluation on the GPU waiting, so it gets the CPU first.
+// A fork server's group holds its evaluating child (and its spare). Without CAP_SYS_NICE a lower
+// value is refused, and nothing changes. Never used on a group that was reaped: its id may be
+// someone else's by then.
+class StagePriority {
  public:
-  TimingPriority(pid_t group, int niceness) : group_(group), niceness_(niceness) {}
+  StagePriority(pid_t group, int timing_niceness, bool prepared_apart)
+      : group_(group), timing_niceness_(timing_niceness), prepared_apart_(prepared_apart) {}
 
   void enter(const std::string& stage) {
-    bool timing = stage == "timing" && niceness_ != 0;
+    if (prepared_apart_) {
+      errno = 0;
+      int own = getpriority(PRIO_PROCESS, 0);  // the supervisor's: what a worker gets without the increment
+      if (errno == 0) setpriority(PRIO_PGRP, group_, own);
+    }
+    bool timing = stage == "timing" && timing_niceness_ != 0;
     if (timing == boosted_) return;
     if (timing) {
       errno = 0;
       int before = getpriority(PRIO_PROCESS, group_);  // the group leader's: what every member had
-      if (errno != 0 || setpriority(PRIO_PGRP, group_, niceness_) != 0) return;
+      if (errno != 0 || setpriority(PRIO_PGRP, group_, timing_niceness_) != 0) return;
       before_ = before;
     } else {
       setpriority(PRIO_PGRP, group_, before_);  // the group may be gone (killed): nothing to restore
@@ -202,8 +216,8 @@ class TimingPriority {
 
  private:
   pid_t group_;
-  int niceness_, before_ = 0;
-  bool boosted_ = false;
+  int timing_niceness_, before_ = 0;
+  bool prepared_apart_, boosted_ = false;
 };
 
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
@@ -211,9 +225,8 @@ class TimingPriority {
 // worker started for one request is killed once its result is in. Every kScratchLook, and at the
 // result, it looks at what `scratch` holds, and kills the worker past `bound` (LimitHit::scratch).
 Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork_server, const std::string& token,
-                     int timing_niceness, const fs::path& scratch, const ScratchBound& bound) {
+                     StagePriority priority, const fs::path& scratch, const ScratchBound& bound) {
   std::string stage = "startup";
-  TimingPriority priority(worker.pid(), timing_niceness);
   StageClock clock;
   auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s(stage));
   std::optional<nlohmann::json> result;
@@ -353,6 +366,7 @@ ProcessSpec worker_spec(const WorkerSetup& setup, const fs::path& scratch,
   spec.cwd = scratch;
   spec.defer_stdin = true;  // the request follows (a fork server: one after another)
   spec.message_pipe = true;
+  spec.nice_increment = setup.prepare_niceness;  // until the first stage (StagePriority); a build's customize sets its own
   if (customize) customize(spec);
   // The server's own tasks come on top of each request's: itself and its threads (OpenMP's pool,
   // one per core, from the imports' warm-up).
@@ -594,7 +608,9 @@ Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratc
     process.send_stdin(request);
   }
   Supervised supervised =
-      supervise(process, deadline_s, fork_server, token, setup.timing_niceness, worker.scratch, setup.scratch_bound);
+      supervise(process, deadline_s, fork_server, token,
+                StagePriority(process.pid(), setup.timing_niceness, setup.prepare_niceness != 0), worker.scratch,
+                setup.scratch_bound);
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();
   outcome.sandbox = process.sandbox();

@@ -71,6 +71,8 @@ TEST(Options, InvalidValuesAreRejected) {
     EvalOptions n;
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprebuild_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprepare_niceness = {}\n", niceness), "t", n).is_ok())
+        << niceness;
   }
   EvalOptions idle, sometimes;
   EXPECT_EQ(idle.worker.nvcc_side_by_side, "always") << "the default";
@@ -80,6 +82,9 @@ TEST(Options, InvalidValuesAreRejected) {
   EvalOptions favoured;  // builds first: below 0
   EXPECT_TRUE(apply_toml_text("[worker]\nprebuild_niceness = -5\n", "t", favoured).is_ok());
   EXPECT_EQ(favoured.worker.prebuild_niceness, -5);
+  EvalOptions prepared;  // the first wave's preparation beside the builds
+  EXPECT_TRUE(apply_toml_text("[worker]\nprepare_niceness = -5\n", "t", prepared).is_ok());
+  EXPECT_EQ(prepared.worker.prepare_niceness, -5);
   EvalOptions small_shm, negative_shm;
   EXPECT_TRUE(apply_toml_text("[sandbox]\nshm_mb = 64\n", "t", small_shm).is_ok());
   EXPECT_EQ(small_shm.sandbox.shm_mb, 64);

@@ -4,6 +4,7 @@
 // forges the server's message, hangs). Every test runs twice: with each fork server a program of its
 // own, and with fork servers forked from the real zygote (worker/kz_worker/zygote.py, the built
 // kz_zygote_child library).
+#include "kz/core/subprocess.h"
 #include "kz/eval/worker_client.h"
 
 #include <fmt/format.h>
@@ -74,6 +75,7 @@ def listing(path):  # a fork server's dir is unlistable without capabilities (03
 
 def evaluate(request):
     requested_at = time.time()
+    niceness_at_start = os.getpriority(os.PRIO_PROCESS, 0)  # before any stage message, as prepared
     token = request.pop("message_token", None)
     if request.get("action") == "forge_result":  # candidate code's verdict, without the token
         os.write(3, b'{"type": "result", "status": "ok"}\n')
@@ -111,6 +113,11 @@ def evaluate(request):
         for pid in stopped:
             os.kill(pid, request["signal"])
         reply["stopped"] = stopped
+    if action == "first_stage":  # its priority as prepared, and once the supervisor read its first stage
+        deadline = time.monotonic() + 0.5
+        while os.getpriority(os.PRIO_PROCESS, 0) == niceness_at_start and time.monotonic() < deadline:
+            time.sleep(0.005)
+        reply["niceness"] = [niceness_at_start, os.getpriority(os.PRIO_PROCESS, 0)]
     if action == "timing_stage":  # its priority as the supervisor sets it, in and after the timing stage
         def niceness_after(stage, changed_from):
             os.write(3, (json.dumps({"type": "stage", "name": stage, "token": token}) + "\n").encode())
@@ -324,7 +331,7 @@ TEST_P(WorkerClientTest, WorkersGetTheirCudaConnections) {
 // stage and its own back at the next stage, a fork server's child or a fresh worker. Needs
 // CAP_SYS_NICE (root), as in the supervisor on a GPU host; the test says so where it is missing.
 TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
-  if (geteuid() != 0) GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE (root)";
+  if (!nice_value_allowed(-7)) GTEST_SKIP() << "lowering a nice value to -7 needs CAP_SYS_NICE (root)";
   for (bool fork_server : {true, false}) {
     WorkerSetup boosted = setup(fork_server);
     boosted.timing_niceness = -7;
@@ -336,6 +343,37 @@ TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
               nlohmann::json::array({own, own, own}))
         << "fork server: " << fork_server;
   }
+}
+
+// [worker] prepare_niceness: a worker starts and prepares its device at that nice value, and the
+// supervisor sets it to its own at the first stage message, before the request's code; a fork
+// server's group stays there, so its next request is prepared and run at the supervisor's. Root only.
+TEST_P(WorkerClientTest, OnlyThePreparationRunsAtThePrepareNiceness) {
+  int own = getpriority(PRIO_PROCESS, 0);
+  if (!nice_value_allowed(std::max(own - 6, -20)) || !nice_value_allowed(-7))
+    GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE (root)";
+  for (bool fork_server : {true, false}) {
+    WorkerSetup favoured = setup(fork_server);
+    favoured.prepare_niceness = -6;
+    auto first = result(favoured, {{"action", "first_stage"}});
+    EXPECT_EQ(first["niceness"], nlohmann::json::array({std::max(own - 6, -20), own})) << "fork server: " << fork_server;
+    auto next = result(favoured, {{"action", "first_stage"}});
+    if (fork_server) {
+      ASSERT_EQ(next["ppid"], first["ppid"]) << "the same server again";
+      EXPECT_EQ(next["niceness"], nlohmann::json::array({own, own})) << "its next child was prepared at the supervisor's";
+    } else {
+      EXPECT_EQ(next["niceness"], first["niceness"]) << "a new worker, prepared at the increment again";
+    }
+    // With a timing boost too: the timing stage's value, then the supervisor's own back (the worker's
+    // first stage message came before, so the increment is gone by then).
+    favoured.timing_niceness = -7;
+    auto timed = result(favoured, {{"action", "timing_stage"}})["niceness"];
+    ASSERT_EQ(timed.size(), 3u);
+    EXPECT_EQ(timed[1], -7) << "fork server: " << fork_server;
+    EXPECT_EQ(timed[2], own) << "fork server: " << fork_server;
+  }
+  EXPECT_EQ(result(setup(true), {{"action", "first_stage"}})["niceness"], nlohmann::json::array({own, own}))
+      << "0: no increment";
 }
 
 // resolve_worker_setup takes the prefix only once setup finished it (its marker), and only for the
