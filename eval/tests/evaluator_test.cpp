@@ -10,6 +10,10 @@
 // Needs KZ_SOURCE_DIR (CTest sets it) to find the suite and fixtures.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "kz/core/files.h"
+#include "kz/core/subprocess.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
 #include "test_support.h"
@@ -224,6 +229,29 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
     EXPECT_EQ(evaluated.status, EvalStatus::runtime_error) << dump(evaluated);
     EXPECT_TRUE(contains(evaluated.message, "worker role: evaluation; audit machinery prepared: True"))
         << dump(evaluated);
+  }
+}
+
+// [worker] prepare_niceness: the worker starts and prepares at that increment, and the candidate runs
+// at the supervisor's own nice value, from a fork server or in a worker of its own.
+TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
+  errno = 0;
+  int own = getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  if (!nice_value_allowed(std::max(own - 5, -20))) GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE";
+  for (const char* fork_server : {"always", "never"}) {
+    EvalOptions o = options();
+    o.cache.enabled = false;
+    o.worker.fork_server = fork_server;
+    o.worker.prepare_niceness = -5;
+    Verdict v = evaluate(make_evaluator(o), kRelu, kFixtures + "worker_nice_probe.py");
+    EXPECT_EQ(v.status, EvalStatus::runtime_error) << dump(v);
+    // The message's last line (the traceback above it quotes the fixture's source, with "%d").
+    const std::string mark = "candidate runs at nice ";
+    size_t at = v.message.rfind(mark);
+    ASSERT_NE(at, std::string::npos) << dump(v);
+    EXPECT_EQ(v.message.substr(at, v.message.find(" (", at) - at), mark + std::to_string(own))
+        << "fork_server " << fork_server << ": " << v.message.substr(at);
   }
 }
 
