@@ -1348,8 +1348,8 @@ bool nice_value_allowed(int nice) {
   if (child < 0) return false;
   if (child == 0) _exit(::setpriority(PRIO_PROCESS, 0, nice) == 0 ? 0 : 1);  // async-signal-safe only
   int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(child, &status, 0) < 0)
+    if (errno != EINTR) return false;  // not reaped here: no answer
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 

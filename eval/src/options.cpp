@@ -102,8 +102,9 @@ Status EvalOptions::validate() const {
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
   if (worker.prebuild_niceness < -20 || worker.prebuild_niceness > 19)
     return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
-  if (worker.prepare_niceness < -20 || worker.prepare_niceness > 19)
-    return invalid_argument("worker.prepare_niceness must be within -20..19 (0: the evaluations' priority)");
+  // Above 0 the supervisor could not set the worker back without CAP_SYS_NICE: the request would run niced.
+  if (worker.prepare_niceness < -20 || worker.prepare_niceness > 0)
+    return invalid_argument("worker.prepare_niceness must be within -20..0 (0: none)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
   if (worker.nvcc_side_by_side != "idle" && worker.nvcc_side_by_side != "always")

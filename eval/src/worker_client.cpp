@@ -179,8 +179,9 @@ std::string message_token() {
 
 // The worker's process group's priority through its stages:
 //  - started at [worker] prepare_niceness (its start-up and device preparation), it is set to the
-//    supervisor's own nice value at its first stage message, before the request's code runs, and
-//    again at each later one and at the request's end: a fork server forks its next child right
+//    supervising thread's nice value (the one a worker is spawned at: kz renices none of its own
+//    threads) as soon as its first stage message is read (load_reference, sent before the candidate
+//    is imported), and again at each later one and at the request's end: a fork server forks its next child right
 //    after relaying the first message, and a fork caught midway by the first setpriority keeps the
 //    increment (the kernel copies the nice value early in a fork, and adds the child to the group
 //    late). So a server's later children prepare at the supervisor's value;

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -232,8 +233,36 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
   }
 }
 
-// [worker] prepare_niceness: the worker starts and prepares at that increment, and the candidate runs
-// at the supervisor's own nice value, from a fork server or in a worker of its own.
+// Whether some kz evaluation worker process (a fork server, its zygote or child, a worker; not a
+// build server, which runs at [worker] prebuild_niceness) runs at nice value `nice`, within `wait`:
+// /proc/<pid>/cmdline names kz_worker, its environ no build role, field 19 of its stat the value.
+bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  do {
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+      const std::string pid = entry.path().filename().string();
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      auto cmdline = read_file(entry.path() / "cmdline");
+      auto stat = read_file(entry.path() / "stat");
+      auto environ = read_file(entry.path() / "environ");
+      if (!cmdline.ok() || !stat.ok() || !environ.ok() || cmdline->find("kz_worker") == std::string::npos ||
+          environ->find("KZ_WORKER_ROLE=build") != std::string::npos)
+        continue;
+      std::istringstream fields(stat->substr(stat->rfind(')') + 2));  // after the command's name
+      std::string field;
+      for (int i = 3; i <= 19 && fields >> field; ++i) {
+      }
+      if (field == std::to_string(nice)) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
+// [worker] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
+// shows it), and the candidate runs at the supervisor's own nice value, from a fork server or in a
+// worker of its own.
 TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
   errno = 0;
   int own = getpriority(PRIO_PROCESS, 0);
@@ -244,7 +273,13 @@ TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
     o.cache.enabled = false;
     o.worker.fork_server = fork_server;
     o.worker.prepare_niceness = -5;
-    Verdict v = evaluate(make_evaluator(o), kRelu, kFixtures + "worker_nice_probe.py");
+    Evaluator evaluator = make_evaluator(o);
+    if (std::string(fork_server) == "always") {
+      ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
+      EXPECT_TRUE(a_kz_evaluation_worker_runs_at(std::max(own - 5, -20), std::chrono::seconds(30)))
+          << "the idle server and its child prepare at the increment";
+    }
+    Verdict v = evaluate(evaluator, kRelu, kFixtures + "worker_nice_probe.py");
     EXPECT_EQ(v.status, EvalStatus::runtime_error) << dump(v);
     // The message's last line (the traceback above it quotes the fixture's source, with "%d").
     const std::string mark = "candidate runs at nice ";

@@ -71,6 +71,9 @@ TEST(Options, InvalidValuesAreRejected) {
     EvalOptions n;
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprebuild_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
+  }
+  for (const char* niceness : {"-21", "1"}) {  // above 0 the worker could not be set back without privileges
+    EvalOptions n;
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprepare_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
   }

@@ -97,14 +97,16 @@ struct WorkerOptions {
   // chains ran one after the other); 10 (2026-11-30, at d27e370, before kz-nvcc) made `cuda-rtc` 7%
   // faster and the batch 4% slower.
   int prebuild_niceness = -5;
-  // Added to the nice value of evaluation workers until their first stage message, where the
-  // supervisor sets their process group back to its own: a worker's start-up (the imports where no
-  // server did them) and its device's preparation (the CUDA context, the profiler's warm-up), never
-  // the request's code. A fork server keeps it only until its first request's first stage, so it is
-  // the first wave's preparation: eight CUDA contexts made at 2-4 s into a cold batch, while the
-  // pre-builds take the cores first at prebuild_niceness (session 22 measured that first wave's
-  // start-up 4 s longer in all with the builds at -5). -20..19; 0: none; below 0 needs CAP_SYS_NICE
-  // (else left at 0). Not measured yet: bench/configs/prepare-favoured.toml is the A/B.
+  // Added to the nice value of evaluation workers (not module validation's) until their first stage
+  // message (load_reference, before the candidate is imported), where the supervisor sets their
+  // process group back to its own: a worker's start-up (the imports where no server did them) and
+  // its device's preparation (the CUDA context, the profiler's warm-up). A fork server starts at it
+  // (its zygote keeps it) and is set back during its first request, so it covers each new server's
+  // start-up and first child: in a cold batch, the first wave's eight CUDA contexts made at 2-4 s,
+  // while the pre-builds take the cores first at prebuild_niceness (session 22 saw that first wave's
+  // start-up ~4 s longer in all with the builds at -5, on other hosts than its A/B's). -20..0; 0:
+  // none; below 0 needs CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is refused, since a
+  // worker could not be set back without them. Not measured yet: bench/configs/prepare-favoured.toml.
   int prepare_niceness = 0;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts

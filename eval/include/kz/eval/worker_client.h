@@ -62,8 +62,9 @@ struct WorkerSetup {
   // 0: left as is.
   int timing_niceness = 0;
   // Added to a worker's nice value until its first stage message ([worker] prepare_niceness), where
-  // the supervisor sets its process group to its own nice value: start-up and device preparation
-  // only. A fork server's group stays there, so its later children prepare at that value too. 0: none.
+  // the supervisor sets its process group to the supervising thread's nice value: start-up and
+  // device preparation only. A fork server's group stays there, so its later children prepare at
+  // that value too; each new server (its zygote keeps the increment) starts at it again. 0: none.
   int prepare_niceness = 0;
   // What a worker's scratch dir may hold ([sandbox] scratch_mb, scratch_files): the supervisor looks
   // every kScratchLook while the worker runs and kills it past the bound (LimitHit::scratch).
