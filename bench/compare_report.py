@@ -33,6 +33,18 @@ def table(header: list, rows: list) -> str:
 
 # ---- kz -------------------------------------------------------------------------------------------
 
+def gpu_waits_by_format(verdicts: list) -> list:
+    """(format, seconds waiting for the GPU lock, summed wall_s) per format, in FORMATS' order: where a
+    format's evaluations lost time to the others' timings (each exclusive hold first waits for the
+    shared holders' current unit while everyone else queues)."""
+    waits = {}
+    for v in verdicts:
+        waited, summed = waits.get(v["format"], (0.0, 0.0))
+        waits[v["format"]] = (waited + (v.get("gpu_wait_s") or 0.0), summed + (v.get("wall_s") or 0.0))
+    order = [f for f in FORMATS if f in waits] + sorted(f for f in waits if f not in FORMATS)
+    return [(f, *waits[f]) for f in order]
+
+
 def kz_charge_s(verdict: dict) -> float:
     """A verdict's own seconds: its evaluation's wall_s, plus, for a pre-built `cuda` candidate, its
     compile-only pre-build (prebuild_s; a build that failed there has the pre-build's verdict, whose
@@ -346,6 +358,9 @@ def stage_section(data: dict) -> str:
                      f"stages above), {exclusive:.1f} s held exclusive by timings"
                      + (f" = {100 * exclusive / wall:.0f}% of the batch's {wall:.0f} s wall time (timings never "
                         "overlap: their sum bounds the rate)" if wall else ""))
+        lines.append("    waiting per format (share of its verdicts' summed wall_s): " + ", ".join(
+            f"{fmt} {waited:.1f} s ({100 * waited / summed:.0f}%)" if summed else f"{fmt} {waited:.1f} s"
+            for fmt, waited, summed in gpu_waits_by_format(locked)))
     spins = collections.Counter(v.get("launch_spin") for v in verdicts if v.get("speedup") is not None)
     if spins:
         counts = sorted((kind or "not recorded", n) for kind, n in spins.items())

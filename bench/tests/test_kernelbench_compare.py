@@ -409,6 +409,9 @@ def test_worker_readiness_and_gpu_lock_are_summed():
     text = compare_report.stage_section(data)
     assert "workers: 2 of 4 evaluations found theirs ready" in text and "the other 2 waited 3.0-7.5 s" in text
     assert "6.0 s waiting for it" in text
+    # Per format, against its verdicts' summed wall_s (cuda 2 x 5 s, the others one each).
+    assert "waiting per format (share of its verdicts' summed wall_s): cuda 3.0 s (30%), cuda-rtc 1.5 s (30%), " \
+           "triton 1.5 s (30%)" in text, text
     # Where startup_s says where the start-up went, a wait for a server or a device counts, however short.
     starts = ({"server": 0.0, "device": 0.0}, {"server": 0.0, "device": 0.7}, {"server": 1.5, "device": 1.0}, {})
     for verdict, parts, startup in zip(data["kz_batch"]["verdicts"], starts, (0.05, 0.8, 2.6, 7.5)):
