@@ -39,7 +39,10 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3, help="compiles per example; the median is printed")
     args = p.parse_args()
     options = [f"--gpu-architecture={args.arch}", *(f"-I{d}" for d in kz_rtc.default_include_dirs())]
-    print(f"libnvrtc: {_nvrtc.load_library() and _nvrtc._lib_path}; options: {' '.join(options)}")
+    _nvrtc.load_library()
+    library = pathlib.Path(_nvrtc._lib_path)
+    shown = library.relative_to(ROOT) if library.is_relative_to(ROOT) else library  # no machine paths in results
+    print(f"libnvrtc: {shown}; options: {' '.join(options)}")
     medians = []
     for path in sorted(args.examples.glob("*.py")):
         source, seconds = example_source(path), []
