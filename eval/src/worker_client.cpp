@@ -194,14 +194,10 @@ std::string message_token() {
 class StagePriority {
  public:
   StagePriority(pid_t group, int timing_niceness, bool prepared_apart)
-      : group_(group), timing_niceness_(timing_niceness), prepared_apart_(prepared_apart) {}
+      : group_(group), timing_niceness_(timing_niceness), set_back_to_(prepared_apart ? own_nice_value() : std::nullopt) {}
 
   void enter(const std::string& stage) {
-    if (prepared_apart_) {
-      errno = 0;
-      int own = getpriority(PRIO_PROCESS, 0);  // the supervisor's: what a worker gets without the increment
-      if (errno == 0) setpriority(PRIO_PGRP, group_, own);
-    }
+    if (set_back_to_) setpriority(PRIO_PGRP, group_, *set_back_to_);
     bool timing = stage == "timing" && timing_niceness_ != 0;
     if (timing == boosted_) return;
     if (timing) {
@@ -216,9 +212,17 @@ class StagePriority {
   }
 
  private:
+  // The supervising thread's: what a worker gets without the increment.
+  static std::optional<int> own_nice_value() {
+    errno = 0;
+    int own = getpriority(PRIO_PROCESS, 0);
+    return errno == 0 ? std::optional<int>(own) : std::nullopt;
+  }
+
   pid_t group_;
   int timing_niceness_, before_ = 0;
-  bool prepared_apart_, boosted_ = false;
+  std::optional<int> set_back_to_;  // the value the group is set to at every stage (prepare_niceness)
+  bool boosted_ = false;
 };
 
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
