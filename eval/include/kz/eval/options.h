@@ -106,8 +106,10 @@ struct WorkerOptions {
   // while the pre-builds take the cores first at prebuild_niceness (session 22 saw that first wave's
   // start-up ~4 s longer in all with the builds at -5, on other hosts than its A/B's). -20..0; 0:
   // none; below 0 needs CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is refused, since a
-  // worker could not be set back without them. Not measured yet: bench/configs/prepare-favoured.toml.
-  int prepare_niceness = 0;
+  // worker could not be set back without them. At -5 against 0 (session 23, three cold batches a
+  // side on one H200): `cuda-rtc`'s summed start-up 12.3 s against 15.1 s (medians), its rate +13%,
+  // `cuda` +5% and `triton` +4%, the pre-builds' end unmoved (bench/configs/prepare-same-priority.toml).
+  int prepare_niceness = -5;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
   // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
