@@ -235,25 +235,14 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
 
 // Whether some kz evaluation worker process (a fork server, its zygote or child, a worker; not a
 // build server, which runs at [worker] prebuild_niceness) runs at nice value `nice`, within `wait`:
-// /proc/<pid>/cmdline names kz_worker, its environ no build role, field 19 of its stat the value.
+// its command line names kz_worker, its environment no build role.
 bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
   auto deadline = std::chrono::steady_clock::now() + wait;
   do {
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
-      const std::string pid = entry.path().filename().string();
-      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      auto cmdline = read_file(entry.path() / "cmdline");
-      auto stat = read_file(entry.path() / "stat");
-      auto environ = read_file(entry.path() / "environ");
-      if (!cmdline.ok() || !stat.ok() || !environ.ok() || cmdline->find("kz_worker") == std::string::npos ||
-          environ->find("KZ_WORKER_ROLE=build") != std::string::npos)
-        continue;
-      std::istringstream fields(stat->substr(stat->rfind(')') + 2));  // after the command's name
-      std::string field;
-      for (int i = 3; i <= 19 && fields >> field; ++i) {
-      }
-      if (field == std::to_string(nice)) return true;
+    for (const auto& process : test::live_processes()) {
+      if (process.nice != nice || !contains(process.cmdline, "kz_worker")) continue;
+      std::string environment = process.read("environ");
+      if (!environment.empty() && !contains(environment, "KZ_WORKER_ROLE=build")) return true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   } while (std::chrono::steady_clock::now() < deadline);
@@ -355,11 +344,7 @@ int live_processes_with(const std::string& marker) {
   int found = 0;
   for (int attempt = 0; attempt < 50; ++attempt) {
     found = 0;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-      auto cmdline = read_file(entry.path() / "cmdline");  // empty for zombies
-      if (cmdline.ok() && contains(*cmdline, marker)) ++found;
-    }
+    for (const auto& process : test::live_processes()) found += contains(process.cmdline, marker);
     if (found == 0) return 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

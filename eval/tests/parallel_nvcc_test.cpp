@@ -376,13 +376,9 @@ TEST_F(ParallelNvccReal, ASignalMidCompileLeavesNothingBehind) {
     EXPECT_EQ(exit->term_signal, sig) << "ended by the signal (exit code " << exit->exit_code << ")";
     // Every step names the keep dir in its arguments (gcc's cc1plus too): none may still run.
     std::string left;
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-      auto cmdline = read_file(entry.path() / "cmdline");
-      auto stat = read_file(entry.path() / "stat");
-      bool zombie = stat.ok() && stat->find(") Z ") != std::string::npos;
-      if (cmdline.ok() && !zombie && cmdline->find((dir_ / "kz-nvcc-").string()) != std::string::npos) {
-        left += entry.path().filename().string() + ": " + *cmdline + "\n";
-      }
+    for (const auto& process : test::live_processes()) {
+      if (process.cmdline.find((dir_ / "kz-nvcc-").string()) != std::string::npos)
+        left += std::to_string(process.pid) + ": " + process.cmdline + "\n";
     }
     EXPECT_EQ(left, "") << "a step still runs";
     for (const auto& entry : fs::directory_iterator(dir_)) {

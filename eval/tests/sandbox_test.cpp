@@ -152,13 +152,7 @@ int live_processes_named(const std::string& name) {
   int found = 0;
   for (int attempt = 0; attempt < 50; ++attempt) {
     found = 0;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-      auto comm = read_file(entry.path() / "comm");
-      auto stat = read_file(entry.path() / "stat");
-      bool zombie = stat.ok() && contains(*stat, ") Z ");
-      if (comm.ok() && *comm == name + "\n" && !zombie) ++found;
-    }
+    for (const auto& process : test::live_processes()) found += process.read("comm") == name + "\n";
     if (found == 0) return 0;
     std::this_thread::sleep_for(100ms);
   }

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "service_fixture.h"
+#include "test_support.h"
 
 namespace kz::test {
 namespace {
@@ -36,36 +37,6 @@ constexpr int kSleeperIndex = 5;
 // Ordinary evaluations take ~3 s here; a worker older than this is the sleeper.
 constexpr double kSleeperAgeS = 15;
 
-// The parent pid and start time (seconds since boot) of a process, from /proc/<pid>/stat.
-struct ProcInfo {
-  pid_t ppid = 0;
-  double started_s = 0;
-};
-
-// /proc's files through read(2): a process that exits while its file is read makes the read fail
-// with ESRCH, which std::ifstream's buffer turns into an exception (the test would abort).
-std::string proc_file(const fs::path& path) {
-  auto text = read_file(path);
-  return text.ok() ? *text : std::string();
-}
-
-std::optional<ProcInfo> proc_info(pid_t pid) {
-  std::string text = proc_file("/proc/" + std::to_string(pid) + "/stat");
-  auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  ProcInfo info;
-  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
-    if (i == 4) info.ppid = std::stoi(field);
-    if (i == 22) {
-      info.started_s = std::stod(field) / double(sysconf(_SC_CLK_TCK));
-      return info;
-    }
-  }
-  return std::nullopt;
-}
-
 double uptime_s() {
   std::ifstream uptime("/proc/uptime");
   double seconds = 0;
@@ -75,10 +46,10 @@ double uptime_s() {
 
 bool is_descendant_of_us(pid_t pid) {
   for (int depth = 0; depth < 8 && pid > 1; ++depth) {
-    auto info = proc_info(pid);
-    if (!info) return false;
-    if (info->ppid == getpid()) return true;
-    pid = info->ppid;
+    auto process = process_entry(pid);
+    if (!process) return false;
+    if (process->ppid == getpid()) return true;
+    pid = process->ppid;
   }
   return false;
 }
@@ -86,15 +57,11 @@ bool is_descendant_of_us(pid_t pid) {
 // The pid of a kz_worker process started by this test that has lived longer than `age_s` and is
 // evaluating (its scratch dir holds candidate.py: a fork server waiting for work holds none).
 std::optional<pid_t> old_worker(double age_s) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    pid_t pid = std::atoi(entry.path().filename().c_str());
-    if (pid <= 0) continue;
-    std::string args = proc_file(entry.path() / "cmdline");
-    if (args.find("kz_worker") == std::string::npos || !is_descendant_of_us(pid)) continue;
+  for (const auto& process : live_processes()) {
+    if (process.cmdline.find("kz_worker") == std::string::npos || !is_descendant_of_us(process.pid)) continue;
     std::error_code ec;
-    if (!fs::exists(entry.path() / "cwd" / "candidate.py", ec)) continue;
-    auto info = proc_info(pid);
-    if (info && uptime_s() - info->started_s > age_s) return pid;
+    if (!fs::exists(process.dir() / "cwd" / "candidate.py", ec)) continue;
+    if (uptime_s() - process.started_s > age_s) return process.pid;
   }
   return std::nullopt;
 }

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "kz/core/files.h"
+#include "test_support.h"
 
 namespace kz {
 namespace {
@@ -726,9 +727,9 @@ TEST_P(WorkerClientTest, RequiredIsolationTheMachineRefusesIsAnError) {
 // The scratch dirs (anywhere under `scratch_root`, named `prefix`...) that live processes are in.
 std::set<std::string> dirs_with_processes(const fs::path& scratch_root, const std::string& prefix) {
   std::set<std::string> dirs;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator("/proc", error)) {
-    fs::path cwd = fs::read_symlink(entry.path() / "cwd", error);
+  for (const auto& process : test::live_processes()) {
+    std::error_code error;
+    fs::path cwd = fs::read_symlink(process.dir() / "cwd", error);
     if (error || !cwd.string().starts_with(scratch_root.string() + "/")) continue;
     for (const auto& part : cwd)
       if (part.string().starts_with(prefix)) dirs.insert(part.string());
