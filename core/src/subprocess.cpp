@@ -297,22 +297,22 @@ void for_each_process(Fn fn) {
   ::closedir(dir);
 }
 
-// Calls fn(fields) with the /proc/<pid>/stat fields (stat_fields) of every process in process group
-// `pgid`, zombies included.
+// Calls fn(pid, fields) with the /proc/<pid>/stat fields (stat_fields) of every process in process
+// group `pgid`, zombies included.
 template <class Fn>
 void for_each_group_member(pid_t pgid, Fn fn) {
   for_each_process([&](pid_t pid) {
     auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
     if (!text) return;
     auto f = stat_fields(*text);
-    if (f.size() > 2 && to_ll(f[2]) == pgid) fn(f);
+    if (f.size() > 2 && to_ll(f[2]) == pgid) fn(pid, f);
   });
 }
 
 // Tasks (threads included, zombies counted) of the processes in process group `pgid`.
 uint64_t count_group_tasks(pid_t pgid) {
   uint64_t tasks = 0;
-  for_each_group_member(pgid, [&](const std::vector<std::string_view>& f) {
+  for_each_group_member(pgid, [&](pid_t, const std::vector<std::string_view>& f) {
     if (f.size() > 17) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
   });
   return tasks;
@@ -322,7 +322,7 @@ uint64_t count_group_tasks(pid_t pgid) {
 bool group_has_live_members(pid_t pgid) {
   if (::kill(-pgid, 0) != 0) return false;  // no member at all: the usual case, without a /proc scan
   bool live = false;
-  for_each_group_member(pgid, [&](const std::vector<std::string_view>& f) { live |= f[0] != "Z" && f[0] != "X"; });
+  for_each_group_member(pgid, [&](pid_t, const std::vector<std::string_view>& f) { live |= f[0] != "Z" && f[0] != "X"; });
   return live;
 }
 
@@ -944,6 +944,15 @@ const SandboxReport& Process::sandbox() const { return impl_->report; }
 LimitHit Process::limit_hit() const { return impl_->limit_hit(); }
 void Process::check_task_cap() {
   if (!impl_->exit) impl_->check_task_cap();
+}
+
+std::vector<pid_t> Process::members() const {
+  if (impl_->reaped || impl_->pid <= 0) return {};
+  if (!impl_->cgroup.empty()) return cgroup_members(impl_->cgroup);
+  if (!impl_->group) return {impl_->pid};
+  std::vector<pid_t> pids;
+  for_each_group_member(impl_->pid, [&](pid_t pid, const std::vector<std::string_view>&) { pids.push_back(pid); });
+  return pids;
 }
 
 Result<Process> Process::spawn(const ProcessSpec& spec) { return spawn_via(spec, nullptr, {}); }

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <random>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "kz/core/files.h"
@@ -155,13 +156,19 @@ namespace {
 struct ScratchWalk {
   const ScratchBound& bound;
   uint64_t bytes = 0, entries = 0;
+  uint64_t removed_bytes = 0;  // of `bytes`: files removed from the dir but still open or mapped
   std::optional<std::string> over;
 
-  bool count(const struct stat& info) {
-    bytes += static_cast<uint64_t>(info.st_blocks) * 512;
+  bool count(const struct stat& info, bool removed = false) {
+    uint64_t size = static_cast<uint64_t>(info.st_blocks) * 512;
+    bytes += size;
+    removed_bytes += removed ? size : 0;
     ++entries;
     if (bound.max_bytes > 0 && bytes > bound.max_bytes)
-      over = fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb)", bound.max_bytes >> 20);
+      over = fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb){}", bound.max_bytes >> 20,
+                         removed_bytes > 0 ? fmt::format(", {} MB of it in files removed but still open",
+                                                         removed_bytes >> 20)
+                                           : "");
     else if (bound.max_entries > 0 && entries > bound.max_entries)
       over = fmt::format("its scratch dir held more than {} files (sandbox.scratch_files)", bound.max_entries);
     return !over;
@@ -216,14 +223,59 @@ bool walk_directory(int fd, int depth, ScratchWalk& walk) {
   return going;
 }
 
+// Counts `file` (a /proc link to an open or mapped file) where it is a regular file on filesystem
+// `device` with no name left, once (`seen`); false once `walk` has its verdict.
+bool count_if_removed(const fs::path& file, dev_t device, std::set<std::pair<dev_t, ino_t>>& seen,
+                      ScratchWalk& walk) {
+  struct stat info {};
+  if (::stat(file.c_str(), &info) != 0) return true;  // closed, unmapped or refused meanwhile
+  if (!S_ISREG(info.st_mode) || info.st_nlink != 0 || info.st_dev != device) return true;
+  return !seen.insert({info.st_dev, info.st_ino}).second || walk.count(info, true);
+}
+
+// The files on filesystem `device` that process `pid` holds open (/proc/<pid>/fd) or mapped
+// (/proc/<pid>/map_files, readable with CAP_SYS_ADMIN only, else skipped) after every name of theirs
+// was removed, each once (`seen`). They take their disk until the last holder lets go, and no walk of
+// a directory finds them. Of the mappings (a torch process has thousands) only those /proc/<pid>/maps
+// marks "(deleted)" are looked at.
+void count_removed_files(pid_t pid, dev_t device, std::set<std::pair<dev_t, ino_t>>& seen, ScratchWalk& walk) {
+  fs::path proc = fs::path("/proc") / std::to_string(pid);
+  if (DIR* fds = ::opendir((proc / "fd").c_str())) {  // else gone, or not ours to read
+    while (struct dirent* entry = ::readdir(fds))
+      if (entry->d_name[0] != '.' && !count_if_removed(proc / "fd" / entry->d_name, device, seen, walk)) break;
+    ::closedir(fds);
+  }
+  if (walk.over) return;
+  auto maps = read_file(proc / "maps");
+  if (!maps.ok()) return;
+  constexpr std::string_view kRemoved = " (deleted)";
+  size_t start = 0;
+  for (size_t end; start < maps->size(); start = end + 1) {
+    end = maps->find('\n', start);
+    if (end == std::string::npos) end = maps->size();
+    std::string_view line(maps->data() + start, end - start);
+    if (!line.ends_with(kRemoved)) continue;
+    std::string range(line.substr(0, line.find(' ')));  // "start-end", map_files' name for it
+    if (!count_if_removed(proc / "map_files" / range, device, seen, walk)) return;
+  }
+}
+
 }  // namespace
 
-std::optional<std::string> scratch_over_bound(const fs::path& dir, const ScratchBound& bound) {
+std::optional<std::string> scratch_over_bound(const fs::path& dir, const ScratchBound& bound,
+                                              const std::vector<pid_t>& holders) {
   if (!bound.any()) return std::nullopt;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return std::nullopt;  // not there (yet, or any more): nothing held
+  struct stat root {};
+  ::fstat(fd, &root);
   ScratchWalk walk{bound};
-  walk_directory(fd, 0, walk);
+  if (!walk_directory(fd, 0, walk)) return walk.over;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (pid_t pid : holders) {
+    count_removed_files(pid, root.st_dev, seen, walk);
+    if (walk.over) break;
+  }
   return walk.over;
 }
 

@@ -245,7 +245,7 @@ Supervised supervise(Process& worker, const StageDeadline& deadline_s, bool fork
   // Past the bound: the worker is killed, whatever it says next (its result included).
   auto scratch_overfull = [&]() -> std::optional<Supervised> {
     auto look_started = Clock::now();
-    auto over = scratch_over_bound(scratch, bound);
+    auto over = scratch_over_bound(scratch, bound, worker.members());
     // A slow look (a tree of many entries) is spaced out further: reading the worker comes first.
     auto look = Clock::now() - look_started;
     next_look = Clock::now() + std::max<Clock::duration>(kScratchLook, 4 * look);

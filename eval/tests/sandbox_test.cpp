@@ -293,6 +293,21 @@ TEST_F(SandboxTest, FillingTheScratchDirIsStopped) {
   EXPECT_EQ(status_name(within.status), std::string("ok")) << "50 MiB is within the default bound\n" << dump(within);
 }
 
+// A file removed while the worker keeps it open: no walk of the scratch dir finds it, the look at
+// the worker's open files does; the default bound lets the same candidate pass.
+TEST_F(SandboxTest, FillingTheScratchDirThroughARemovedFileIsStopped) {
+  EvalOptions small = options(), by_default = options();
+  small.sandbox.scratch_mb = 16;  // the fixture writes 50 MiB
+  Evaluator evaluator = make_evaluator(small);
+  Verdict v = evaluate_fixture(evaluator, "sandbox_fill_removed_file.py");
+  expect_verdict(v, EvalStatus::sandbox_violation, {Check::scratch_limit});
+  EXPECT_TRUE(contains(v.message, "more than 16 MB")) << v.message;
+  EXPECT_TRUE(contains(v.message, "in files removed but still open")) << v.message;
+  expect_next_is_ok(evaluator);
+  Verdict within = evaluate_fixture(make_evaluator(by_default), "sandbox_fill_removed_file.py");
+  EXPECT_EQ(status_name(within.status), std::string("ok")) << "50 MiB is within the default bound\n" << dump(within);
+}
+
 // C code is invisible to the audit hook: only the read-only mount namespace stops this one.
 TEST_F(SandboxTest, CLevelWriteOutsideScratchHitsTheReadOnlyMounts) {
   if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";

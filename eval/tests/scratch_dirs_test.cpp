@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kz/core/files.h"
 
@@ -193,6 +195,66 @@ TEST_F(ScratchDirsTest, NeitherDepthNorLongNamesHideWhatAScratchDirHolds) {
   auto too_deep = scratch_over_bound(deep, {.max_entries = 1000});
   ASSERT_TRUE(too_deep);
   EXPECT_NE(too_deep->find("deeper than 64"), std::string::npos) << *too_deep;
+}
+
+// A file written, then removed while still open (or mapped), takes its disk until let go of, and no
+// walk of the dir finds it: each look counts those of the holders it is given, each file once.
+TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
+  fs::path dir = root_ / "worker";
+  fs::create_directories(dir);
+  std::string block(1 << 20, '\0');  // random: no filesystem stores it in fewer blocks
+  std::mt19937_64 random(13);
+  for (char& c : block) c = static_cast<char>(random());
+  auto write_mebibytes = [&](int fd, int n) {
+    for (int i = 0; i < n; ++i) ASSERT_EQ(::write(fd, block.data(), block.size()), ssize_t(block.size()));
+    ::fsync(fd);  // allocated now, not at writeback
+  };
+  const std::vector<pid_t> me{::getpid()};
+  const ScratchBound two_mb{.max_bytes = 2 << 20};
+
+  // Open and still named: the walk counts it, the holders' look does not count it again.
+  int named = ::open((dir / "named").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(named, 0);
+  write_mebibytes(named, 1);
+  int removed = ::open((dir / "removed").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(removed, 0);
+  EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "1 MiB, counted once";
+  write_mebibytes(removed, 2);
+  ASSERT_EQ(::unlink((dir / "removed").c_str()), 0);
+  EXPECT_FALSE(scratch_over_bound(dir, two_mb)) << "without its holders the removed file is not seen";
+  auto over = scratch_over_bound(dir, two_mb, me);
+  ASSERT_TRUE(over) << "3 MiB, 2 of them in a removed file this process keeps open";
+  EXPECT_NE(over->find("more than 2 MB (sandbox.scratch_mb), 2 MB of it in files removed but still open"),
+            std::string::npos) << *over;
+  EXPECT_TRUE(scratch_over_bound(dir, two_mb, {::getpid(), ::getpid()})) << "a holder listed twice";
+  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20}, {::getpid(), ::getpid()})) << "each file once";
+
+  // Mapped, its descriptor closed: only /proc/<pid>/map_files shows it, which needs CAP_SYS_ADMIN.
+  void* mapped = ::mmap(nullptr, 2 << 20, PROT_READ, MAP_SHARED, removed, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  ::close(removed);
+  std::error_code error;
+  bool map_files_readable = false;
+  for (const auto& entry : fs::directory_iterator("/proc/self/map_files", error)) {
+    struct stat info {};
+    map_files_readable = ::stat(entry.path().c_str(), &info) == 0;
+    break;
+  }
+  if (map_files_readable) EXPECT_TRUE(scratch_over_bound(dir, two_mb, me)) << "mapped only";
+  ::munmap(mapped, 2 << 20);
+  EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "let go of: its disk is free";
+
+  // A removed file on another filesystem (/dev/shm, a tmpfs of its own in a worker) is not the
+  // scratch dir's.
+  std::string shm_name = "/kz-scratch-test-" + std::to_string(::getpid());
+  int elsewhere = ::shm_open(shm_name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (elsewhere >= 0) {
+    ::shm_unlink(shm_name.c_str());
+    write_mebibytes(elsewhere, 3);
+    EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "/dev/shm is not the scratch dir's filesystem";
+    ::close(elsewhere);
+  }
+  ::close(named);
 }
 
 TEST(ScrubScratchPaths, WritesEveryScratchPathAsScratch) {

@@ -177,6 +177,10 @@ class Process {
   // Checks the task cap now (it is otherwise checked every 200 ms while this Process waits on the
   // child): kills the group and makes limit_hit() say `processes` when the cap was reached.
   void check_task_cap();
+  // The child's processes now: its cgroup's members where it has one (a process that left its
+  // group is still there), else its process group's (a scan of /proc), else the child alone; none
+  // once it was reaped. Zombies may be among them.
+  std::vector<pid_t> members() const;
   // Which limit ended the process: SIGXCPU (or SIGKILL past the CPU limit, not sent by us) is
   // cpu_time, SIGXFSZ is file_size; `processes` once the task cap was reached (the group is then
   // killed). Meaningful once the child exited; `none` otherwise.

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <sys/types.h>
+#include <vector>
 
 #include "kz/core/status.h"
 
@@ -46,8 +48,14 @@ struct ScratchBound {
 // Where `dir` holds more than `bound` allows (its entries' allocated bytes, st_blocks, so a sparse
 // file counts what it uses; its files, dirs and links, not following links), or cannot be measured
 // (a directory it cannot read, nesting past 64 levels): why, for the verdict. nullopt within the
-// bound, or where `dir` itself is not there. The walk stops once past.
-std::optional<std::string> scratch_over_bound(const std::filesystem::path& dir, const ScratchBound& bound);
+// bound, or where `dir` itself is not there. The walk stops once past. Counted too: the files on
+// `dir`'s filesystem that `holders` (the worker's processes) keep open or mapped after removing
+// them, which take their disk until closed and which no walk finds (a worker that writes into one
+// fills the disk unseen otherwise); where `dir` shares its filesystem with others, a removed file a
+// holder opened elsewhere on it counts as well (the read-only mounts leave a worker nothing else
+// there to write).
+std::optional<std::string> scratch_over_bound(const std::filesystem::path& dir, const ScratchBound& bound,
+                                              const std::vector<pid_t>& holders = {});
 
 // Removes, under `parent`, the dirs of every owner token whose lock no process holds, and the lock
 // files; returns how many dirs went. Called by make_scratch_dir once per parent and process.
