@@ -113,6 +113,45 @@ TEST(Subprocess, KillGroupReachesGrandchild) {
   EXPECT_TRUE(dies_within(grandchild, 2s));
 }
 
+// The pid a child wrote first on its stdout (a grandchild's: `echo $!`), within 5 s.
+pid_t first_pid_written(Process& proc) {
+  auto deadline = Clock::now() + 5s;
+  while (proc.stdout_tail().find('\n') == std::string::npos && Clock::now() < deadline) proc.wait_for(20ms);
+  return std::atoi(proc.stdout_tail().c_str());
+}
+
+bool has(const std::vector<pid_t>& pids, pid_t pid) { return std::find(pids.begin(), pids.end(), pid) != pids.end(); }
+
+TEST(Subprocess, MembersAreTheProcessGroupsUntilReaped) {
+  ::setenv("KZ_SANDBOX_NO_CGROUP", "1", 1);  // the group's own scan, whatever this machine allows
+  ProcessSpec spec = sh("sleep 100 & echo $!; sleep 100");
+  spec.limits.max_processes = 50;
+  auto proc = Process::spawn(spec);
+  ::unsetenv("KZ_SANDBOX_NO_CGROUP");
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  pid_t grandchild = first_pid_written(*proc);
+  ASSERT_GT(grandchild, 0) << proc->stdout_tail();
+  auto members = proc->members();
+  EXPECT_TRUE(has(members, proc->pid()) && has(members, grandchild)) << members.size() << " members";
+  EXPECT_FALSE(has(members, ::getpid()));
+  proc->kill_and_reap();
+  EXPECT_TRUE(proc->members().empty());
+}
+
+// With a cgroup, a process that left the group (setsid) is still the child's.
+TEST(SubprocessSandbox, MembersHoldWhatLeftTheGroupWhereACgroupHoldsIt) {
+  ProcessSpec spec = sh("setsid sleep 100 & echo $!; sleep 100");
+  spec.limits.max_processes = 50;
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok()) << proc.status().to_string();
+  if (proc->sandbox().process_cap != "cgroup") GTEST_SKIP() << "no pids cgroup here";
+  pid_t left = first_pid_written(*proc);
+  ASSERT_GT(left, 0) << proc->stdout_tail();
+  EXPECT_TRUE(has(proc->members(), left)) << "the setsid'd sleep";
+  proc->kill_and_reap();
+  EXPECT_TRUE(dies_within(left, 2s));
+}
+
 // A grandchild holding much memory dies of the SIGKILL some time after its parent was reaped (its
 // pages are freed on the way out): kill_and_reap returns only once it has, so that what the group
 // held is given back by then.
