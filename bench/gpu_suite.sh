@@ -9,7 +9,7 @@
 #                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
 #                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
 #                   refused (none expected), and where built, the workers' own /dev/shm tests and
-#                   the scratch dir's bound (eval_sandbox_test)
+#                   the scratch dir's bound (eval_sandbox_test; Process::members in core_test)
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
@@ -111,10 +111,11 @@ elif [[ $PART == checks ]]; then
   done
   grep "kz: sandbox" "$OUT/cheats-gpu.err" | sort -u | tee "$OUT/sandbox-gaps.txt"  # what this host refused
   # The workers' own /dev/shm on this host (a tmpfs in each worker's mount namespace) and the scratch
-  # dir's bound (the supervisor's looks beside a worker on this host's file system), where built
+  # dir's bound (the supervisor's looks beside a worker on this host's file system, files removed but
+  # still open among them, found through the worker's processes: Process::members), where built
   # (KZ_BUILD_TARGETS with core_test and eval_sandbox_test).
   if [[ -x build/core/core_test && -x build/eval/eval_sandbox_test ]]; then
-    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*' &&
+    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*:*Members*' &&
       KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*:*ScratchDir*'; } > "$OUT/shm.log" 2>&1
     step_done "own /dev/shm and scratch bound tests" $?
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
