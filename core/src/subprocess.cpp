@@ -949,6 +949,10 @@ void Process::check_task_cap() {
 std::vector<pid_t> Process::members() const {
   if (impl_->reaped || impl_->pid <= 0) return {};
   if (!impl_->cgroup.empty()) return cgroup_members(impl_->cgroup);
+  // A zygote's child whose zygote died is reaped by someone else: its pid and group are ours only
+  // while its pidfd says it lives (as in kill_group).
+  const auto& zygote = impl_->zygote;
+  if (zygote && zygote->is_dead() && !(impl_->pidfd.valid() && !poll_readable(impl_->pidfd.get()))) return {};
   if (!impl_->group) return {impl_->pid};
   std::vector<pid_t> pids;
   for_each_group_member(impl_->pid, [&](pid_t pid, const std::vector<std::string_view>&) { pids.push_back(pid); });

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -17,6 +18,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "kz/core/files.h"
@@ -166,8 +168,8 @@ struct ScratchWalk {
     ++entries;
     if (bound.max_bytes > 0 && bytes > bound.max_bytes)
       over = fmt::format("its scratch dir held more than {} MB (sandbox.scratch_mb){}", bound.max_bytes >> 20,
-                         removed_bytes > 0 ? fmt::format(", {} MB of it in files removed but still open",
-                                                         removed_bytes >> 20)
+                         removed_bytes > 0 ? fmt::format(", {:.1f} MB of it in files removed but still open or mapped",
+                                                         double(removed_bytes) / (1 << 20))
                                            : "");
     else if (bound.max_entries > 0 && entries > bound.max_entries)
       over = fmt::format("its scratch dir held more than {} files (sandbox.scratch_files)", bound.max_entries);
@@ -223,40 +225,74 @@ bool walk_directory(int fd, int depth, ScratchWalk& walk) {
   return going;
 }
 
-// Counts `file` (a /proc link to an open or mapped file) where it is a regular file on filesystem
-// `device` with no name left, once (`seen`); false once `walk` has its verdict.
-bool count_if_removed(const fs::path& file, dev_t device, std::set<std::pair<dev_t, ino_t>>& seen,
-                      ScratchWalk& walk) {
-  struct stat info {};
-  if (::stat(file.c_str(), &info) != 0) return true;  // closed, unmapped or refused meanwhile
-  if (!S_ISREG(info.st_mode) || info.st_nlink != 0 || info.st_dev != device) return true;
-  return !seen.insert({info.st_dev, info.st_ino}).second || walk.count(info, true);
+// What the files a process holds say of where they were: `prefix` is the scratch dir's real path
+// and "/"; a link's text (or a maps line's path) is "<path> (deleted)" once its last name is gone.
+struct RemovedFileSearch {
+  std::string prefix;
+  std::set<std::pair<dev_t, ino_t>> seen;  // each file once, however many hold it
+  ScratchWalk& walk;
+
+  bool names_a_removed_file(std::string_view path) const {
+    return path.starts_with(prefix) && path.ends_with(" (deleted)");
+  }
+  // Counts the file behind /proc link `link` where it is a regular file with no name left (a file
+  // named "... (deleted)" has one), once; false once `walk` has its verdict.
+  bool count(const fs::path& link) {
+    struct stat info {};
+    if (::stat(link.c_str(), &info) != 0) return true;  // closed, unmapped or refused meanwhile
+    if (!S_ISREG(info.st_mode) || info.st_nlink != 0) return true;
+    return !seen.insert({info.st_dev, info.st_ino}).second || walk.count(info, true);
+  }
+};
+
+// Whether this process may follow /proc/<pid>/map_files links (CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE,
+// in the first user namespace; root in a container often has neither): asked once, of its own.
+bool map_files_followable() {
+  static const bool followable = [] {
+    DIR* dir = ::opendir("/proc/self/map_files");
+    if (!dir) return false;
+    bool ok = false;
+    while (struct dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] == '.') continue;
+      struct stat info {};
+      ok = ::stat((std::string("/proc/self/map_files/") + entry->d_name).c_str(), &info) == 0;
+      break;
+    }
+    ::closedir(dir);
+    return ok;
+  }();
+  return followable;
 }
 
-// The files on filesystem `device` that process `pid` holds open (/proc/<pid>/fd) or mapped
-// (/proc/<pid>/map_files, readable with CAP_SYS_ADMIN only, else skipped) after every name of theirs
-// was removed, each once (`seen`). They take their disk until the last holder lets go, and no walk of
-// a directory finds them. Of the mappings (a torch process has thousands) only those /proc/<pid>/maps
-// marks "(deleted)" are looked at.
-void count_removed_files(pid_t pid, dev_t device, std::set<std::pair<dev_t, ino_t>>& seen, ScratchWalk& walk) {
+// The files removed from the scratch dir that process `pid` still holds open (/proc/<pid>/fd: the
+// thread group leader's table) or mapped (/proc/<pid>/maps, the lines marked "(deleted)" under the
+// dir, followed through map_files where that is allowed). They take their disk until the last
+// holder lets go, and no walk of the dir finds them. A process gone meanwhile, or one whose /proc
+// entries this process may not read, is skipped (fork servers make themselves non-dumpable).
+void count_removed_files(pid_t pid, RemovedFileSearch& search) {
   fs::path proc = fs::path("/proc") / std::to_string(pid);
-  if (DIR* fds = ::opendir((proc / "fd").c_str())) {  // else gone, or not ours to read
-    while (struct dirent* entry = ::readdir(fds))
-      if (entry->d_name[0] != '.' && !count_if_removed(proc / "fd" / entry->d_name, device, seen, walk)) break;
+  if (DIR* fds = ::opendir((proc / "fd").c_str())) {
+    char target[PATH_MAX + 16];
+    while (struct dirent* entry = ::readdir(fds)) {
+      if (entry->d_name[0] == '.') continue;
+      fs::path link = proc / "fd" / entry->d_name;
+      ssize_t n = ::readlink(link.c_str(), target, sizeof target);
+      if (n <= 0 || !search.names_a_removed_file(std::string_view(target, size_t(n)))) continue;
+      if (!search.count(link)) break;
+    }
     ::closedir(fds);
   }
-  if (walk.over) return;
+  if (search.walk.over || !map_files_followable()) return;
   auto maps = read_file(proc / "maps");
   if (!maps.ok()) return;
-  constexpr std::string_view kRemoved = " (deleted)";
-  size_t start = 0;
-  for (size_t end; start < maps->size(); start = end + 1) {
+  for (size_t start = 0, end; start < maps->size(); start = end + 1) {
     end = maps->find('\n', start);
     if (end == std::string::npos) end = maps->size();
     std::string_view line(maps->data() + start, end - start);
-    if (!line.ends_with(kRemoved)) continue;
+    size_t path = line.find('/');  // after the range, permissions, offset, device and inode
+    if (path == std::string_view::npos || !search.names_a_removed_file(line.substr(path))) continue;
     std::string range(line.substr(0, line.find(' ')));  // "start-end", map_files' name for it
-    if (!count_if_removed(proc / "map_files" / range, device, seen, walk)) return;
+    if (!search.count(proc / "map_files" / range)) return;
   }
 }
 
@@ -267,13 +303,14 @@ std::optional<std::string> scratch_over_bound(const fs::path& dir, const Scratch
   if (!bound.any()) return std::nullopt;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return std::nullopt;  // not there (yet, or any more): nothing held
-  struct stat root {};
-  ::fstat(fd, &root);
   ScratchWalk walk{bound};
-  if (!walk_directory(fd, 0, walk)) return walk.over;
-  std::set<std::pair<dev_t, ino_t>> seen;
+  if (!walk_directory(fd, 0, walk) || holders.empty()) return walk.over;
+  std::error_code error;
+  fs::path real = fs::canonical(dir, error);  // what the holders' /proc links show
+  if (error) return walk.over;                // removed meanwhile: nothing held there
+  RemovedFileSearch search{real.string() + "/", {}, walk};
   for (pid_t pid : holders) {
-    count_removed_files(pid, root.st_dev, seen, walk);
+    count_removed_files(pid, search);
     if (walk.over) break;
   }
   return walk.over;

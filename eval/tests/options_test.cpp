@@ -83,11 +83,11 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_EQ(idle.worker.nvcc_side_by_side, "idle");
   EXPECT_FALSE(apply_toml_text("[worker]\nnvcc_side_by_side = \"sometimes\"\n", "t", sometimes).is_ok());
   EvalOptions favoured;  // builds first: below 0
-  EXPECT_TRUE(apply_toml_text("[worker]\nprebuild_niceness = -5\n", "t", favoured).is_ok());
-  EXPECT_EQ(favoured.worker.prebuild_niceness, -5);
+  EXPECT_TRUE(apply_toml_text("[worker]\nprebuild_niceness = -6\n", "t", favoured).is_ok());  // the default is -5
+  EXPECT_EQ(favoured.worker.prebuild_niceness, -6);
   EvalOptions prepared;  // the first wave's preparation beside the builds
-  EXPECT_TRUE(apply_toml_text("[worker]\nprepare_niceness = -5\n", "t", prepared).is_ok());
-  EXPECT_EQ(prepared.worker.prepare_niceness, -5);
+  EXPECT_TRUE(apply_toml_text("[worker]\nprepare_niceness = -7\n", "t", prepared).is_ok());  // the default is -5
+  EXPECT_EQ(prepared.worker.prepare_niceness, -7);
   EvalOptions small_shm, negative_shm;
   EXPECT_TRUE(apply_toml_text("[sandbox]\nshm_mb = 64\n", "t", small_shm).is_ok());
   EXPECT_EQ(small_shm.sandbox.shm_mb, 64);

@@ -302,7 +302,7 @@ TEST_F(SandboxTest, FillingTheScratchDirThroughARemovedFileIsStopped) {
   Verdict v = evaluate_fixture(evaluator, "sandbox_fill_removed_file.py");
   expect_verdict(v, EvalStatus::sandbox_violation, {Check::scratch_limit});
   EXPECT_TRUE(contains(v.message, "more than 16 MB")) << v.message;
-  EXPECT_TRUE(contains(v.message, "in files removed but still open")) << v.message;
+  EXPECT_TRUE(contains(v.message, "in files removed but still open or mapped")) << v.message;
   expect_next_is_ok(evaluator);
   Verdict within = evaluate_fixture(make_evaluator(by_default), "sandbox_fill_removed_file.py");
   EXPECT_EQ(status_name(within.status), std::string("ok")) << "50 MiB is within the default bound\n" << dump(within);

@@ -198,39 +198,44 @@ TEST_F(ScratchDirsTest, NeitherDepthNorLongNamesHideWhatAScratchDirHolds) {
 }
 
 // A file written, then removed while still open (or mapped), takes its disk until let go of, and no
-// walk of the dir finds it: each look counts those of the holders it is given, each file once.
+// walk of the dir finds it: each look counts those of the holders it is given, each file once, and
+// only the dir's own.
 TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
   fs::path dir = root_ / "worker";
   fs::create_directories(dir);
   std::string block(1 << 20, '\0');  // random: no filesystem stores it in fewer blocks
   std::mt19937_64 random(13);
   for (char& c : block) c = static_cast<char>(random());
-  auto write_mebibytes = [&](int fd, int n) {
-    for (int i = 0; i < n; ++i) ASSERT_EQ(::write(fd, block.data(), block.size()), ssize_t(block.size()));
+  // A file of `mebibytes`, written and closed (so no filesystem keeps blocks preallocated for more),
+  // then held open read-only.
+  auto held_file = [&](const fs::path& path, int mebibytes) {
+    int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0) << path;
+    for (int i = 0; i < mebibytes; ++i) EXPECT_EQ(::write(fd, block.data(), block.size()), ssize_t(block.size()));
     ::fsync(fd);  // allocated now, not at writeback
+    ::close(fd);
+    return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   };
   const std::vector<pid_t> me{::getpid()};
-  const ScratchBound two_mb{.max_bytes = 2 << 20};
+  const ScratchBound bound{.max_bytes = 3 << 19};  // 1.5 MiB
 
   // Open and still named: the walk counts it, the holders' look does not count it again.
-  int named = ::open((dir / "named").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  int named = held_file(dir / "named", 1);
   ASSERT_GE(named, 0);
-  write_mebibytes(named, 1);
-  int removed = ::open((dir / "removed").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "1 MiB, counted once";
+  int removed = held_file(dir / "removed", 1);
   ASSERT_GE(removed, 0);
-  EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "1 MiB, counted once";
-  write_mebibytes(removed, 2);
   ASSERT_EQ(::unlink((dir / "removed").c_str()), 0);
-  EXPECT_FALSE(scratch_over_bound(dir, two_mb)) << "without its holders the removed file is not seen";
-  auto over = scratch_over_bound(dir, two_mb, me);
-  ASSERT_TRUE(over) << "3 MiB, 2 of them in a removed file this process keeps open";
-  EXPECT_NE(over->find("more than 2 MB (sandbox.scratch_mb), 2 MB of it in files removed but still open"),
+  EXPECT_FALSE(scratch_over_bound(dir, bound)) << "without its holders the removed file is not seen";
+  auto over = scratch_over_bound(dir, bound, me);
+  ASSERT_TRUE(over) << "2 MiB, 1 of them in a removed file this process keeps open";
+  EXPECT_NE(over->find("more than 1 MB (sandbox.scratch_mb), 1.0 MB of it in files removed but still open or mapped"),
             std::string::npos) << *over;
-  EXPECT_TRUE(scratch_over_bound(dir, two_mb, {::getpid(), ::getpid()})) << "a holder listed twice";
-  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 4 << 20}, {::getpid(), ::getpid()})) << "each file once";
+  EXPECT_FALSE(scratch_over_bound(dir, {.max_bytes = 5 << 19}, {::getpid(), ::getpid()}))
+      << "2 MiB within 2.5 MiB: each file once, whoever holds it";
 
   // Mapped, its descriptor closed: only /proc/<pid>/map_files shows it, which needs CAP_SYS_ADMIN.
-  void* mapped = ::mmap(nullptr, 2 << 20, PROT_READ, MAP_SHARED, removed, 0);
+  void* mapped = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, removed, 0);
   ASSERT_NE(mapped, MAP_FAILED);
   ::close(removed);
   std::error_code error;
@@ -240,18 +245,24 @@ TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
     map_files_readable = ::stat(entry.path().c_str(), &info) == 0;
     break;
   }
-  if (map_files_readable) EXPECT_TRUE(scratch_over_bound(dir, two_mb, me)) << "mapped only";
-  ::munmap(mapped, 2 << 20);
-  EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "let go of: its disk is free";
+  if (map_files_readable) EXPECT_TRUE(scratch_over_bound(dir, bound, me)) << "mapped only";
+  ::munmap(mapped, 1 << 20);
+  EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "let go of: its disk is free";
 
-  // A removed file on another filesystem (/dev/shm, a tmpfs of its own in a worker) is not the
-  // scratch dir's.
+  // Removed files held elsewhere are not the dir's: beside it on its filesystem (a library replaced
+  // under a running server, say), or in /dev/shm (a tmpfs of its own in a worker).
+  fs::create_directories(root_ / "beside");
+  int beside = held_file(root_ / "beside" / "old.so", 2);
+  ASSERT_GE(beside, 0);
+  ASSERT_EQ(::unlink((root_ / "beside" / "old.so").c_str()), 0);
+  EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "a removed file beside the scratch dir";
+  ::close(beside);
   std::string shm_name = "/kz-scratch-test-" + std::to_string(::getpid());
   int elsewhere = ::shm_open(shm_name.c_str(), O_CREAT | O_RDWR, 0600);
   if (elsewhere >= 0) {
     ::shm_unlink(shm_name.c_str());
-    write_mebibytes(elsewhere, 3);
-    EXPECT_FALSE(scratch_over_bound(dir, two_mb, me)) << "/dev/shm is not the scratch dir's filesystem";
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(::write(elsewhere, block.data(), block.size()), ssize_t(block.size()));
+    EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "a removed file in /dev/shm";
     ::close(elsewhere);
   }
   ::close(named);

@@ -142,8 +142,8 @@ struct SandboxOptions {
   // The worker's scratch dir in all (its files' allocated bytes, and its entries): the supervisor
   // looks every 0.5 s while it runs and kills it past either, against many files each under the
   // per-file limit. A bound looked at, not a quota: between two looks a candidate can write what the
-  // disk takes in 0.5 s. Files it removed but keeps open (or, for a root supervisor, mapped) count
-  // too (scratch_over_bound). 0: no bound.
+  // disk takes in 0.5 s. Files it removed but keeps open (or mapped, where the supervisor has
+  // CAP_SYS_ADMIN) count too (scratch_over_bound says which stay hidden). 0: no bound.
   int scratch_mb = 4096;
   int scratch_files = 100000;
   int max_processes = 2048;      // tasks (processes + threads) of the worker and its children; nvcc builds
