@@ -39,8 +39,10 @@
 #                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
 #   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, alternately
 #                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
-#                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, A and B side by
-#                   side (~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
+#                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, then
+#                   bench/ab_summary.py: every run's batch, pre-builds' end, rates and summed
+#                   start-up, each side's medians and B against A pair by pair (summary.txt; ~35 s
+#                   a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
 #   PART = nvcc:    build kz only; bench/nvcc_probe.py: one `cuda` candidate's build through nvcc and
 #                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
@@ -134,6 +136,7 @@ elif [[ $PART == ab ]]; then
       python3 bench/kernelbench_compare.py --report-only "$OUT/$side-$round/compare.json" --short
     done
   done
+  python3 bench/ab_summary.py "$OUT" --b-label "$KZ_AB_CONFIG" | tee "$OUT/summary.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == compare ]]; then
   WALL=${KZ_COMPARE_WALL_S:-480}
