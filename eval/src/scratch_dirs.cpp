@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -159,7 +161,7 @@ struct ScratchWalk {
   const ScratchBound& bound;
   uint64_t bytes = 0, entries = 0;
   uint64_t removed_bytes = 0;  // of `bytes`: files removed from the dir but still open or mapped
-  std::optional<std::string> over;
+  std::optional<std::string> over = std::nullopt;
 
   bool count(const struct stat& info, bool removed = false) {
     uint64_t size = static_cast<uint64_t>(info.st_blocks) * 512;
@@ -225,74 +227,85 @@ bool walk_directory(int fd, int depth, ScratchWalk& walk) {
   return going;
 }
 
-// What the files a process holds say of where they were: `prefix` is the scratch dir's real path
-// and "/"; a link's text (or a maps line's path) is "<path> (deleted)" once its last name is gone.
+// How a look finds the files removed from the scratch dir that its holders still hold. An open
+// file counts where it lies on the scratch dir's filesystem (`device`): a worker can write nowhere
+// else there (the read-only mounts), and its link's text may name no path under the dir (one past
+// PATH_MAX cannot be read; a mount of its own shows another). A mapping counts where its path in
+// maps lies under the dir (`prefix`: its real path and "/"), so that a library replaced beside it
+// while a long-lived server maps the old one is not the worker's.
 struct RemovedFileSearch {
+  dev_t device;
   std::string prefix;
   std::set<std::pair<dev_t, ino_t>> seen;  // each file once, however many hold it
   ScratchWalk& walk;
 
-  bool names_a_removed_file(std::string_view path) const {
-    return path.starts_with(prefix) && path.ends_with(" (deleted)");
-  }
   // Counts the file behind /proc link `link` where it is a regular file with no name left (a file
   // named "... (deleted)" has one), once; false once `walk` has its verdict.
-  bool count(const fs::path& link) {
+  bool count(const fs::path& link, bool on_device_only) {
     struct stat info {};
     if (::stat(link.c_str(), &info) != 0) return true;  // closed, unmapped or refused meanwhile
-    if (!S_ISREG(info.st_mode) || info.st_nlink != 0) return true;
+    if (!S_ISREG(info.st_mode) || info.st_nlink != 0 || (on_device_only && info.st_dev != device)) return true;
     return !seen.insert({info.st_dev, info.st_ino}).second || walk.count(info, true);
   }
 };
 
 // Whether this process may follow /proc/<pid>/map_files links (CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE,
-// in the first user namespace; root in a container often has neither): asked once, of its own.
+// in the first user namespace; root in a container often has neither), asked of its own until the
+// answer is a yes or a refusal (another error, a descriptor short or a mapping gone, asks again).
 bool map_files_followable() {
-  static const bool followable = [] {
-    DIR* dir = ::opendir("/proc/self/map_files");
-    if (!dir) return false;
-    bool ok = false;
-    while (struct dirent* entry = ::readdir(dir)) {
-      if (entry->d_name[0] == '.') continue;
-      struct stat info {};
-      ok = ::stat((std::string("/proc/self/map_files/") + entry->d_name).c_str(), &info) == 0;
-      break;
-    }
-    ::closedir(dir);
-    return ok;
-  }();
-  return followable;
+  static std::atomic<int> known{-1};  // -1: not known yet, 0: refused, 1: followable
+  if (known >= 0) return known == 1;
+  DIR* dir = ::opendir("/proc/self/map_files");
+  int answer = dir ? -1 : (errno == EPERM || errno == EACCES ? 0 : -1);
+  while (struct dirent* entry = dir ? ::readdir(dir) : nullptr) {
+    if (entry->d_name[0] == '.') continue;
+    struct stat info {};
+    if (::stat((std::string("/proc/self/map_files/") + entry->d_name).c_str(), &info) == 0) answer = 1;
+    else if (errno == EPERM || errno == EACCES) answer = 0;
+    break;
+  }
+  if (dir) ::closedir(dir);
+  if (answer >= 0) known = answer;
+  return answer == 1;
+}
+
+// map_files' name for a maps line's range ("start-end", without maps' zero padding, which
+// map_files refuses), or "" where the line starts with none.
+std::string map_files_name(std::string_view line) {
+  unsigned long long start = 0, end = 0;
+  size_t dash = line.find('-'), space = line.find(' ');
+  if (dash == std::string_view::npos || space == std::string_view::npos || dash > space) return {};
+  auto first = std::from_chars(line.data(), line.data() + dash, start, 16);
+  auto second = std::from_chars(line.data() + dash + 1, line.data() + space, end, 16);
+  if (first.ec != std::errc() || second.ec != std::errc()) return {};
+  return fmt::format("{:x}-{:x}", start, end);
 }
 
 // The files removed from the scratch dir that process `pid` still holds open (/proc/<pid>/fd: the
-// thread group leader's table) or mapped (/proc/<pid>/maps, the lines marked "(deleted)" under the
+// thread group leader's table) or mapped (/proc/<pid>/maps, its lines marked "(deleted)" under the
 // dir, followed through map_files where that is allowed). They take their disk until the last
 // holder lets go, and no walk of the dir finds them. A process gone meanwhile, or one whose /proc
 // entries this process may not read, is skipped (fork servers make themselves non-dumpable).
 void count_removed_files(pid_t pid, RemovedFileSearch& search) {
   fs::path proc = fs::path("/proc") / std::to_string(pid);
   if (DIR* fds = ::opendir((proc / "fd").c_str())) {
-    char target[PATH_MAX + 16];
-    while (struct dirent* entry = ::readdir(fds)) {
-      if (entry->d_name[0] == '.') continue;
-      fs::path link = proc / "fd" / entry->d_name;
-      ssize_t n = ::readlink(link.c_str(), target, sizeof target);
-      if (n <= 0 || !search.names_a_removed_file(std::string_view(target, size_t(n)))) continue;
-      if (!search.count(link)) break;
-    }
+    while (struct dirent* entry = ::readdir(fds))
+      if (entry->d_name[0] != '.' && !search.count(proc / "fd" / entry->d_name, true)) break;
     ::closedir(fds);
   }
   if (search.walk.over || !map_files_followable()) return;
   auto maps = read_file(proc / "maps");
   if (!maps.ok()) return;
+  constexpr std::string_view kRemoved = " (deleted)";
   for (size_t start = 0, end; start < maps->size(); start = end + 1) {
     end = maps->find('\n', start);
     if (end == std::string::npos) end = maps->size();
     std::string_view line(maps->data() + start, end - start);
-    size_t path = line.find('/');  // after the range, permissions, offset, device and inode
-    if (path == std::string_view::npos || !search.names_a_removed_file(line.substr(path))) continue;
-    std::string range(line.substr(0, line.find(' ')));  // "start-end", map_files' name for it
-    if (!search.count(proc / "map_files" / range)) return;
+    size_t path = line.find('/');  // no field before the path holds one
+    if (path == std::string_view::npos || !line.ends_with(kRemoved) || !line.substr(path).starts_with(search.prefix))
+      continue;
+    std::string name = map_files_name(line);
+    if (!name.empty() && !search.count(proc / "map_files" / name, false)) return;
   }
 }
 
@@ -303,12 +316,18 @@ std::optional<std::string> scratch_over_bound(const fs::path& dir, const Scratch
   if (!bound.any()) return std::nullopt;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return std::nullopt;  // not there (yet, or any more): nothing held
+  struct stat root {};
+  int root_error = ::fstat(fd, &root) == 0 ? 0 : errno;
   ScratchWalk walk{bound};
   if (!walk_directory(fd, 0, walk) || holders.empty()) return walk.over;
+  if (root_error != 0) {
+    walk.refuse(fmt::format("its filesystem: {}", std::strerror(root_error)));
+    return walk.over;
+  }
   std::error_code error;
-  fs::path real = fs::canonical(dir, error);  // what the holders' /proc links show
+  fs::path real = fs::canonical(dir, error);  // what the holders' maps show
   if (error) return walk.over;                // removed meanwhile: nothing held there
-  RemovedFileSearch search{real.string() + "/", {}, walk};
+  RemovedFileSearch search{root.st_dev, real.string() + "/", {}, walk};
   for (pid_t pid : holders) {
     count_removed_files(pid, search);
     if (walk.over) break;

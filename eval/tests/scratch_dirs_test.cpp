@@ -198,8 +198,8 @@ TEST_F(ScratchDirsTest, NeitherDepthNorLongNamesHideWhatAScratchDirHolds) {
 }
 
 // A file written, then removed while still open (or mapped), takes its disk until let go of, and no
-// walk of the dir finds it: each look counts those of the holders it is given, each file once, and
-// only the dir's own.
+// walk of the dir finds it: each look counts those of the holders it is given, each file once; open
+// ones wherever they lie on the dir's filesystem, mapped ones where they lay under the dir.
 TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
   fs::path dir = root_ / "worker";
   fs::create_directories(dir);
@@ -235,7 +235,10 @@ TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
       << "2 MiB within 2.5 MiB: each file once, whoever holds it";
 
   // Mapped, its descriptor closed: only /proc/<pid>/map_files shows it, which needs CAP_SYS_ADMIN.
-  void* mapped = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, removed, 0);
+  // Low in the address space where it may be: maps pads such an address with zeros, map_files not.
+  void* low = reinterpret_cast<void*>(uintptr_t{0x2000000});
+  void* mapped = ::mmap(low, 1 << 20, PROT_READ, MAP_SHARED | MAP_FIXED_NOREPLACE, removed, 0);
+  if (mapped == MAP_FAILED) mapped = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, removed, 0);
   ASSERT_NE(mapped, MAP_FAILED);
   ::close(removed);
   std::error_code error;
@@ -245,18 +248,44 @@ TEST_F(ScratchDirsTest, FilesRemovedButStillHeldCountForTheirHolders) {
     map_files_readable = ::stat(entry.path().c_str(), &info) == 0;
     break;
   }
-  if (map_files_readable) EXPECT_TRUE(scratch_over_bound(dir, bound, me)) << "mapped only";
+  if (map_files_readable) EXPECT_TRUE(scratch_over_bound(dir, bound, me)) << "mapped only, at " << mapped;
   ::munmap(mapped, 1 << 20);
   EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "let go of: its disk is free";
 
-  // Removed files held elsewhere are not the dir's: beside it on its filesystem (a library replaced
-  // under a running server, say), or in /dev/shm (a tmpfs of its own in a worker).
+  // Open, past PATH_MAX: its link cannot be read, its file still counts.
+  int level = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(level, 0);
+  const std::string name(250, 'd');
+  for (int depth = 0; depth < 18; ++depth) {
+    ASSERT_EQ(::mkdirat(level, name.c_str(), 0700), 0) << depth;
+    int next = ::openat(level, name.c_str(), O_RDONLY | O_DIRECTORY);
+    ::close(level);
+    ASSERT_GE(next, 0);
+    level = next;
+  }
+  int deep = ::openat(level, "deep", O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(deep, 0);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(::write(deep, block.data(), block.size()), ssize_t(block.size()));
+  ::fsync(deep);
+  ASSERT_EQ(::unlinkat(level, "deep", 0), 0);
+  ::close(level);
+  fs::remove_all(dir / name);
+  EXPECT_TRUE(scratch_over_bound(dir, bound, me)) << "a removed file opened past PATH_MAX";
+  ::close(deep);
+  EXPECT_FALSE(scratch_over_bound(dir, bound, me));
+
+  // Removed beside the dir on its filesystem: open, it counts (a worker writes nowhere else there);
+  // mapped only (a library replaced under a long-lived server), it does not.
   fs::create_directories(root_ / "beside");
-  int beside = held_file(root_ / "beside" / "old.so", 2);
+  int beside = held_file(root_ / "beside" / "old.so", 1);
   ASSERT_GE(beside, 0);
   ASSERT_EQ(::unlink((root_ / "beside" / "old.so").c_str()), 0);
-  EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "a removed file beside the scratch dir";
+  EXPECT_TRUE(scratch_over_bound(dir, bound, me)) << "a removed file open beside the scratch dir";
+  void* library = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, beside, 0);
+  ASSERT_NE(library, MAP_FAILED);
   ::close(beside);
+  EXPECT_FALSE(scratch_over_bound(dir, bound, me)) << "a removed file mapped beside the scratch dir";
+  ::munmap(library, 1 << 20);
   std::string shm_name = "/kz-scratch-test-" + std::to_string(::getpid());
   int elsewhere = ::shm_open(shm_name.c_str(), O_CREAT | O_RDWR, 0600);
   if (elsewhere >= 0) {

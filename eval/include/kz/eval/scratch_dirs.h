@@ -49,13 +49,16 @@ struct ScratchBound {
 // file counts what it uses; its files, dirs and links, not following links), or cannot be measured
 // (a directory it cannot read, nesting past 64 levels): why, for the verdict. nullopt within the
 // bound, or where `dir` itself is not there. The walk stops once past. Counted too: the files
-// removed from `dir` that `holders` (the worker's processes) still hold open or mapped, each once:
-// they take their disk until let go of, and no walk finds them (a worker writing into one would fill
-// the disk unseen). Found through /proc/<pid>/fd (each holder's leader's table) and the "(deleted)"
-// lines of /proc/<pid>/maps under `dir` (where this process may follow map_files: CAP_SYS_ADMIN);
-// holders whose /proc entries this process may not read are skipped. Not found: a file held only
-// by another thread's own table (unshare(CLONE_FILES)), by a socket's queue (SCM_RIGHTS) or by
-// io_uring, or by a holder that made itself non-dumpable under a supervisor without CAP_SYS_PTRACE.
+// removed that `holders` (the worker's processes) still hold, each once: they take their disk
+// until let go of, and no walk finds them (a worker writing into one would fill the disk unseen).
+// Open ones (/proc/<pid>/fd, each holder's leader's table) wherever on `dir`'s filesystem, where
+// the read-only mounts leave a worker nothing else to write; mapped ones (the "(deleted)" lines of
+// /proc/<pid>/maps, where this process may follow map_files: CAP_SYS_ADMIN) where their path lay
+// under `dir`, since a long-lived server may map a library replaced beside it. Holders whose /proc
+// entries this process may not read are skipped. Not found: a file held only by another thread's
+// own table (unshare(CLONE_FILES)), by a socket's queue (SCM_RIGHTS) or by io_uring, or by a holder
+// that made itself non-dumpable under a supervisor without CAP_SYS_PTRACE; a mapped-only one whose
+// path reads otherwise (a mount of the worker's own, in a user namespace of its own).
 std::optional<std::string> scratch_over_bound(const std::filesystem::path& dir, const ScratchBound& bound,
                                               const std::vector<pid_t>& holders = {});
 
