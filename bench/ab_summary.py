@@ -54,6 +54,11 @@ def load_runs(out: pathlib.Path):
             skipped.append(f"{path.name}: its kz batch did not complete")
             continue
         runs[(match[1], int(match[2]))] = figures
+    for side, n in sorted(runs):
+        other = "B" if side == "A" else "A"
+        if (other, n) not in runs:
+            skipped.append(f"{other}-{n}: not there or not usable, so {side}-{n} is in its side's median "
+                           "but in no pair")
     return runs, skipped
 
 
@@ -90,7 +95,7 @@ def render(runs: dict, skipped: list, b_label: str = "") -> str:
     header = ["run"] + [label for label, _ in cols]
     rows = [[f"{side}-{n}"] + [shown(get(figures)) for _, get in cols] for (side, n), figures in sorted(
         runs.items(), key=lambda item: (item[0][1], item[0][0]))]
-    for side in ("A", "B"):
+    for side in ("A", "B"):  # over every complete run of the side, paired or not
         mine = [f for (s, _), f in runs.items() if s == side]
         if mine:
             rows.append([f"{side} median ({len(mine)})"] + [shown(median_of(mine, get)) for _, get in cols])

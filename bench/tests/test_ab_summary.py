@@ -38,7 +38,7 @@ def test_runs_medians_and_pairs(tmp_path):
     (tmp_path / "notes").mkdir()
     runs, skipped = ab_summary.load_runs(tmp_path)
     assert sorted(runs) == [("A", 1), ("A", 2), ("B", 1), ("B", 2)]
-    assert skipped == ["B-3: its kz batch did not complete"]
+    assert skipped == ["B-3: its kz batch did not complete"]  # and A-3 was never there: no pair to name
     a1 = runs[("A", 1)]
     assert a1["batch_s"] == 10.0 and a1["prebuilds_end_s"] == 4.5
     assert a1["rates"]["cuda-rtc"] == 30.0 and a1["rates"]["cuda"] == 10.0  # 1 in 6 s
@@ -55,6 +55,17 @@ def test_runs_medians_and_pairs(tmp_path):
     assert row["round 1"][2:] == ["-20%", "+0%", "+0%", "+100%", "+0%", "-33%"]
     assert row["round 2"][2:] == ["-8%", "+0%", "+0%", "+20%", "+0%", "-20%"]
     assert "  left out: B-3: its kz batch did not complete" in lines
+
+
+def test_a_run_without_its_partner_is_named(tmp_path):
+    write_run(tmp_path, "A-1", 10.0, 3.0)
+    write_run(tmp_path, "B-1", 8.0, 2.0)
+    write_run(tmp_path, "A-2", 12.0, 5.0)
+    runs, skipped = ab_summary.load_runs(tmp_path)
+    assert skipped == ["B-2: not there or not usable, so A-2 is in its side's median but in no pair"]
+    text = ab_summary.render(runs, skipped)
+    assert "; 1 pair(s)" in text.splitlines()[0]
+    assert "round 2" not in text
 
 
 def test_no_usable_run_says_so(tmp_path, capsys):
