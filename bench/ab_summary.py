@@ -15,7 +15,7 @@ import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from compare_report import FORMATS, kz_format_times, per_minute, table  # noqa: E402
+from compare_report import FORMATS, fmt_num, kz_format_times, per_minute, table  # noqa: E402
 
 RUN_DIR = re.compile(r"^([AB])-(\d+)$")
 
@@ -74,10 +74,6 @@ def columns(runs: dict) -> list:
     return cols
 
 
-def shown(value, spec=".1f") -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
 def median_of(runs: list, get):
     values = [get(r) for r in runs if get(r) is not None]
     return statistics.median(values) if values else None
@@ -93,12 +89,12 @@ def render(runs: dict, skipped: list, b_label: str = "") -> str:
         return "no complete A/B run found\n" + "".join(f"  left out: {s}\n" for s in skipped)
     cols = columns(runs)
     header = ["run"] + [label for label, _ in cols]
-    rows = [[f"{side}-{n}"] + [shown(get(figures)) for _, get in cols] for (side, n), figures in sorted(
+    rows = [[f"{side}-{n}"] + [fmt_num(get(figures)) for _, get in cols] for (side, n), figures in sorted(
         runs.items(), key=lambda item: (item[0][1], item[0][0]))]
     for side in ("A", "B"):  # over every complete run of the side, paired or not
         mine = [f for (s, _), f in runs.items() if s == side]
         if mine:
-            rows.append([f"{side} median ({len(mine)})"] + [shown(median_of(mine, get)) for _, get in cols])
+            rows.append([f"{side} median ({len(mine)})"] + [fmt_num(median_of(mine, get)) for _, get in cols])
     pairs = sorted(n for (side, n) in runs if side == "A" and ("B", n) in runs)
     lines = [f"A/B: A = the defaults, B = {b_label or 'the config given'}; {len(pairs)} pair(s)",
              table(header, rows)]

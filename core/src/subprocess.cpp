@@ -744,13 +744,18 @@ struct Process::Impl {
   }
 
   // Whether the group (its leader at least) was signalled: false where its pid may be someone else's.
+  // Whether `pid` (and its group id) still name the child: not once it was reaped (the pid may
+  // belong to someone else now), nor for a zygote's child whose zygote died, which was reparented
+  // and is reaped by someone else once it exits, unless its pidfd says it lives.
+  bool pid_still_ours() const {
+    if (reaped) return false;
+    return !(zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get())));
+  }
+
   bool kill_group(int sig) {
     if (!cgroup.empty())
       for (pid_t member : cgroup_members(cgroup)) ::kill(member, sig);
-    if (reaped) return false;  // the pid may belong to someone else now
-    // A zygote's child whose zygote died was reparented, and is reaped by someone else once it
-    // exits: its pid (and group id) are ours only while its pidfd says it lives.
-    if (zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get()))) return false;
+    if (!pid_still_ours()) return false;
     signalled = true;
     if (group && ::kill(-pid, sig) == 0) return true;
     ::kill(pid, sig);
@@ -949,10 +954,7 @@ void Process::check_task_cap() {
 std::vector<pid_t> Process::members() const {
   if (impl_->reaped || impl_->pid <= 0) return {};
   if (!impl_->cgroup.empty()) return cgroup_members(impl_->cgroup);
-  // A zygote's child whose zygote died is reaped by someone else: its pid and group are ours only
-  // while its pidfd says it lives (as in kill_group).
-  const auto& zygote = impl_->zygote;
-  if (zygote && zygote->is_dead() && !(impl_->pidfd.valid() && !poll_readable(impl_->pidfd.get()))) return {};
+  if (!impl_->pid_still_ours()) return {};
   if (!impl_->group) return {impl_->pid};
   std::vector<pid_t> pids;
   for_each_group_member(impl_->pid, [&](pid_t pid, const std::vector<std::string_view>&) { pids.push_back(pid); });
