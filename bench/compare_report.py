@@ -236,8 +236,10 @@ def waited_for_worker(verdict: dict) -> bool:
 
 def stage_parts(verdicts: list, key: str, label: str) -> list:
     """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
-    worker's correctness_s (the audit forward under the profiler, the trials, the replay probe;
-    GPU-lock waits included), timing_s (the exclusive hold: inputs, warmup, timed, with new_round,
+    worker's load_reference_s (the reference's import, its Model built, every input set and reference
+    output, the audit's warm-up; GPU-lock waits included), correctness_s (the audit forward under the
+    profiler, the trials, the replay probe; GPU-lock waits included), gpu_wait_by_stage_s (the waits
+    alone, by stage), timing_s (the exclusive hold: inputs, warmup, timed, with new_round,
     guard and samples inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
     checks, the comparisons of the sampled outputs copied in the hold)."""
     lines = []
@@ -346,6 +348,7 @@ def stage_section(data: dict) -> str:
         lines += waits_per_device(verdicts)
     lines += no_worker_lines(verdicts)
     lines += startup_lines(verdicts)
+    lines += stage_parts(verdicts, "load_reference_s", "load_reference")
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
     lines += stage_parts(verdicts, "timing_after_hold_s", "timing (after the hold, shared)")
@@ -361,6 +364,7 @@ def stage_section(data: dict) -> str:
         lines.append("    waiting per format (share of its verdicts' summed wall_s): " + ", ".join(
             f"{fmt} {waited:.1f} s ({100 * waited / summed:.0f}%)" if summed else f"{fmt} {waited:.1f} s"
             for fmt, waited, summed in gpu_waits_by_format(locked)))
+        lines += ["  " + line for line in stage_parts(locked, "gpu_wait_by_stage_s", "waiting by stage")]
     spins = collections.Counter(v.get("launch_spin") for v in verdicts if v.get("speedup") is not None)
     if spins:
         counts = sorted((kind or "not recorded", n) for kind, n in spins.items())

@@ -474,6 +474,21 @@ def test_correctness_parts_are_summed_per_format():
         assert f"  {fmt} correctness: audit {0.5 * n:.1f} s, replay_probe {0.125 * n:.1f} s, trials {0.25 * n:.1f} s" in text
 
 
+def test_load_reference_parts_and_the_waits_by_stage_are_summed_per_format():
+    data = synthetic()
+    verdicts = data["kz_batch"]["verdicts"]
+    for verdict in verdicts:
+        verdict["load_reference_s"] = {"import": 0.125, "build": 0.25, "inputs": 1.0, "warm_up": 0.0625}
+        verdict["gpu_wait_s"] = 0.75
+        verdict["gpu_wait_by_stage_s"] = {"load_reference": 0.5, "correctness": 0.25}
+    text = compare_report.stage_section(data)
+    for fmt in {v["format"] for v in verdicts}:
+        n = sum(1 for v in verdicts if v["format"] == fmt)
+        assert (f"  {fmt} load_reference: build {0.25 * n:.1f} s, import {0.125 * n:.1f} s, "
+                f"inputs {1.0 * n:.1f} s, warm_up {0.0625 * n:.1f} s") in text
+        assert f"    {fmt} waiting by stage: correctness {0.25 * n:.1f} s, load_reference {0.5 * n:.1f} s" in text
+
+
 def test_timing_parts_are_summed_per_format():
     data = synthetic()
     timed = [v for v in data["kz_batch"]["verdicts"] if v.get("speedup")]

@@ -102,10 +102,12 @@ nlohmann::json to_json(const Verdict& v) {
   j["stage_s"] = nlohmann::json::object();
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   write_parts(j, "startup_s", v.startup_s);          // optional: where a worker reported it
+  write_parts(j, "load_reference_s", v.load_reference_s);  // optional: runs that reached load_reference
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   write_parts(j, "build_s", v.build_s);              // optional: a load_inline build ran (or pre-built)
+  write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
@@ -163,10 +165,12 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
                      [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
   }
   read_parts(j, "startup_s", v.startup_s);
+  read_parts(j, "load_reference_s", v.load_reference_s);
   read_parts(j, "correctness_s", v.correctness_s);
   read_parts(j, "timing_s", v.timing_s);
   read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   read_parts(j, "build_s", v.build_s);
+  read_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();

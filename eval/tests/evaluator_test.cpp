@@ -168,6 +168,18 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   }
   EXPECT_EQ(parts, (std::vector<std::string>{"audit", "replay_probe", "trials"})) << dump(v);
   EXPECT_LE(parts_total, v.stage_s.back().second) << dump(v);
+  // The load_reference stage's parts likewise (nlohmann's object keeps them sorted by name).
+  parts.clear();
+  parts_total = 0;
+  for (const auto& [part, seconds] : v.load_reference_s) {
+    parts.push_back(part);
+    parts_total += seconds;
+  }
+  EXPECT_EQ(parts, (std::vector<std::string>{"build", "import", "inputs", "warm_up"})) << dump(v);
+  // The supervisor times a stage between its messages' arrivals, the worker its parts by its own
+  // clock: a message's latency (ms) is the slack.
+  EXPECT_LE(parts_total, v.stage_s[1].second + 0.05) << dump(v);
+  EXPECT_TRUE(v.gpu_wait_by_stage_s.empty()) << "the CPU takes no GPU lock: " << dump(v);
 }
 
 // [worker] fork_server through the real worker: the server imports torch and Triton (interpreter

@@ -84,6 +84,18 @@ TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
   EXPECT_EQ(back->correctness_s, v.correctness_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheLoadReferenceStagesPartsAndTheWaitsByStage) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("load_reference_s")) << "absent where the stage was not reached";
+  EXPECT_FALSE(to_json(v).contains("gpu_wait_by_stage_s")) << "absent where nothing waited for the GPU";
+  v.load_reference_s = {{"build", 0.25}, {"import", 0.125}, {"inputs", 0.5}, {"warm_up", 0.0625}};
+  v.gpu_wait_by_stage_s = {{"correctness", 0.75}, {"load_reference", 0.375}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->load_reference_s, v.load_reference_s);
+  EXPECT_EQ(back->gpu_wait_by_stage_s, v.gpu_wait_by_stage_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsTheTimingsParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("timing_s")) << "absent where nothing was timed";

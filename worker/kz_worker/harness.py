@@ -90,10 +90,21 @@ class Evaluation:
         self.replays = None
         self.gpu = gpu_lock.NoLock()
         self.compile_started = None  # time.monotonic() at the compile stage's start
+        self._gpu_waited_noted = 0.0  # the lock's waited_s already given to a stage (_note_gpu_wait)
 
     def enter(self, stage: str) -> None:
+        self._note_gpu_wait()
         self.stage = stage
         self.channel.stage(stage)
+
+    def _note_gpu_wait(self) -> None:
+        """Adds the GPU-lock waits since the last call to the stage that had them (the verdict's
+        gpu_wait_by_stage_s: which stage's seconds were waits, for the throughput report)."""
+        waited = getattr(self.gpu, "waited_s", 0.0)
+        if waited > self._gpu_waited_noted:
+            into = self.result.setdefault("gpu_wait_by_stage_s", {})
+            into[self.stage] = into.get(self.stage, 0.0) + waited - self._gpu_waited_noted
+            self._gpu_waited_noted = waited
 
     def run(self) -> dict:
         try:
@@ -104,6 +115,7 @@ class Evaluation:
             status, check = formats.classify_exception(exc, self.stage)
             self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
+        self._note_gpu_wait()
         self.result.update(self.gpu.report())
         try:  # diagnostics: never in the way of the verdict
             if build_s := formats.build_parts(self.compile_started):
@@ -122,16 +134,21 @@ class Evaluation:
     def _run_stages(self):
         self.enter("load_reference")
         on_cpu = self.device.type == "cpu"
-        reference = loading.load_reference(self.request["reference_source"], self.scratch,
-                                           use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
-                                           overrides=self.request.get("size_overrides", {}))
-        formats.prepare(self.format, self.device, self.request.get("extensions"))
-        init_inputs = reference.init_inputs()
+        # Where the stage's time goes (lock waits included): the reference's import, its Model built
+        # and moved to the device, every input set and reference output, the audit's warm-up.
+        loaded = self.result["load_reference_s"] = {}
+        with _seconds(loaded, "import"):
+            reference = loading.load_reference(self.request["reference_source"], self.scratch,
+                                               use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
+                                               overrides=self.request.get("size_overrides", {}))
+            formats.prepare(self.format, self.device, self.request.get("extensions"))
+            init_inputs = reference.init_inputs()
         # A compile-only request (a pre-build) builds the candidate and no more: the evaluation that
         # follows builds the reference (and reports it if it fails).
         pre_build = self.request.get("mode") == "compile"
         try:
-            reference_model = None if pre_build else reference.build(init_inputs, self.seed, self.device)
+            with _seconds(loaded, "build"):
+                reference_model = None if pre_build else reference.build(init_inputs, self.seed, self.device)
         except Exception as exc:
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to build:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
@@ -142,13 +159,15 @@ class Evaluation:
         except gpu_lock.LockFileMissing as exc:  # no lock is no timing to trust: the machine's fault
             raise v.Failure(v.INFRA_ERROR, str(exc))
         if runs:
-            self._precompute(reference, reference_model, timed)
-        cheats.install_launch_hooks(self.format)
-        if runs and cheats.POLICY.get(self.format) is not None:
-            # Imports and the profiler's start-up (seconds of CPU, one tiny kernel): outside the GPU
-            # lock, where a waiting timing would otherwise queue every worker behind it.
-            cheats.warm_up(self.device)
-        self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
+            with _seconds(loaded, "inputs"):
+                self._precompute(reference, reference_model, timed)
+        with _seconds(loaded, "warm_up"):
+            cheats.install_launch_hooks(self.format)
+            if runs and cheats.POLICY.get(self.format) is not None:
+                # Imports and the profiler's start-up (seconds of CPU, one tiny kernel): outside the GPU
+                # lock, where a waiting timing would otherwise queue every worker behind it.
+                cheats.warm_up(self.device)
+            self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
 
         self.enter("compile")
         self.compile_started = time.monotonic()

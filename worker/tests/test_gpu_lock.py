@@ -188,3 +188,34 @@ def test_a_symlink_in_a_lock_files_place_is_refused(tmp_path):
     (tmp_path / (lock_file_stem("GPU-x") + ".lock")).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(LockFileMissing, match="cannot be opened"):
         GpuLock(str(tmp_path), "GPU-x")
+
+
+def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(monkeypatch, tmp_path):
+    # A timing elsewhere holds the GPU while the evaluation precomputes its reference outputs: the
+    # wait shows in gpu_wait_s and, by stage, in gpu_wait_by_stage_s (load_reference's).
+    import pathlib
+    import types
+
+    from kz_worker import harness
+    from kz_worker import verdict as v
+
+    locks = tmp_path / "locks"
+    monkeypatch.setattr(harness.gpu_lock, "for_request", lambda request, device: GpuLock(str(locks), "GPU-test"))
+    ctx = mp.get_context("fork")
+    events = ctx.Queue()
+    timing = ctx.Process(target=hold, args=(str(locks), "exclusive", events))
+    timing.start()
+    assert events.get(timeout=10)[1] == "in"  # held before the evaluation starts
+    root = pathlib.Path(__file__).resolve().parents[2]
+    source = (root / "suite" / "kzbench" / "level1" / "02_relu.py").read_text()
+    request = {"device": "cpu", "format": "torch", "seed": 7, "trials": 1, "scratch_dir": str(tmp_path),
+               "reference_source": source, "candidate_source": source, "timing": {"enabled": False},
+               "tolerance": {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
+                             "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}}
+    result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
+    timing.join(10)
+    assert result["status"] == v.OK, result
+    by_stage = result["gpu_wait_by_stage_s"]
+    assert by_stage["load_reference"] > HOLD_S / 2, result
+    assert sum(by_stage.values()) == pytest.approx(result["gpu_wait_s"]), result
+    assert sum(result["load_reference_s"].values()) > by_stage["load_reference"], result

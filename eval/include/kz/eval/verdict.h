@@ -118,6 +118,11 @@ struct Verdict {
   // on a GPU, "early_context" (its CUDA context, made in a thread beside the imports). Diagnostics
   // for the throughput report.
   std::vector<std::pair<std::string, double>> startup_s;
+  // Where the load_reference stage's seconds went (import: the reference module and its init inputs;
+  // build: its Model on the device; inputs: every input set and reference output; warm_up: the
+  // launch hooks, the audit's warm-up and the identity snapshot), measured by the worker, GPU-lock
+  // waits included: diagnostics for the throughput report. Empty when not reached.
+  std::vector<std::pair<std::string, double>> load_reference_s;
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> correctness_s;
@@ -137,6 +142,9 @@ struct Verdict {
   // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
   // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
+  // gpu_wait_s by the stage that waited (load_reference, compile, correctness, timing, recheck),
+  // reported by the worker. Empty without the lock or without a wait.
+  std::vector<std::pair<std::string, double>> gpu_wait_by_stage_s;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;
