@@ -2,7 +2,10 @@
 #include "sandbox_plan.h"
 
 #include <fcntl.h>
+#include <linux/audit.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -13,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 
 namespace kz::sandbox_plan {
 
@@ -134,6 +138,50 @@ void child_drop_privileges(const Plan& plan, int error_fd) {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_skipped(error_fd, kStepNoNewPrivs, 0, errno);
 }
 
+#if defined(__x86_64__)
+constexpr uint32_t kNativeArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+constexpr uint32_t kNativeArch = AUDIT_ARCH_AARCH64;
+#endif
+
+// The seccomp filter (sandbox_plan.h, Plan::syscall_filter). Returns 0 or an errno (EINVAL on an
+// architecture this file has no filter for). Async-signal-safe: the program lives on the stack.
+int install_syscall_filter() {
+#if defined(__x86_64__) || defined(__aarch64__)
+  constexpr uint32_t kRefuse = SECCOMP_RET_ERRNO | EPERM, kAllow = SECCOMP_RET_ALLOW;
+  constexpr uint32_t kArgLow = offsetof(seccomp_data, args[0]);  // the flags' low half (little-endian)
+  // Jump offsets count the instructions skipped; each comment names the instruction's index.
+  sock_filter program[] = {
+      /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 1, 0),
+      /* 2 */ BPF_STMT(BPF_RET | BPF_K, kRefuse),  // another ABI (x86's int 0x80): its numbers differ
+      /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+#if defined(__x86_64__)
+      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 8, 0),  // x32's numbers: refused (13)
+#else
+      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
+#endif
+      /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+      /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),  // its flags are in memory: libc retries with clone
+      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 5, 0),  // refused (13)
+      /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 1, 0),          // flags (10)
+      /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 2),            // flags (10), else allowed (12)
+      /* 10 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArgLow),
+      /* 11 */ BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 1, 0),
+      /* 12 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
+      /* 13 */ BPF_STMT(BPF_RET | BPF_K, kRefuse),
+  };
+  sock_fprog fprog{static_cast<unsigned short>(sizeof program / sizeof program[0]), program};
+  // Without CAP_SYS_ADMIN the kernel takes a filter only under no_new_privs (set already where
+  // capabilities were dropped).
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog) != 0) return errno;
+  return 0;
+#else
+  return EINVAL;
+#endif
+}
+
 }  // namespace
 
 void apply_sandbox_plan(const Plan& plan, int error_fd) {
@@ -143,6 +191,9 @@ void apply_sandbox_plan(const Plan& plan, int error_fd) {
   // After the mounts, so that a writable cwd is the writable bind mount.
   if (!plan.cwd.empty() && ::chdir(plan.cwd.c_str()) != 0) child_fail(error_fd, kStageChdir);
   child_drop_privileges(plan, error_fd);
+  if (plan.syscall_filter) {
+    if (int err = install_syscall_filter(); err != 0) child_skipped(error_fd, kStepSyscallFilter, 0, err);
+  }
 }
 
 nlohmann::json to_json(const Plan& plan) {
@@ -152,7 +203,8 @@ nlohmann::json to_json(const Plan& plan) {
   nlohmann::json json = {{"cwd", plan.cwd}, {"new_group", plan.new_group}, {"limits", limits},
                          {"cgroup_procs", plan.cgroup_procs}, {"new_netns", plan.new_netns},
                          {"read_only", plan.read_only}, {"drop_caps", plan.drop_caps},
-                         {"new_pidns", plan.new_pidns}, {"writable", plan.writable}, {"readonly_mounts", mounts}};
+                         {"new_pidns", plan.new_pidns}, {"syscall_filter", plan.syscall_filter},
+                         {"writable", plan.writable}, {"readonly_mounts", mounts}};
   nlohmann::json tmpfs = nlohmann::json::array();
   for (const Plan::Tmpfs& t : plan.tmpfs) tmpfs.push_back({t.path, t.options});
   json["tmpfs"] = tmpfs;
@@ -171,6 +223,7 @@ Plan plan_from_json(const nlohmann::json& json) {
   plan.read_only = json.at("read_only").get<bool>();
   plan.drop_caps = json.at("drop_caps").get<bool>();
   plan.new_pidns = json.at("new_pidns").get<bool>();
+  plan.syscall_filter = json.at("syscall_filter").get<bool>();
   plan.writable = json.at("writable").get<std::vector<std::string>>();
   for (const auto& m : json.at("readonly_mounts")) plan.readonly_mounts.push_back({m.at(0).get<std::string>(), m.at(1).get<bool>()});
   for (const auto& t : json.at("tmpfs")) plan.tmpfs.push_back({t.at(0).get<std::string>(), t.at(1).get<std::string>()});

@@ -8,7 +8,7 @@
 //
 // Order: setpgid, nice, rlimits, joining the pids cgroup, unshare(CLONE_NEWNET), the read-only
 // mount namespace (with a fresh /proc in a PID namespace, and fresh tmpfs mounts), chdir, dropping
-// capabilities. An optional step that fails is reported to the parent as a record on the error pipe
+// capabilities, the seccomp filter. An optional step that fails is reported to the parent as a record on the error pipe
 // and skipped; a fatal one writes its record and _exit(127)s.
 #pragma once
 #include <sys/resource.h>
@@ -37,7 +37,7 @@ constexpr const char* kTmpfsSource = "kz-tmpfs";
 enum Stage : int32_t { kStageSetpgid, kStageDup2, kStageChdir, kStageExec, kStageSetrlimit, kStageMountProc };
 enum Step : int32_t {
   kStepCgroup, kStepNetns, kStepMountns, kStepMountPrivate, kStepBind, kStepRemount, kStepCaps, kStepNoNewPrivs,
-  kStepTmpfs,
+  kStepTmpfs, kStepSyscallFilter,
 };
 
 struct Plan {
@@ -52,6 +52,9 @@ struct Plan {
   std::string cgroup_procs;  // the pids cgroup's cgroup.procs to join; empty: none
   bool new_netns = false, read_only = false, drop_caps = false;
   bool new_pidns = false;  // the child is pid 1 of a new PID namespace: mount its own /proc
+  // A seccomp filter, last (ProcessSpec::syscall_filter says what it refuses); where the kernel
+  // refuses it, kStepSyscallFilter is skipped.
+  bool syscall_filter = false;
   std::vector<std::string> writable;  // bind-mounted onto themselves
   struct Tmpfs {
     std::string path;

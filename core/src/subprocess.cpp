@@ -500,6 +500,7 @@ const char* step_name(int32_t step) {
     case kStepCaps: return "dropping capabilities";
     case kStepNoNewPrivs: return "PR_SET_NO_NEW_PRIVS";
     case kStepTmpfs: return "mounting a fresh tmpfs";
+    case kStepSyscallFilter: return "installing the seccomp filter";
     default: return "sandbox step";
   }
 }
@@ -513,6 +514,7 @@ std::vector<std::string> missing_isolation(const ProcessSpec& spec, const Sandbo
   if (spec.drop_capabilities && !report.capabilities_dropped) missing.push_back("no capabilities");
   if (spec.new_pid_namespace && spec.read_only_filesystem && !report.pids_isolated)
     missing.push_back("its own PID namespace");
+  if (spec.syscall_filter && !report.syscalls_filtered) missing.push_back("its syscall filter");
   if (spec.read_only_filesystem && !spec.fresh_tmpfs.empty() && !report.tmpfs_private)
     for (const auto& tmpfs : spec.fresh_tmpfs) missing.push_back("its own tmpfs at " + tmpfs.path.string());
   return missing;
@@ -1007,6 +1009,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   plan.sandbox.read_only = spec.read_only_filesystem;
   plan.sandbox.drop_caps = spec.drop_capabilities;
   plan.sandbox.new_pidns = spec.new_pid_namespace && spec.read_only_filesystem;
+  plan.sandbox.syscall_filter = spec.syscall_filter;
   std::vector<std::string> plan_notes;  // what the plan left out, for the report
   bool tmpfs_given_up = false;
   if (plan.sandbox.read_only) {
@@ -1193,6 +1196,7 @@ Result<Process> Process::spawn_once(const ProcessSpec& spec, std::string& pid_na
   impl->report.filesystem_read_only =
       spec.read_only_filesystem && !was_skipped({kStepMountns, kStepMountPrivate, kStepBind, kStepRemount});
   impl->report.capabilities_dropped = spec.drop_capabilities && !was_skipped({kStepCaps, kStepNoNewPrivs});
+  impl->report.syscalls_filtered = spec.syscall_filter && !was_skipped({kStepSyscallFilter});
   impl->report.pids_isolated = plan.sandbox.new_pidns;  // the child failed (above) where it could not mount /proc
   // Remounts skipped elsewhere leave the tmpfs in place; a failed writable bind stops before it.
   impl->report.tmpfs_private = spec.read_only_filesystem && !spec.fresh_tmpfs.empty() && !tmpfs_given_up &&

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -797,6 +798,46 @@ TEST(SubprocessSandbox, OwnPidNamespaceEndsWithItsFirstProcess) {
   auto deadline = std::chrono::steady_clock::now() + 2s;
   while (sleeper_alive() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(sleeper_alive()) << "the setsid'd sleep outlived its namespace's first process";
+}
+
+// kz_try_syscalls' lines: name -> result ("ok", an errno name, "crashed", "n/a").
+std::map<std::string, std::string> tried_syscalls(const std::string& out) {
+  std::map<std::string, std::string> results;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (size_t eq = line.find('='); eq != std::string::npos) results[line.substr(0, eq)] = line.substr(eq + 1);
+  return results;
+}
+
+TEST(SubprocessSandbox, SyscallFilterRefusesUserNamespacesIoUringAndOtherAbis) {
+  ProcessSpec spec;
+  spec.argv = {KZ_TRY_SYSCALLS};
+  // Control: what this machine answers without the filter (so each expectation below means something).
+  RunResult control_run = run_ok(spec);
+  auto control = tried_syscalls(control_run.stdout_text);
+  ASSERT_EQ(control.size(), 7u) << control_run.stdout_text << control_run.stderr_text;
+  EXPECT_NE(control["clone3"], "ENOSYS") << "a kernel without clone3 (before 5.3): the filter's answer cannot be told apart";
+
+  // As a worker gets it: after the capabilities are dropped.
+  spec.syscall_filter = true;
+  spec.drop_capabilities = true;
+  auto proc = Process::spawn(spec);
+  ASSERT_TRUE(proc.ok());
+  ExitInfo exit = finish(*proc, 10s);
+  ASSERT_TRUE(proc->sandbox().syscalls_filtered) << notes(*proc);
+  EXPECT_TRUE(missing_isolation(spec, proc->sandbox()).empty()) << notes(*proc);
+  ASSERT_TRUE(exit.exited && exit.exit_code == 0) << exit.describe() << proc->stderr_tail();
+  auto filtered = tried_syscalls(proc->stdout_tail());
+  EXPECT_EQ(filtered["unshare_user"], "EPERM") << "without the filter: " << control["unshare_user"];
+  EXPECT_EQ(filtered["clone_user"], "EPERM") << "without the filter: " << control["clone_user"];
+  EXPECT_EQ(filtered["clone3"], "ENOSYS");
+  EXPECT_EQ(filtered["io_uring"], "EPERM") << "without the filter: " << control["io_uring"];
+  if (control["int80"] == "ok") {
+    EXPECT_EQ(filtered["int80"], "EPERM");
+  }
+  // What libc does with clone3 refused: threads and forks as before.
+  EXPECT_EQ(filtered["thread"], "ok");
+  EXPECT_EQ(filtered["fork"], "ok");
 }
 
 TEST(SubprocessSandbox, DroppedCapabilitiesCannotUndoTheReadOnlyMounts) {

@@ -68,6 +68,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.network", o.sandbox.network},
       {"sandbox.read_only_filesystem", o.sandbox.read_only_filesystem},
       {"sandbox.pid_namespace", o.sandbox.pid_namespace},
+      {"sandbox.syscall_filter", o.sandbox.syscall_filter},
       {"sandbox.shm_mb", o.sandbox.shm_mb},
       {"sandbox.require_isolation", o.sandbox.require_isolation},
       {"sandbox.gpu_memory_fraction", o.sandbox.gpu_memory_fraction},

@@ -120,6 +120,7 @@ void apply_sandbox(const SandboxOptions& options, const std::string& device, Pro
   spec.drop_capabilities = true;
   spec.read_only_filesystem = options.read_only_filesystem;
   spec.new_pid_namespace = options.pid_namespace;
+  spec.syscall_filter = options.syscall_filter;
   if (options.read_only_filesystem) {
     spec.writable_paths = {spec.cwd};
     std::error_code ec;

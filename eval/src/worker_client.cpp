@@ -517,7 +517,7 @@ std::string server_key(const WorkerSetup& setup, const std::string& scratch_pref
                         {"require_isolation", setup.require_isolation},  // a tolerant setup's server may lack some
                         {"prefix", scratch_prefix}, {"writable", writable}, {"tmpfs", tmpfs},
                         {"flags", {spec.new_network_namespace, spec.read_only_filesystem, spec.new_pid_namespace, spec.drop_capabilities,
-                                   spec.new_process_group}},
+                                   spec.new_process_group, spec.syscall_filter}},
                         {"nice", spec.nice_increment},
                         {"limits", {l.cpu_time_s, l.file_size_bytes, l.max_processes, l.address_space_bytes,
                                     l.open_files, l.no_core_dumps}}};

@@ -308,6 +308,26 @@ TEST_F(SandboxTest, FillingTheScratchDirThroughARemovedFileIsStopped) {
   EXPECT_EQ(status_name(within.status), std::string("ok")) << "50 MiB is within the default bound\n" << dump(within);
 }
 
+// A user namespace would give a candidate's process its capabilities back (mounts of its own):
+// only the seccomp filter stops it, C code being invisible to the audit hook. Without the filter
+// the same candidate is ok, so the refusal is the filter's.
+TEST_F(SandboxTest, AUserNamespaceIsRefused) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the fixture calls x86-64's clone";
+#endif
+  Evaluator evaluator = make_evaluator(options());
+  Verdict v = evaluate_fixture(evaluator, "sandbox_user_namespace.py");
+  expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
+  EXPECT_TRUE(contains(v.message, "clone(CLONE_NEWUSER): Operation not permitted")) << v.message;
+  expect_next_is_ok(evaluator);
+  EvalOptions unfiltered = options();
+  unfiltered.sandbox.syscall_filter = false;
+  Verdict made = evaluate_fixture(make_evaluator(unfiltered), "sandbox_user_namespace.py");
+  if (made.status != EvalStatus::ok && contains(made.message, "clone(CLONE_NEWUSER)"))
+    GTEST_SKIP() << "this machine refuses user namespaces anyway: " << made.message;
+  EXPECT_EQ(status_name(made.status), std::string("ok")) << dump(made);
+}
+
 // C code is invisible to the audit hook: only the read-only mount namespace stops this one.
 TEST_F(SandboxTest, CLevelWriteOutsideScratchHitsTheReadOnlyMounts) {
   if (!read_only_mounts_available()) GTEST_SKIP() << "no read-only mount namespace on this machine (not root?)";

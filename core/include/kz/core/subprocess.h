@@ -100,6 +100,15 @@ struct ProcessSpec {
   // limit). Where the namespace or its /proc cannot be made, the child runs without and
   // SandboxReport says why.
   bool new_pid_namespace = false;
+  // A seccomp filter, installed last (under no_new_privs) and kept by everything the child starts:
+  // new user namespaces refused (unshare or clone with CLONE_NEWUSER: EPERM), so no process of the
+  // child's gets a namespace's capabilities back (a mount of its own, say); io_uring refused (EPERM:
+  // a ring's requests act outside the calls a supervisor can see); clone3 answered ENOSYS (its flags
+  // lie in memory, out of a filter's sight, and libc then falls back to clone); and every call through
+  // another ABI than the child's own (x86-64's int 0x80 and x32 numbers) refused, since the filter
+  // knows the native numbers only. x86-64 and aarch64; where it cannot be installed the child runs
+  // without it and SandboxReport says why.
+  bool syscall_filter = false;
 };
 
 // What the sandbox of a spawned process really got (see Process::sandbox()).
@@ -109,12 +118,14 @@ struct SandboxReport {
   bool capabilities_dropped = false;
   bool pids_isolated = false;        // in its own PID namespace, with its own /proc
   bool tmpfs_private = false;        // every fresh_tmpfs path has its own tmpfs
+  bool syscalls_filtered = false;    // under the seccomp filter (ProcessSpec::syscall_filter)
   std::string process_cap;           // "cgroup", "polling", or "" without max_processes
   std::vector<std::string> notes;    // what was asked for but not applied, and why
 };
 
 // What `spec` asked for that `report` says the child did not get ("its own network namespace",
-// "a read-only filesystem", "no capabilities", "its own PID namespace", "its own tmpfs at <path>");
+// "a read-only filesystem", "no capabilities", "its own PID namespace", "its own tmpfs at <path>",
+// "its syscall filter");
 // empty when all of it holds.
 std::vector<std::string> missing_isolation(const ProcessSpec& spec, const SandboxReport& report);
 

@@ -161,8 +161,14 @@ struct SandboxOptions {
   int shm_mb = 1024;
   bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
                                  // /proc (no other worker's process, cwd or cmdline in sight)
+  // A seccomp filter on each worker and everything it starts: no new user namespace (whose
+  // capabilities would give a candidate mounts of its own, hiding files from the scratch bound),
+  // no io_uring, no 32-bit system calls; clone3 answers ENOSYS, so libc uses clone
+  // (ProcessSpec::syscall_filter says why).
+  bool syscall_filter = true;
   // What happens where the machine refuses an isolation asked for above (the network, the
-  // read-only filesystem, dropped capabilities, the PID namespace, the own /dev/shm: no root, a container without
+  // read-only filesystem, dropped capabilities, the PID namespace, the own /dev/shm, the syscall
+  // filter: no root, a container without
   // CAP_SYS_ADMIN). false: the worker runs without it and kz says so once on stderr. true: no
   // worker runs without it; the evaluation is an error (no verdict), which stops `kz eval-suite`.
   // For RL runs, where one hole is a reward hack the policy will find.
