@@ -8,8 +8,9 @@
 #                   (worker/tests/test_process.py, its GPU test too) and the GPU-only cheat fixtures
 #                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
 #                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
-#                   refused (none expected), and where built, the workers' own /dev/shm tests and
-#                   the scratch dir's bound (eval_sandbox_test; Process::members in core_test)
+#                   refused (none expected), and where built, the workers' own /dev/shm tests,
+#                   the scratch dir's bound and the syscall filter (eval_sandbox_test;
+#                   Process::members and the filter's own test in core_test)
 #   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
 #                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
 #                   spread across processes (~2 min)
@@ -117,8 +118,8 @@ elif [[ $PART == checks ]]; then
   # still open among them, found through the worker's processes: Process::members), where built
   # (KZ_BUILD_TARGETS with core_test and eval_sandbox_test).
   if [[ -x build/core/core_test && -x build/eval/eval_sandbox_test ]]; then
-    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*:*Members*' &&
-      KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*:*ScratchDir*'; } > "$OUT/shm.log" 2>&1
+    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*:*Members*:*SyscallFilter*' &&
+      KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*:*ScratchDir*:*UserNamespace*'; } > "$OUT/shm.log" 2>&1
     step_done "own /dev/shm and scratch bound tests" $?
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
   fi
