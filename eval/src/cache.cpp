@@ -202,6 +202,7 @@ nlohmann::json protocol_options_json(const EvalOptions& o) {
       {"trials", o.trials},
       {"use_cpu_sizes", o.use_cpu_sizes},
       {"size_overrides", o.size_overrides},
+      {"kernel_share", o.kernel_share},
       {"tolerance",
        {{"atol_fp32", t.atol_fp32}, {"rtol_fp32", t.rtol_fp32}, {"norm_tol_fp32", t.norm_tol_fp32},
         {"atol_half", t.atol_half}, {"rtol_half", t.rtol_half}, {"norm_tol_half", t.norm_tol_half}}},
@@ -228,6 +229,7 @@ std::string protocol_fingerprint(const EvalOptions& options) {
                   {"network", s.network},
                   {"read_only_filesystem", s.read_only_filesystem},
                   {"pid_namespace", s.pid_namespace},
+                  {"syscall_filter", s.syscall_filter},
                   {"shm_mb", s.shm_mb},
                   {"gpu_memory_fraction", s.gpu_memory_fraction}};
   return j.dump();  // nlohmann::json objects keep their keys sorted: canonical

@@ -17,6 +17,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"trials", o.trials},
       {"seed", o.seed},
       {"use_cpu_sizes", o.use_cpu_sizes},
+      {"kernel_share", o.kernel_share},
       {"jobs", o.jobs},
       {"size_overrides", o.size_overrides},
       {"tolerance.atol_fp32", o.tolerance.atol_fp32},
@@ -83,6 +84,8 @@ Status EvalOptions::validate() const {
   if (format != "auto" && !parse_format(format))
     return invalid_argument(fmt::format("format '{}' is not one of auto, cuda, triton, cuda-rtc, torch", format));
   if (trials < 1) return invalid_argument("trials must be at least 1");
+  if (kernel_share != "cuda" && kernel_share != "all")
+    return invalid_argument(fmt::format("kernel_share '{}' is neither 'cuda' nor 'all'", kernel_share));
   if (jobs < 0) return invalid_argument("jobs must be 0 (automatic) or positive");
   if (timing.runs < 1 || timing.input_sets < 1 || timing.gpu_jobs < 1 || timing.warmup_runs < 0 ||
       timing.l2_flush_mb < 0 || timing.launch_spin_us < 0)

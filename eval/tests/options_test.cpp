@@ -58,6 +58,11 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
   EvalOptions r;
   EXPECT_FALSE(apply_toml_text("[worker]\nspare_servers = -1\n", "t", r).is_ok());
+  EvalOptions every_format, some;
+  EXPECT_EQ(every_format.kernel_share, "cuda") << "the default";
+  EXPECT_TRUE(apply_toml_text("kernel_share = \"all\"\n", "t", every_format).is_ok());
+  EXPECT_EQ(every_format.kernel_share, "all");
+  EXPECT_FALSE(apply_toml_text("kernel_share = \"triton\"\n", "t", some).is_ok());
   for (const char* connections : {"-1", "33"}) {
     EvalOptions c;
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\ncuda_connections = {}\n", connections), "t", c).is_ok())

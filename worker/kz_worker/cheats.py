@@ -196,13 +196,21 @@ def _wrap(cls, name, make):
     _state.installed.add(key)
 
 
-def warm_up(device: torch.device) -> None:
-    """Runs the audit's machinery once before the snapshot (the dispatch mode, and on a GPU the profiler
-    loads its modules), and leaves torch.manual_seed as a later import of torch._dynamo would."""
+def profiles_audit(fmt: str, device: torch.device, kernel_share: str) -> bool:
+    """Whether the audit forward runs under the profiler ([eval] kernel_share): on a GPU, for `cuda`,
+    whose no_custom_kernel check needs its kernel list, and for every format with "all" (the verdict's
+    custom_kernel_share, a report: the launch counters decide cuda-rtc's and triton's check)."""
+    return device.type == "cuda" and (fmt == "cuda" or kernel_share == "all")
+
+
+def warm_up(device: torch.device, profiler: bool = True) -> None:
+    """Runs the audit's machinery once before the snapshot (the dispatch mode, and where the audit will
+    profile, the profiler loads its modules on the GPU), and leaves torch.manual_seed as a later import
+    of torch._dynamo would."""
     wrap_manual_seed_as_dynamo_would()
     with OpTrace():
         torch.empty(1).zero_()
-    if device.type == "cuda":
+    if device.type == "cuda" and profiler:
         try:
             _profiled_kernels(lambda: None)
         except Exception:
@@ -295,9 +303,11 @@ class AuditReport:
         self.custom_share = None
 
 
-def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contextlib.nullcontext):
-    """One extra forward, traced: (output, AuditReport). The forward runs inside gpu_hold(), the
-    profiler's own work outside it."""
+def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contextlib.nullcontext,
+                  profiled: bool = None):
+    """One extra forward, traced: (output, AuditReport). Where `profiled` (default: on a GPU) it runs
+    under the profiler too, for the kernel list; the forward runs inside gpu_hold(), the profiler's own
+    work outside it."""
     report = AuditReport()
     trace = OpTrace()
     before = _state.launches
@@ -306,7 +316,8 @@ def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contex
         with trace:
             return model(*inputs)
 
-    profiled = device.type == "cuda"
+    if profiled is None:
+        profiled = device.type == "cuda"
     if profiled:
         out, kernels, ok = _profiled_kernels(run, gpu_hold)
         if ok:

@@ -90,6 +90,7 @@ class Evaluation:
         self.replays = None
         self.gpu = gpu_lock.NoLock()
         self.compile_started = None  # time.monotonic() at the compile stage's start
+        self.profiled = False  # whether the audit forward runs under the profiler (cheats.profiles_audit)
         self._gpu_waited_noted = 0.0  # the lock's waited_s already given to a stage (_note_gpu_wait)
 
     def enter(self, stage: str) -> None:
@@ -161,12 +162,13 @@ class Evaluation:
         if runs:
             with _seconds(loaded, "inputs"):
                 self._precompute(reference, reference_model, timed)
+        self.profiled = cheats.profiles_audit(self.format, self.device, self.request.get("kernel_share", "cuda"))
         with _seconds(loaded, "warm_up"):
             cheats.install_launch_hooks(self.format)
             if runs and cheats.POLICY.get(self.format) is not None:
                 # Imports and the profiler's start-up (seconds of CPU, one tiny kernel): outside the GPU
                 # lock, where a waiting timing would otherwise queue every worker behind it.
-                cheats.warm_up(self.device)
+                cheats.warm_up(self.device, profiler=self.profiled)
             self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
 
         self.enter("compile")
@@ -274,7 +276,8 @@ class Evaluation:
             inputs = loading.clone_all(self.expected.inputs(key))
             formats.poison_free_memory(self.device, inputs)
         # Holds the GPU for the forward only, not for the profiler's own CPU work.
-        out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device, self.gpu.shared)
+        out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device, self.gpu.shared,
+                                           profiled=self.profiled)
         self.guard.verify("after the traced forward")
         self.result["compiled"] = True
         if report.custom_share is not None:

@@ -784,3 +784,11 @@ def test_a_copy_of_the_harnesss_expected_output_is_not_a_timed_result(tmp_path, 
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     with pytest.raises(v.Failure):
         evaluation._time(ref_model, CopiesTheHarnesssExpectedOutput())
+
+
+def test_the_audit_is_profiled_on_a_gpu_for_cuda_and_for_every_format_only_when_asked():
+    gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
+    assert cheats.profiles_audit("cuda", gpu, "cuda")  # its no_custom_kernel check reads the kernel list
+    assert not cheats.profiles_audit("cuda-rtc", gpu, "cuda") and not cheats.profiles_audit("triton", gpu, "cuda")
+    assert cheats.profiles_audit("cuda-rtc", gpu, "all") and cheats.profiles_audit("triton", gpu, "all")
+    assert not any(cheats.profiles_audit(fmt, cpu, "all") for fmt in ("cuda", "cuda-rtc", "triton"))

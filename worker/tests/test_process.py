@@ -169,6 +169,7 @@ from kz_worker import cheats, process
 process.prepare_host("cuda:0")
 process.prepare_device("cuda:0")
 import torch
+cheats.warm_up(torch.device("cuda:0"))  # a request whose audit is profiled (cheats.profiles_audit)
 x = torch.randn(1 << 20, device="cuda")
 _, kernels, profiler_ok = cheats._profiled_kernels(lambda: torch.relu(x))
 print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules,
@@ -178,7 +179,7 @@ print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_suite.sh checks)")
 def test_a_prepared_gpu_worker_profiles_kernels_without_importing_torch_dynamo():
-    # The device part too (the CUDA context, the profiler's warm-up) and a profiled forward leave
+    # The device part too (the CUDA context, then a profiled request's warm-up) and a profiled forward leave
     # torch._dynamo and torch._inductor out: torch.profiler.profile's start would import both.
     done = run_probe(ON_THE_GPU)
     assert done.returncode == 0, done.stderr

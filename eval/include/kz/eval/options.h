@@ -183,6 +183,12 @@ struct EvalOptions {
   int trials = 5;                // correctness trials, each on fresh random inputs
   uint64_t seed = 0;             // 0: a fresh secret seed per evaluation; else fixed (reproducible)
   bool use_cpu_sizes = true;     // apply a reference's `cpu_sizes` when the device is the CPU
+  // On a GPU, which formats' audit forward runs under the profiler, whose kernel list gives the
+  // verdict's custom_kernel_share: "cuda" (its no_custom_kernel check reads that list) or "all"
+  // (cuda-rtc and triton too, where their launch counters decide no_custom_kernel and the ATen policy
+  // already refuses torch compute: the share is a report, ~0.2 s of CPU an evaluation, ~1 s in a
+  // cold batch's first wave).
+  std::string kernel_share = "cuda";
   std::map<std::string, long long> size_overrides;  // module constant -> value, applied last
   int jobs = 0;                  // eval-suite workers at once; 0: CPU cores on cpu, 1 on a GPU
   ToleranceOptions tolerance;
