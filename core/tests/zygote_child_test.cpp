@@ -26,7 +26,7 @@ using ChildSetup = int (*)(const char*, const int*, int);
 // The sandbox plan that changes nothing: only the descriptors are at stake here.
 constexpr const char* kRequest =
     R"({"plan": {"cwd": "", "new_group": false, "limits": [], "cgroup_procs": "", "new_netns": false,
-                 "read_only": false, "drop_caps": false, "new_pidns": false, "writable": [],
+                 "read_only": false, "drop_caps": false, "new_pidns": false, "syscall_filter": false, "writable": [],
                  "readonly_mounts": [], "tmpfs": []},
         "fds": ["stdin", "stdout", "stderr", "error"]})";
 
