@@ -237,8 +237,8 @@ def waited_for_worker(verdict: dict) -> bool:
 def stage_parts(verdicts: list, key: str, label: str) -> list:
     """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
     worker's load_reference_s (the reference's import, its Model built, every input set and reference
-    output, the audit's warm-up; GPU-lock waits included), correctness_s (the audit forward under the
-    profiler, the trials, the replay probe; GPU-lock waits included), gpu_wait_by_stage_s (the waits
+    output, the audit's warm-up; GPU-lock waits included), correctness_s (the audit forward, under the
+    profiler where kernel_share asks, the trials, the replay probe; GPU-lock waits included), gpu_wait_by_stage_s (the waits
     alone, by stage), timing_s (the exclusive hold: inputs, warmup, timed, with new_round,
     guard and samples inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
     checks, the comparisons of the sampled outputs copied in the hold)."""
@@ -263,8 +263,8 @@ def summed_parts(verdicts: list, key: str) -> dict:
 def startup_lines(verdicts: list) -> list:
     """One line per format and kind of process: where the startup stage went (each verdict's
     startup_s). For the evaluations a fork server served: the wait for a server (forked from its
-    zygote, which the first time means its imports), the wait for the child's device (CUDA context,
-    profiler), and the rest (the child's own set-up and the harness's start up to its first message).
+    zygote, which the first time means its imports), the wait for the child's device (CUDA context;
+    before session 24 the profiler too), and the rest (the child's own set-up and the harness's start up to its first message).
     For those run in a worker started for the request alone ([worker] fork_server = "never"): its
     imports, the wait for its device after them, and the seconds its CUDA context took in a thread
     beside the imports."""

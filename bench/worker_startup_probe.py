@@ -4,7 +4,8 @@ the first wave of a cold batch waits ~6 s before any evaluation's own work)
 Three ways to get a process ready for an evaluation through kz_worker.process (the code the worker
 runs), each measured N at a time (--concurrency):
   fresh:       a new interpreter runs prepare_host (imports, the audit's CPU machinery) and then
-               prepare_device (CUDA context, profiler, the launch spin's clock): `python -m kz_worker`;
+               prepare_device (CUDA context, the launch spin's clock and gate), then the profiler's
+               warm-up a `cuda` request makes in its load_reference stage: `python -m kz_worker`;
   fresh-early: the same with process.EarlyContext: the CUDA context made in a thread during the imports;
   fork:        this process runs prepare_host once, then forks children that run prepare_device only
                (a fork server's children; the parent's own imports are printed apart).
@@ -55,7 +56,11 @@ def child_phases(device: str, wave_started: float, mode: str) -> dict:
     process.prepare_device(device)
     out.update(process.device_steps_s)
     if device.startswith("cuda"):
+        import torch
+        from kz_worker import cheats
         mark = time.perf_counter()
+        cheats.warm_up(torch.device(device))  # a profiled audit's warm-up (cheats.profiles_audit)
+        lap("profiler")
         run_triton_kernel(device)
         lap("triton_kernel")
     out["ready"] = time.time() - wave_started

@@ -157,19 +157,22 @@ int install_syscall_filter() {
       /* 2 */ BPF_STMT(BPF_RET | BPF_K, kRefuse),  // another ABI (x86's int 0x80): its numbers differ
       /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
 #if defined(__x86_64__)
-      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 8, 0),  // x32's numbers: refused (13)
+      /* 4 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 9, 0),  // x32's numbers: refused (14)
 #else
       /* 4 */ BPF_JUMP(BPF_JMP | BPF_JA, 0, 0, 0),
 #endif
       /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
       /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),  // its flags are in memory: libc retries with clone
-      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 5, 0),  // refused (13)
-      /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 1, 0),          // flags (10)
-      /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 2),            // flags (10), else allowed (12)
-      /* 10 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArgLow),
-      /* 11 */ BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 1, 0),
-      /* 12 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
-      /* 13 */ BPF_STMT(BPF_RET | BPF_K, kRefuse),
+      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 6, 0),  // refused (14)
+      // Joining a namespace that exists already (a user namespace another process of the uid made,
+      // reached through /proc or a passed descriptor) is as good as making one: refused outright.
+      /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_setns, 5, 0),            // refused (14)
+      /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_unshare, 1, 0),          // flags (11)
+      /* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 2),           // flags (11), else allowed (13)
+      /* 11 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArgLow),
+      /* 12 */ BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 1, 0),
+      /* 13 */ BPF_STMT(BPF_RET | BPF_K, kAllow),
+      /* 14 */ BPF_STMT(BPF_RET | BPF_K, kRefuse),
   };
   sock_fprog fprog{static_cast<unsigned short>(sizeof program / sizeof program[0]), program};
   // Without CAP_SYS_ADMIN the kernel takes a filter only under no_new_privs (set already where

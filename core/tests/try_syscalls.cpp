@@ -2,6 +2,7 @@
 // syscall_filter), and two it must leave alone, and prints one "name=result" line each: "ok", an
 // errno name, "crashed" or "n/a". core_test's SubprocessSandbox tests run it with and without the
 // filter.
+#include <fcntl.h>
 #include <linux/io_uring.h>
 #include <sched.h>
 #include <signal.h>
@@ -46,6 +47,11 @@ int main() {
     if (pid == 0) ::_exit(0);
     if (pid > 0) ::waitpid(static_cast<pid_t>(pid), nullptr, 0);
     return pid;
+  });
+  // Its own user namespace: EINVAL (it is in it already) without the filter, EPERM with it.
+  in_child("setns_user", [] {
+    int fd = ::open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC);
+    return fd < 0 ? -1L : static_cast<long>(::setns(fd, CLONE_NEWUSER));
   });
   // No arguments: EINVAL from a kernel that has clone3, ENOSYS from the filter (or an old kernel).
   std::printf("clone3=%s\n", result(::syscall(SYS_clone3, nullptr, 0)));

@@ -109,7 +109,7 @@ nlohmann::json to_json(const Verdict& v) {
   write_parts(j, "build_s", v.build_s);              // optional: a load_inline build ran (or pre-built)
   write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
-  if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: GPU runs only
+  if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: profiled audits only
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
   if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   if (v.prebuild_s) j["prebuild_s"] = *v.prebuild_s;                              // optional: pre-built cuda

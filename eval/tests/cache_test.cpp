@@ -242,6 +242,8 @@ TEST(CacheKey, EveryVerdictInputChangesTheKey) {
       [](EvalOptions& o) { o.sandbox.enabled = false; },
       [](EvalOptions& o) { o.sandbox.memory_mb = 1024; },
       [](EvalOptions& o) { o.sandbox.network = true; },
+      [](EvalOptions& o) { o.sandbox.syscall_filter = false; },
+      [](EvalOptions& o) { o.kernel_share = "all"; },
       [](EvalOptions& o) { o.worker.cuda_connections = 0; },
   };
   for (size_t i = 0; i < changes.size(); ++i) {

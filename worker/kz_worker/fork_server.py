@@ -3,8 +3,8 @@
 A worker started per evaluation spends seconds on the GPU host before its request can run (~12 s
 measured by bench/worker_startup_probe.py: torch and Triton imports ~4.5 s, and an import of
 torch._dynamo ~4 s that the audit no longer needs, cheats.wrap_manual_seed_as_dynamo_would); a
-child forked from a process that did the host part of that is ready in ~1 s (its CUDA context and
-the profiler), and it does that before its request comes: the server forks the next child (class
+child forked from a process that did the host part of that is ready in ~1 s (its CUDA context), and
+it does that before its request comes: the server forks the next child (class
 Spare) as soon as the previous one has its device prepared (its first message; finish_child says
 why not sooner). The supervisor starts one server per evaluation running at once, inside the same
 sandbox a worker gets (limits, namespaces, scratch dir), and sends it requests one at a time:
@@ -120,8 +120,8 @@ def forks_refuse_cuda(torch) -> bool:
 
 
 class Spare:
-    """A child forked ahead of its request, which prepares its device (the CUDA context, the profiler:
-    ~1-2 s on the H200) while the server waits for the request or relays the previous child's. It
+    """A child forked ahead of its request, which prepares its device (the CUDA context: ~0.3-1 s on
+    the H200) while the server waits for the request or relays the previous child's. It
     runs no candidate code until it gets its request, and until then it is not dumpable; it is
     forked after the server dropped the previous request, so it holds no object of it (freed memory
     may still hold its bytes, as in any process). A spare that a candidate stopped or killed
@@ -288,9 +288,9 @@ def finish_child(child, device_name: str, own_shm: bool = False):
 def run_child(request: dict, prepared_at: float) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
     evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
-    request waited for this child's device (its CUDA context and profiler; 0 when it was ready) and,
-    where it waited, how long each step of that preparation took (device_context, device_profiler,
-    device_clock, device_launch_gate: process.prepare_device)."""
+    request waited for this child's device (its CUDA context; 0 when it was ready) and, where it
+    waited, how long each step of that preparation took (device_context, device_clock,
+    device_launch_gate: process.prepare_device)."""
     handed_over_at = request.pop("handed_over_at", prepared_at)
     waited = max(0.0, prepared_at - handed_over_at)
     request["startup_s"] = {"device": waited}

@@ -166,8 +166,9 @@ class Evaluation:
         with _seconds(loaded, "warm_up"):
             cheats.install_launch_hooks(self.format)
             if runs and cheats.POLICY.get(self.format) is not None:
-                # Imports and the profiler's start-up (seconds of CPU, one tiny kernel): outside the GPU
-                # lock, where a waiting timing would otherwise queue every worker behind it.
+                # Imports and, where the audit is profiled, the profiler's start-up (seconds of CPU, one
+                # tiny kernel): outside the GPU lock, where a waiting timing would otherwise queue every
+                # worker behind it.
                 cheats.warm_up(self.device, profiler=self.profiled)
             self.guard = cheats.Guard(self.format)  # the identity snapshot: nothing of the candidate's ran yet
 

@@ -2,7 +2,8 @@
 from a fork server (fork_server.py): prepare the same way, then evaluate one request.
 
 Every evaluation prepares the same way before any reference or candidate code: the host part
-(imports, the audit's CPU machinery) and then the device part (the CUDA context, the profiler), so
+(imports, the audit's CPU machinery) and then the device part (the CUDA context, the launch spin's
+clock and gate), so
 the harness's identity snapshot is the same whichever way its process was made. On the CPU the
 supervisor sets TRITON_INTERPRET=1 itself, since Triton reads it when imported."""
 import ctypes
@@ -101,7 +102,7 @@ def _cuda_ordinal(device_name: str):
     return int(index) if index.isdigit() else 0
 
 
-# Seconds of prepare_device's steps in this process (context, profiler, clock), for the verdict's
+# Seconds of prepare_device's steps in this process (context, clock, launch_gate), for the verdict's
 # startup_s where a request waited for them (fork_server.run_child).
 device_steps_s = {}
 

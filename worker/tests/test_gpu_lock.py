@@ -214,6 +214,7 @@ def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(mon
                              "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}}
     result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
     timing.join(10)
+    assert timing.exitcode == 0
     assert result["status"] == v.OK, result
     by_stage = result["gpu_wait_by_stage_s"]
     assert by_stage["load_reference"] > HOLD_S / 2, result

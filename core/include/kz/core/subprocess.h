@@ -101,8 +101,9 @@ struct ProcessSpec {
   // SandboxReport says why.
   bool new_pid_namespace = false;
   // A seccomp filter, installed last (under no_new_privs) and kept by everything the child starts:
-  // new user namespaces refused (unshare or clone with CLONE_NEWUSER: EPERM), so no process of the
-  // child's gets a namespace's capabilities back (a mount of its own, say); io_uring refused (EPERM:
+  // new user namespaces refused (unshare or clone with CLONE_NEWUSER: EPERM), and setns (joining one
+  // that exists, which a user namespace its uid owns would allow), so no process of the child's gets
+  // a namespace's capabilities back (a mount of its own, say); io_uring refused (EPERM:
   // a ring's requests act outside the calls a supervisor can see); clone3 answered ENOSYS (its flags
   // lie in memory, out of a filter's sight, and libc then falls back to clone); and every call through
   // another ABI than the child's own (x86-64's int 0x80 and x32 numbers) refused, since the filter

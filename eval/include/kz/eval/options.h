@@ -83,8 +83,8 @@ struct WorkerOptions {
   std::string nvcc_side_by_side = "always";
   // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
   // them with the rest; none on the CPU, where a child is ready at once: spare_servers()). A server
-  // handed back by a short evaluation is still preparing its next child (CUDA context, profiler:
-  // 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
+  // handed back by a short evaluation is still preparing its next child (its CUDA context; with the
+  // profiler then, 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
   // Each holds a CUDA context. Servers beyond the cap are killed when their request ends.
   int spare_servers = 2;
   // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc). A cold
@@ -100,7 +100,7 @@ struct WorkerOptions {
   // Added to the nice value of evaluation workers (not module validation's) until their first stage
   // message (load_reference, before the candidate is imported), where the supervisor sets their
   // process group back to its own: a worker's start-up (the imports where no server did them) and
-  // its device's preparation (the CUDA context, the profiler's warm-up). A fork server starts at it
+  // its device's preparation (the CUDA context). A fork server starts at it
   // (its zygote keeps it) and is set back during its first request, so it covers each new server's
   // start-up and first child: in a cold batch, the first wave's eight CUDA contexts made at 2-4 s,
   // while the pre-builds take the cores first at prebuild_niceness (session 22 saw that first wave's
@@ -161,8 +161,9 @@ struct SandboxOptions {
   int shm_mb = 1024;
   bool pid_namespace = true;     // with read_only_filesystem: each worker in its own PID namespace with its own
                                  // /proc (no other worker's process, cwd or cmdline in sight)
-  // A seccomp filter on each worker and everything it starts: no new user namespace (whose
-  // capabilities would give a candidate mounts of its own, hiding files from the scratch bound),
+  // A seccomp filter on each worker and everything it starts: no new user namespace and no setns
+  // (a namespace's capabilities would give a candidate mounts of its own, hiding files from the
+  // scratch bound),
   // no io_uring, no 32-bit system calls; clone3 answers ENOSYS, so libc uses clone
   // (ProcessSpec::syscall_filter says why).
   bool syscall_filter = true;
@@ -186,7 +187,7 @@ struct EvalOptions {
   // On a GPU, which formats' audit forward runs under the profiler, whose kernel list gives the
   // verdict's custom_kernel_share: "cuda" (its no_custom_kernel check reads that list) or "all"
   // (cuda-rtc and triton too, where their launch counters decide no_custom_kernel and the ATen policy
-  // already refuses torch compute: the share is a report, ~0.2 s of CPU an evaluation, ~1 s in a
+  // already refuses torch compute: the share is a report, ~0.2-0.5 s of CPU an evaluation, ~1 s in a
   // cold batch's first wave).
   std::string kernel_share = "cuda";
   std::map<std::string, long long> size_overrides;  // module constant -> value, applied last

@@ -91,7 +91,9 @@ struct Verdict {
   // most [timing] launch_spin_us), "fixed" (after launch_spin_us: the driver refused the gate) or
   // "none" (launch_spin_us = 0); empty when untimed or from before the gate.
   std::string launch_spin;
-  std::optional<double> custom_kernel_share;  // GPU: share of forward's kernel time in the candidate's own kernels
+  // GPU, where the audit was profiled (`cuda`, or every kernel format with kernel_share = "all"):
+  // the share of the audit forward's kernel time in the candidate's own kernels.
+  std::optional<double> custom_kernel_share;
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
   // A `cuda` candidate pre-built by kz eval-suite or kz serve-eval on a GPU: the wall_s of its
@@ -110,9 +112,9 @@ struct Verdict {
   std::vector<std::pair<std::string, double>> stage_s;
   // Where the startup stage's seconds went, with a fork server: "server", the wait for one to be
   // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
-  // the wait for its child's CUDA context, profiler, clock and launch gate, reported by the worker
-  // with, where it waited, each step's own seconds ("device_context", "device_profiler",
-  // "device_clock", "device_launch_gate"). The rest
+  // the wait for its child's CUDA context, clock and launch gate, reported by the worker with, where
+  // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate";
+  // "device_profiler" in verdicts from before session 24, when every child warmed the profiler). The rest
   // is the child's own set-up. For a worker started for one request, reported by it: "imports",
   // "device" (the wait for the device after the imports, with the same steps where it waited) and,
   // on a GPU, "early_context" (its CUDA context, made in a thread beside the imports). Diagnostics
