@@ -16,7 +16,7 @@ import time
 def builds_only() -> bool:
     """A worker for compile-only requests (the supervisor sets KZ_WORKER_ROLE=build for the `cuda`
     pre-builds): it imports and constructs the candidate, and never runs, audits or times one, so it
-    skips Triton, the audit's machinery and the profiler (~4 s of CPU per fork server on the GPU host,
+    skips Triton and the audit's machinery (~4 s of CPU per fork server on the GPU host,
     while nvcc needs every core)."""
     return os.environ.get("KZ_WORKER_ROLE") == "build"
 

@@ -187,8 +187,8 @@ struct EvalOptions {
   // On a GPU, which formats' audit forward runs under the profiler, whose kernel list gives the
   // verdict's custom_kernel_share: "cuda" (its no_custom_kernel check reads that list) or "all"
   // (cuda-rtc and triton too, where their launch counters decide no_custom_kernel and the ATen policy
-  // already refuses torch compute: the share is a report, ~0.2-0.5 s of CPU an evaluation, ~1 s in a
-  // cold batch's first wave).
+  // already refuses torch compute: the share is a report; the profiler's warm-up took ~0.2 s a
+  // process in a cold batch's first wave on the H200, its start and trace a part of each audit).
   std::string kernel_share = "cuda";
   std::map<std::string, long long> size_overrides;  // module constant -> value, applied last
   int jobs = 0;                  // eval-suite workers at once; 0: CPU cores on cpu, 1 on a GPU
