@@ -165,9 +165,24 @@ def kz_rounds(data: dict) -> list:
     return [{**data, "kz_batch": run} for run in data.get("kz_rounds") or [data.get("kz_batch") or {}]]
 
 
+def cut_short(data: dict) -> list:
+    """What the time budget cut from the phases the goals rest on: KernelBench's evaluated samples (its
+    rate over fewer spreads its pre-build over fewer) and kz's cold batches (no median of several)."""
+    cuts = []
+    kb_eval = (data.get("kb") or {}).get("eval") or {}
+    if skipped := kb_eval.get("skipped"):
+        evaluated = len(kb_eval.get("outcomes", []))
+        cuts.append(f"KernelBench on {evaluated} of its {evaluated + len(skipped)} samples")
+    if rounds_note := ((data.get("phases") or {}).get("kz rounds") or {}).get("note"):
+        cuts.append("kz " + rounds_note.split(":")[0])
+    return cuts
+
+
 def goal_lines(data: dict, kb_rate) -> list:
-    """Issue #3's goals, on the median cold batch (kz_batch), with every batch's ratio beside it."""
+    """Issue #3's goals, on the median cold batch (kz_batch), with every batch's ratio beside it; a
+    verdict on a run the time budget cut short says so."""
     rounds = kz_rounds(data)
+    cuts = cut_short(data)
     lines = []
     for fmt, goal in GOALS.items():
         rate, where = goal_rate(data, fmt)
@@ -180,6 +195,8 @@ def goal_lines(data: dict, kb_rate) -> list:
             each = [fmt_ratio(goal_rate(r, fmt)[0], kb_rate) if r["kz_batch"].get("complete") else "n/a (incomplete)"
                     for r in rounds]
             line += f" ({chosen_round_words(data)}; each: " + ", ".join(each) + ")"
+        if cuts:
+            line += "; provisional, cut short by the time budget: " + ", ".join(cuts)
         lines.append(line)
     return lines
 

@@ -351,6 +351,18 @@ def test_rates_and_ratios_on_known_numbers():
     assert "that failed (in the parallel" not in text and "whose pre-build had failed" not in text
 
 
+def test_a_goal_on_a_run_the_time_budget_cut_short_says_it_is_provisional():
+    data = synthetic()
+    assert "provisional" not in compare_report.render(data), "a full run's goals are no one's guess"
+    data["kb"]["eval"]["skipped"] = ["t2/cuda-rtc__correct"]
+    data["phases"] = {"kz rounds": {"note": "1 of 3 cold batches: 13 s left, 27 s needed for another"}}
+    goals = [line for line in compare_report.render(data).splitlines() if line.startswith("goal ")]
+    assert len(goals) == 2
+    for line in goals:
+        assert line.endswith("; provisional, cut short by the time budget: KernelBench on 2 of its 3 samples, "
+                             "kz 1 of 3 cold batches"), line
+
+
 def test_concurrent_evaluations_share_the_batch_wall_time():
     # kz ran its 4 evaluations of 5 s at once ([timing] gpu_jobs): 10 s of wall for 20 s of work.
     data = synthetic()
