@@ -745,7 +745,6 @@ struct Process::Impl {
     if (!cgroup.empty()) remove_cgroup(cgroup);  // and whatever left the group but not the cgroup
   }
 
-  // Whether the group (its leader at least) was signalled: false where its pid may be someone else's.
   // Whether `pid` (and its group id) still name the child: not once it was reaped (the pid may
   // belong to someone else now), nor for a zygote's child whose zygote died, which was reparented
   // and is reaped by someone else once it exits, unless its pidfd says it lives.
@@ -754,6 +753,7 @@ struct Process::Impl {
     return !(zygote && zygote->is_dead() && !(pidfd.valid() && !poll_readable(pidfd.get())));
   }
 
+  // Whether the group (its leader at least) was signalled: false where its pid may be someone else's.
   bool kill_group(int sig) {
     if (!cgroup.empty())
       for (pid_t member : cgroup_members(cgroup)) ::kill(member, sig);

@@ -151,6 +151,8 @@ class GpuLock:
 class NoLock:
     """The CPU, or [timing] exclusive = false."""
 
+    waited_s = 0.0  # never waits (GpuLock's counter, which the harness reads per stage)
+
     def report(self) -> dict:
         return {}
 

@@ -101,7 +101,7 @@ class Evaluation:
     def _note_gpu_wait(self) -> None:
         """Adds the GPU-lock waits since the last call to the stage that had them (the verdict's
         gpu_wait_by_stage_s: which stage's seconds were waits, for the throughput report)."""
-        waited = getattr(self.gpu, "waited_s", 0.0)
+        waited = self.gpu.waited_s
         if waited > self._gpu_waited_noted:
             into = self.result.setdefault("gpu_wait_by_stage_s", {})
             into[self.stage] = into.get(self.stage, 0.0) + waited - self._gpu_waited_noted
