@@ -545,7 +545,8 @@ def agreement_section(data: dict) -> str:
             kb_cell = kb[cid]["class"]
             kb_match += kb_cell == KB_CLASS.get(expected, expected)
         speed = fmt_num(v.get("speedup"), ".2f", "") if v else ""
-        rows.append([cid, expected, kz_status + ("" if kz_status == expected else "  <- differs"), speed,
+        unchecked = "".join(f" (unchecked: {check})" for check in ((v or {}).get("unchecked") or {}))
+        rows.append([cid, expected, kz_status + ("" if kz_status == expected else "  <- differs") + unchecked, speed,
                      fmt_num(v.get("wall_s") if v else None, ".1f", ""), kb_cell,
                      fmt_num(kb[cid].get("wall_s"), ".1f", "") if cid in kb else ""])
     head = f"verdicts: kz {kz_match}/{len(manifest)} as expected"

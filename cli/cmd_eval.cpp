@@ -36,6 +36,7 @@ void print_human(const Verdict& v) {
   std::string checks;
   for (Check c : v.checks) checks += std::string(checks.empty() ? "" : ", ") + check_name(c);
   if (!checks.empty()) std::cout << "checks: " << checks << "\n";
+  for (const auto& [check, why] : v.unchecked) std::cout << "unchecked: " << check_name(check) << " (" << why << ")\n";
   if (!v.message.empty()) std::cout << v.message << "\n";
 }
 

@@ -524,3 +524,12 @@ def test_the_timings_checks_after_the_hold_are_summed_apart_from_the_hold():
         n = sum(1 for v in timed if v["format"] == fmt)
         assert f"  {fmt} timing (exclusive): checks {0.5 * n:.1f} s, timed {1.0 * n:.1f} s" in text
         assert f"  {fmt} timing (after the hold, shared): checks {2.0 * n:.1f} s" in text
+
+
+def test_a_verdict_with_a_check_that_could_not_run_is_marked():
+    data = synthetic()
+    verdict = data["kz_batch"]["verdicts"][0]
+    verdict["unchecked"] = {"no_custom_kernel": "the profiler listed no kernel"}
+    text = compare_report.agreement_section(data)
+    assert f"{verdict['status']} (unchecked: no_custom_kernel)" in text, text
+    assert text.count("unchecked") == 1, text

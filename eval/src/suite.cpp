@@ -242,6 +242,7 @@ SuiteSummary summarize(const std::vector<Verdict>& verdicts, int tasks) {
     counts[v.status]++;
     s.compiled += v.compiled;
     s.correct += v.correct;
+    s.unchecked += !v.unchecked.empty();
     if (v.correct && v.speedup && *v.speedup > 0) {
       s.timed++;
       s.faster += *v.speedup > 1.0;
@@ -267,7 +268,8 @@ nlohmann::json summary_json(const SuiteSummary& s) {
           {"compile_rate", s.compile_rate()},
           {"fast_1", s.fast_1()},
           {"geomean_speedup", s.timed ? nlohmann::json(s.geomean_speedup) : nlohmann::json(nullptr)},
-          {"status_counts", counts}};
+          {"status_counts", counts},
+          {"unchecked", s.unchecked}};
 }
 
 std::string render_summary(const SuiteSummary& s) {
@@ -278,7 +280,9 @@ std::string render_summary(const SuiteSummary& s) {
                  s.timed ? fmt::format("{:.1f}%", 100 * s.fast_1()) : "n/a"});
   std::string statuses;
   for (const auto& [name, count] : s.status_counts) statuses += fmt::format("  {}: {}", name, count);
-  return table.render() + "statuses:" + statuses + "\n";
+  std::string unchecked =
+      s.unchecked ? fmt::format("\n{} verdict(s) with a check that could not run (their `unchecked`)", s.unchecked) : "";
+  return table.render() + "statuses:" + statuses + unchecked + "\n";
 }
 
 std::string render_verdict_table(const std::vector<Verdict>& verdicts) {
@@ -289,6 +293,7 @@ std::string render_verdict_table(const std::vector<Verdict>& verdicts) {
       if (!checks.empty()) checks += ',';
       checks += check_name(c);
     }
+    for (const auto& [check, why] : v.unchecked) checks += std::string(checks.empty() ? "" : ",") + "unchecked:" + check_name(check);
     std::string spread = v.candidate_timing && v.candidate_timing->median_ms > 0
                              ? fmt::format("{:.1f}%", 100 * (v.candidate_timing->p90_ms - v.candidate_timing->p10_ms) /
                                                           v.candidate_timing->median_ms)

@@ -110,6 +110,10 @@ nlohmann::json to_json(const Verdict& v) {
   write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: profiled audits only
+  if (!v.unchecked.empty()) {                                                    // optional: a check could not run
+    j["unchecked"] = nlohmann::json::object();
+    for (const auto& [check, why] : v.unchecked) j["unchecked"][check_name(check)] = why;
+  }
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
   if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   if (v.prebuild_s) j["prebuild_s"] = *v.prebuild_s;                              // optional: pre-built cuda
@@ -174,6 +178,13 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
+  if (j.contains("unchecked") && j["unchecked"].is_object()) {
+    for (const auto& [name, why] : j["unchecked"].items()) {
+      auto check = parse_check(name);
+      if (!check || !why.is_string()) return parse_error(fmt::format("unchecked: unknown check or no reason: {}", name));
+      v.unchecked.emplace_back(*check, why.get<std::string>());
+    }
+  }
   for (auto [key, field] : {std::pair{"gpu_wait_s", &v.gpu_wait_s}, std::pair{"gpu_exclusive_s", &v.gpu_exclusive_s},
                             std::pair{"prebuild_s", &v.prebuild_s}, std::pair{"started_s", &v.started_s},
                             std::pair{"prebuild_started_s", &v.prebuild_started_s}})

@@ -38,6 +38,18 @@ TEST(SuiteSummary, CountsRatesAndGeomean) {
   EXPECT_NE(render_summary(s).find("50.0%"), std::string::npos);
 }
 
+TEST(SuiteSummary, VerdictsWithACheckThatCouldNotRunAreCountedAndMarked) {
+  Verdict v = timed("a", 1.5);
+  v.format = "cuda";
+  v.unchecked = {{Check::no_custom_kernel, "the profiler listed no kernel"}};
+  auto s = summarize({v, timed("b", 2.0)}, 2);
+  EXPECT_EQ(s.unchecked, 1);
+  EXPECT_EQ(summary_json(s)["unchecked"], 1);
+  EXPECT_NE(render_summary(s).find("1 verdict(s) with a check that could not run"), std::string::npos);
+  EXPECT_NE(render_verdict_table({v}).find("unchecked:no_custom_kernel"), std::string::npos);
+  EXPECT_EQ(render_summary(summarize({timed("b", 2.0)}, 1)).find("could not run"), std::string::npos);
+}
+
 TEST(SuiteSummary, UntimedRunsHaveNoSpeedup) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "");
   v.correct = v.compiled = true;

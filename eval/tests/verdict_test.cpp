@@ -195,9 +195,22 @@ TEST(Verdict, UntimedVerdictHasNullSpeedup) {
   EXPECT_TRUE(json["timing"].is_null());
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheChecksThatCouldNotRun) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("unchecked")) << "absent where every check ran";
+  v.unchecked = {{Check::no_custom_kernel, "the profiler did not start (RuntimeError: CUPTI)"}};
+  auto json = to_json(v);
+  EXPECT_EQ(json["unchecked"]["no_custom_kernel"], "the profiler did not start (RuntimeError: CUPTI)");
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->unchecked, v.unchecked);
+}
+
 TEST(Verdict, UnknownNamesFromTheWorkerAreErrors) {
   EXPECT_FALSE(verdict_from_json({{"status", "fine"}}).ok());
   EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"checks", {"made_up"}}}).ok());
+  EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"unchecked", {{"made_up", "why"}}}}).ok());
+  EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"unchecked", {{"no_custom_kernel", 1}}}}).ok()) << "no reason";
   EXPECT_FALSE(verdict_from_json(nlohmann::json::array()).ok());
 }
 

@@ -164,6 +164,25 @@ def _suspending(original):
     return run
 
 
+def _loading_handles(do_compile):
+    """Triton's JITFunction._do_compile, then the compiled kernel's launcher and module
+    (CompiledKernel._init_handles): Triton builds the launcher with gcc (its own cache is the
+    request's, so every evaluation builds one per kernel signature) and loads the module at the first
+    `kernel.run` after the compile, which in a forward is inside kz's shared GPU hold, where a waiting
+    timing waits it out. Run here, with the compile, they are CPU work with the lock let go of. An
+    error they raise (OutOfResources) comes out of the same launch as before; a kernel compiled
+    asynchronously (a future, no _init_handles) loads at its first run."""
+    def compile_and_load(*args, **kwargs):
+        kernel = do_compile(*args, **kwargs)
+        init_handles = getattr(kernel, "_init_handles", None)
+        if callable(init_handles):
+            init_handles()
+        return kernel
+
+    compile_and_load.__wrapped__ = do_compile
+    return compile_and_load
+
+
 def install_launch_hooks(fmt: str) -> None:
     """Counts the candidate's kernel launches, and hides the launchers' own torch calls (the Triton
     interpreter copies tensors; the autotuner benchmarks) from the trace. Installed before the
@@ -174,7 +193,7 @@ def install_launch_hooks(fmt: str) -> None:
         _wrap(jit.JITFunction, "run", lambda f: _counting(
             f, lambda result, kwargs: not kwargs.get("warmup") and result is not None))
         if hasattr(jit.JITFunction, "_do_compile"):  # Triton 3.3+: the compile at a first launch
-            _wrap(jit.JITFunction, "_do_compile", gpu_lock.releasing)
+            _wrap(jit.JITFunction, "_do_compile", lambda f: gpu_lock.releasing(_loading_handles(f)))
         try:
             import triton.runtime.interpreter as interpreter
             _wrap(interpreter.InterpretedFunction, "run", lambda f: _counting(
@@ -259,10 +278,11 @@ class OpTrace(AuditMode):
 
 
 def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
-    """(result, [(kernel name, GPU us)], profiler_ok) for run() under the profiler (CUDA activity).
+    """(result, [(kernel name, GPU us)], why_no_list) for run() under the profiler (CUDA activity);
+    why_no_list is None, or says why the profiler gave no kernel list.
 
     A known ATen kernel is launched first: when the profiler does not list it (no CUPTI), it sees
-    no kernels at all, and profiler_ok is False. Only the GPU work is inside gpu_hold(): the
+    no kernels at all, and the list is missing. Only the GPU work is inside gpu_hold(): the
     profiler's start and its processing of the trace are ~0.5 s of CPU, and a shared hold that long
     keeps a waiting timing, and every worker queued behind it, off the GPU."""
     from torch.autograd import DeviceType
@@ -276,9 +296,9 @@ def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
         # every fresh process; wrap_manual_seed_as_dynamo_would says why none is imported before).
         prof = profile(use_device="cuda", use_kineto=True)
         prof.__enter__()
-    except Exception:
+    except Exception as exc:
         with gpu_hold():
-            return run(), [], False
+            return run(), [], f"the profiler did not start ({type(exc).__name__}: {exc})"
     try:
         with gpu_hold():
             probe.add_(1)
@@ -289,8 +309,9 @@ def _profiled_kernels(run, gpu_hold=contextlib.nullcontext):
     events = [e for e in prof.function_events if getattr(e, "device_type", None) == DeviceType.CUDA]
     events.sort(key=lambda e: e.time_range.start)
     if not events or not is_library_kernel(events[0].name):
-        return result, [], False
-    return result, [(e.name, float(e.time_range.elapsed_us())) for e in events[1:]], True
+        return result, [], ("the profiler listed no kernel, not even the harness's own before the forward "
+                            "(CUPTI unavailable or busy)")
+    return result, [(e.name, float(e.time_range.elapsed_us())) for e in events[1:]], None
 
 
 class AuditReport:
@@ -299,6 +320,7 @@ class AuditReport:
         self.disallowed = {}
         self.launches = 0
         self.kernels = None  # GPU: [(name, us)] from the profiler
+        self.no_kernel_list = None  # profiled, but no kernel list: why
         self.custom_kernels = []
         self.custom_share = None
 
@@ -319,8 +341,8 @@ def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contex
     if profiled is None:
         profiled = device.type == "cuda"
     if profiled:
-        out, kernels, ok = _profiled_kernels(run, gpu_hold)
-        if ok:
+        out, kernels, report.no_kernel_list = _profiled_kernels(run, gpu_hold)
+        if report.no_kernel_list is None:
             report.kernels = kernels
             report.custom_kernels = sorted({name for name, _ in kernels if not is_library_kernel(name)})
             total = sum(us for _, us in kernels)
@@ -359,6 +381,15 @@ def audit_failure(fmt: str, report: AuditReport):
     if not checks:
         return None
     return v.Failure(v.CHEAT_DETECTED, "; ".join(parts), checks)
+
+
+def unchecked(fmt: str, report: AuditReport) -> dict:
+    """check -> why, for the audit's checks that could not run (the verdict's `unchecked`): `cuda`'s
+    no_custom_kernel reads the profiler's kernel list, and without one it passes (a host without
+    CUPTI must not cost the Coder its correct answers) but says so."""
+    if fmt == "cuda" and report.no_kernel_list is not None:
+        return {v.NO_CUSTOM_KERNEL: f"{report.no_kernel_list}, so the kernels ModelNew.forward ran are unknown"}
+    return {}
 
 
 # ---- the identity snapshot ---------------------------------------------------------------------------

@@ -283,6 +283,9 @@ class Evaluation:
         self.result["compiled"] = True
         if report.custom_share is not None:
             self.result["custom_kernel_share"] = report.custom_share
+        missing = cheats.unchecked(self.format, report)
+        if missing:
+            self.result["unchecked"] = missing
         failure = cheats.audit_failure(self.format, report)
         if failure is not None:
             raise failure

@@ -587,9 +587,43 @@ def test_the_audit_holds_the_gpu_for_the_forward_and_not_for_the_profiler(monkey
     monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
     lock = RecordingLock(events)
     out, report = cheats.audit_forward("cuda", Model(), [torch.ones(3)], torch.device("cuda"), lock.shared)
-    assert torch.equal(out, torch.ones(3)) and report.kernels is None  # no kernels seen: profiler_ok False
+    assert torch.equal(out, torch.ones(3)) and report.kernels is None  # no kernels seen: no list
+    assert "listed no kernel" in report.no_kernel_list
     assert events == ["shared begins", "shared ends", "profiler starts", "shared begins", "forward", "shared ends",
                       "profiler stops", "trace processed"], events
+
+
+class ProfilerThatFailsToStart:
+    def __init__(self, **kwargs):
+        pass
+
+    def __enter__(self):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+
+def test_a_cuda_audit_without_a_kernel_list_passes_no_custom_kernel_and_says_it_could_not_check(tmp_path,
+                                                                                                monkeypatch):
+    """The profiler failing (no CUPTI) must not cost the Coder a correct answer, nor hide that the check
+    did not run: the verdict's `unchecked` names it, with why."""
+    monkeypatch.setattr(torch.autograd.profiler, "profile", ProfilerThatFailsToStart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    cpu_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation.format, evaluation.profiled = "cuda", True
+
+    class ReluInALauncher(torch.nn.Module):  # its ops hidden from the trace, as a custom kernel's are
+        def forward(self, x):
+            return cheats._suspending(torch.relu)(x)
+
+    evaluation._audit(ReluInALauncher())
+    assert "did not start (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)" in evaluation.result["unchecked"][v.NO_CUSTOM_KERNEL]
+    report = cheats.AuditReport()
+    assert cheats.unchecked("cuda", report) == {}, "a kernel list, or no profiling: nothing unchecked"
+    report.no_kernel_list = "the profiler listed no kernel"
+    assert cheats.audit_failure("cuda", report) is None
+    assert set(cheats.unchecked("cuda", report)) == {v.NO_CUSTOM_KERNEL}
+    assert cheats.unchecked("cuda-rtc", report) == {}, "its launch counters decide no_custom_kernel"
 
 
 def during(events: list, mode: str) -> list:
@@ -762,6 +796,32 @@ def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
     import triton.runtime.jit as jit
     cheats.install_launch_hooks("triton")
     assert jit.JITFunction._do_compile.__code__ is compile_kernel.__code__, "the same wrapper around the JIT's compile"
+    assert jit.JITFunction._do_compile.__wrapped__.__code__ is cheats._loading_handles(None).__code__
+
+
+def test_a_triton_kernels_launcher_and_module_load_with_its_compile(monkeypatch):
+    """Triton builds the launcher (gcc) and loads the module at the first kernel.run after the compile,
+    inside the forward's shared hold: the hook does it in the compile, with the GPU let go of."""
+    events = []
+
+    class Lock(RecordingLock):
+        @contextlib.contextmanager
+        def released(self):
+            events.append("released")
+            yield
+            events.append("taken again")
+
+    class CompiledKernel:
+        def _init_handles(self):
+            events.append("launcher built, module loaded")
+
+    monkeypatch.setattr(gpu_lock, "_process_lock", Lock(events))
+    do_compile = gpu_lock.releasing(cheats._loading_handles(lambda *a: events.append("compiled") or CompiledKernel()))
+    assert isinstance(do_compile("key", "signature"), CompiledKernel)
+    assert events == ["released", "compiled", "launcher built, module loaded", "taken again"]
+    events.clear()
+    skipped = gpu_lock.releasing(cheats._loading_handles(lambda *a: None))  # a jit_cache_hook skipped the compile
+    assert skipped() is None and events == ["released", "taken again"]
 
 
 class CopiesTheHarnesssExpectedOutput(torch.nn.Module):

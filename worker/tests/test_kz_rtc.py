@@ -109,6 +109,25 @@ def test_vector_add_matches_torch():
     torch.testing.assert_close(c, a + b, rtol=0, atol=0)
 
 
+def test_compile_only_loads_nothing(compile_only):
+    mod = kz_rtc.compile(VADD, name="vadd_unloaded")
+    assert mod._loaded == {} and mod.vadd._functions == {}
+
+
+@needs_gpu
+def test_compile_loads_the_module_and_its_kernels_where_cuda_is_initialised():
+    """So that a kernel's first launch, inside kz's shared GPU hold, only launches."""
+    torch.cuda.init()
+    device = torch.cuda.current_device()
+    mod = kz_rtc.compile(VADD + "// preloaded", name="vadd_preloaded")
+    assert device in mod._loaded and device in mod.vadd._functions
+    a = torch.ones(8, device="cuda")
+    c = torch.empty_like(a)
+    mod.vadd(a, a, c, 8, grid=1, block=8)
+    torch.cuda.synchronize()
+    assert c.tolist() == [2.0] * 8
+
+
 @needs_gpu
 def test_scalar_conversion_by_parameter_size():
     mod = kz_rtc.compile(SCALARS, name="scalars")

@@ -35,6 +35,7 @@ struct SuiteSummary {
   int faster = 0;               // correct with speedup > 1 (fast_1's numerator)
   double geomean_speedup = 0;   // over correct, timed candidates; 0 when none
   std::vector<std::pair<std::string, int>> status_counts;  // status name -> count, non-zero only
+  int unchecked = 0;            // verdicts where a check could not run (Verdict::unchecked)
 
   double pass_rate() const { return candidates ? double(correct) / candidates : 0; }
   double compile_rate() const { return candidates ? double(compiled) / candidates : 0; }

@@ -94,6 +94,10 @@ struct Verdict {
   // GPU, where the audit was profiled (`cuda`, or every kernel format with kernel_share = "all"):
   // the share of the audit forward's kernel time in the candidate's own kernels.
   std::optional<double> custom_kernel_share;
+  // Checks that could not run in this evaluation, with why: on a GPU, `cuda`'s no_custom_kernel
+  // when the profiler gave no kernel list (no CUPTI). It passes then, as a check that cannot tell
+  // must not cost the Coder a correct answer, and the verdict says so. Empty almost always.
+  std::vector<std::pair<Check, std::string>> unchecked;
   uint64_t seed = 0;
   double wall_s = 0;                // the whole evaluation, process start to verdict
   // A `cuda` candidate pre-built by kz eval-suite or kz serve-eval on a GPU: the wall_s of its
