@@ -108,19 +108,22 @@ device_steps_s = {}
 
 
 def prepare_device(device_name: str) -> None:
-    """On a GPU: the CUDA context, the launch spin's clock and gate. Never in a fork server: a CUDA
-    context does not survive a fork. Not the profiler: only a request whose audit is profiled
-    (cheats.profiles_audit: `cuda` by default) starts it, in its load_reference stage, so a cold
-    batch's first wave of other formats does not wait for it (~0.5 s each with eight at once)."""
+    """On a GPU: the CUDA context, the launch spin's clock and gate, the checks' kernels loaded. Never
+    in a fork server: a CUDA context does not survive a fork. Not the profiler: only a request whose
+    audit is profiled (cheats.profiles_audit: `cuda` by default) starts it, in its load_reference
+    stage, so a cold batch's first wave of other formats does not wait for it (~0.5 s each with eight
+    at once)."""
     import torch
     device = torch.device(device_name)
     if device.type == "cuda" and not builds_only():  # a build's CUDA context comes when it needs one
-        from . import timing
+        from . import harness, timing
         # set_device makes the context already (torch's lazy init): both count as "context".
         steps = (("context", lambda: (torch.cuda.set_device(device), torch.empty(1, device=device))),
                  # The launch spin's clock and gate, before any candidate code.
                  ("clock", lambda: timing.cycles_per_us(device)),
-                 ("launch_gate", lambda: timing.launch_gate(device)))
+                 ("launch_gate", lambda: timing.launch_gate(device)),
+                 # The harness's own checks once, so their kernels are loaded before any request.
+                 ("kernels", lambda: harness.load_check_kernels(device)))
         for name, step in steps:
             started = time.monotonic()
             step()

@@ -626,6 +626,18 @@ def test_a_cuda_audit_without_a_kernel_list_passes_no_custom_kernel_and_says_it_
     assert cheats.unchecked("cuda-rtc", report) == {}, "its launch counters decide no_custom_kernel"
 
 
+def test_the_checks_kernels_are_loaded_by_running_the_checks_once(monkeypatch):
+    """process.prepare_device runs this on a GPU; on the CPU it runs the same checks, which must pass on
+    a tensor and its copy (a failure here would be an infra_error in every prepared child)."""
+    ran = []
+    for module, name in ((compare, "compare_outputs"), (compare, "check_inputs_unchanged"),
+                         (cheats, "bitwise_equal"), (cheats, "poison")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: ran.append(_n) or _f(*a, **k))
+    harness.load_check_kernels(torch.device("cpu"))
+    assert ran == ["compare_outputs", "check_inputs_unchanged", "bitwise_equal", "poison"]
+
+
 def during(events: list, mode: str) -> list:
     """The events recorded inside the first hold of `mode`."""
     return events[events.index(f"{mode} begins") + 1:events.index(f"{mode} ends")]

@@ -175,7 +175,7 @@ cheats.warm_up(torch.device("cuda:0"))  # then a profiled request's warm-up (che
 x = torch.randn(1 << 20, device="cuda")
 _, kernels, why_no_list = cheats._profiled_kernels(lambda: torch.relu(x))
 print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules,
-                  "why_no_list": why_no_list, "kernels": len(kernels)}))
+                  "why_no_list": why_no_list, "kernels": len(kernels), "steps": sorted(process.device_steps_s)}))
 """
 
 
@@ -186,4 +186,5 @@ def test_a_prepared_gpu_worker_profiles_kernels_without_importing_torch_dynamo()
     done = run_probe(ON_THE_GPU)
     assert done.returncode == 0, done.stderr
     state = json.loads(done.stdout.splitlines()[-1])
-    assert state == {"dynamo": False, "inductor": False, "why_no_list": None, "kernels": 1}, state
+    assert state == {"dynamo": False, "inductor": False, "why_no_list": None, "kernels": 1,
+                     "steps": ["clock", "context", "kernels", "launch_gate"]}, state
