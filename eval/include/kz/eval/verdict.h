@@ -117,7 +117,8 @@ struct Verdict {
   // Where the startup stage's seconds went, with a fork server: "server", the wait for one to be
   // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
   // the wait for its child's CUDA context, clock and launch gate, reported by the worker with, where
-  // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate";
+  // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate",
+  // "device_kernels": the harness's checks run once, their kernels loaded;
   // "device_profiler" in verdicts from before session 24, when every child warmed the profiler). The rest
   // is the child's own set-up. For a worker started for one request, reported by it: "imports",
   // "device" (the wait for the device after the imports, with the same steps where it waited) and,
