@@ -508,6 +508,16 @@ class RecordingLock:
         return {}
 
 
+class ReleasingLock(RecordingLock):
+    """A RecordingLock whose released() (a compile inside a shared hold) records letting go and taking again."""
+
+    @contextlib.contextmanager
+    def released(self):
+        self.events.append("released")
+        yield
+        self.events.append("taken again")
+
+
 def recorded_evaluation(tmp_path, monkeypatch):
     """timed_evaluation, with the GPU lock's holds and the value comparisons recorded in order."""
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
@@ -794,14 +804,7 @@ def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
     the GPU for the compile (GpuLock.released)."""
     events = []
 
-    class Lock(RecordingLock):
-        @contextlib.contextmanager
-        def released(self):
-            events.append("released")
-            yield
-            events.append("taken again")
-
-    monkeypatch.setattr(gpu_lock, "_process_lock", Lock(events))
+    monkeypatch.setattr(gpu_lock, "_process_lock", ReleasingLock(events))
     compile_kernel = gpu_lock.releasing(lambda source: events.append(f"compiling {source}") or "kernel")
     assert compile_kernel("k") == "kernel"
     assert events == ["released", "compiling k", "taken again"]
@@ -816,18 +819,11 @@ def test_a_triton_kernels_launcher_and_module_load_with_its_compile(monkeypatch)
     inside the forward's shared hold: the hook does it in the compile, with the GPU let go of."""
     events = []
 
-    class Lock(RecordingLock):
-        @contextlib.contextmanager
-        def released(self):
-            events.append("released")
-            yield
-            events.append("taken again")
-
     class CompiledKernel:
         def _init_handles(self):
             events.append("launcher built, module loaded")
 
-    monkeypatch.setattr(gpu_lock, "_process_lock", Lock(events))
+    monkeypatch.setattr(gpu_lock, "_process_lock", ReleasingLock(events))
     do_compile = gpu_lock.releasing(cheats._loading_handles(lambda *a: events.append("compiled") or CompiledKernel()))
     assert isinstance(do_compile("key", "signature"), CompiledKernel)
     assert events == ["released", "compiled", "launcher built, module loaded", "taken again"]
