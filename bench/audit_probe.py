@@ -14,22 +14,22 @@ import io
 import os
 import pathlib
 import pstats
+import shutil
 import sys
+import tempfile
 import time
+import traceback
 import types
 
-sys.path.insert(0, "worker")
-from kz_worker import process  # noqa: E402
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "worker"))
+from kz_worker import process  # noqa: E402
 TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
              "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}
 
 
-def request_for(device: str, example: str) -> dict:
+def request_for(device: str, example: str, scratch: str) -> dict:
     fmt, task = example.split("/")
-    scratch = pathlib.Path("/tmp") / f"kz-audit-probe-{fmt}-{task}-{os.getpid()}"
-    scratch.mkdir(exist_ok=True)
     return {"device": device, "format": fmt, "seed": 7, "trials": 5, "scratch_dir": str(scratch),
             "reference_source": next((ROOT / "suite" / "kzbench").glob(f"level*/{task}.py")).read_text(),
             "candidate_source": (ROOT / "suite" / "examples" / fmt / f"{task}.py").read_text(),
@@ -40,14 +40,19 @@ def evaluate_in_child(device: str, example: str, top: int) -> None:
     """Forks; the child prepares its device, evaluates under cProfile, prints, exits."""
     pid = os.fork()
     if pid:
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            print(f"{example}: the probe's child failed (exit {os.waitstatus_to_exitcode(status)})", flush=True)
         return
+    code = 1
+    scratch = tempfile.mkdtemp(prefix="kz-audit-probe-")
     try:
         started = time.monotonic()
         process.prepare_device(device)
         prepared = time.monotonic() - started
         from kz_worker import harness
-        evaluation = harness.Evaluation(request_for(device, example), types.SimpleNamespace(stage=lambda name: None))
+        evaluation = harness.Evaluation(request_for(device, example, scratch),
+                                        types.SimpleNamespace(stage=lambda name: None))
         profiler = cProfile.Profile()
         started = time.monotonic()
         result = profiler.runcall(evaluation.run)
@@ -60,8 +65,13 @@ def evaluate_in_child(device: str, example: str, top: int) -> None:
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(top)
             print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-12000:], flush=True)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
     finally:
-        os._exit(0)
+        shutil.rmtree(scratch, ignore_errors=True)
+        sys.stdout.flush()
+        os._exit(code)
 
 
 def busy_loops(count: int) -> list:
@@ -69,7 +79,10 @@ def busy_loops(count: int) -> list:
     for _ in range(count):
         pid = os.fork()
         if pid == 0:
-            os.nice(-5)
+            try:
+                os.nice(-5)  # needs CAP_SYS_NICE: without it the loop runs at the probe's own priority
+            except PermissionError:
+                pass
             while True:
                 pass
         pids.append(pid)

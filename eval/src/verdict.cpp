@@ -178,7 +178,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
-  if (j.contains("unchecked") && j["unchecked"].is_object()) {
+  if (j.contains("unchecked")) {
+    if (!j["unchecked"].is_object()) return parse_error("unchecked: not an object of check name -> reason");
     for (const auto& [name, why] : j["unchecked"].items()) {
       auto check = parse_check(name);
       if (!check || !why.is_string()) return parse_error(fmt::format("unchecked: unknown check or no reason: {}", name));

@@ -211,6 +211,7 @@ TEST(Verdict, UnknownNamesFromTheWorkerAreErrors) {
   EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"checks", {"made_up"}}}).ok());
   EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"unchecked", {{"made_up", "why"}}}}).ok());
   EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"unchecked", {{"no_custom_kernel", 1}}}}).ok()) << "no reason";
+  EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"unchecked", "no_custom_kernel"}}).ok()) << "not an object";
   EXPECT_FALSE(verdict_from_json(nlohmann::json::array()).ok());
 }
 

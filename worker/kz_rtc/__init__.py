@@ -136,8 +136,8 @@ class Module:
         return f"<kz_rtc.Module {self.name!r} {self.arch} kernels={list(self.kernels)}>"
 
     def _preload(self) -> None:
-        """Loads the CUBIN and looks up every kernel on torch's current device now, where torch has
-        initialised CUDA, so that the first launch only launches. In kz's harness a compile runs with
+        """Loads the CUBIN and looks up every kernel on torch's current device (kz: a worker's one
+        device) now, where torch has initialised CUDA, so that the first launch only launches. In kz's harness a compile runs with
         the GPU lock let go of and a forward inside a shared hold, which a waiting timing (and every
         worker queued behind it) waits out: the module's load is CPU work that belongs with the
         compile. A failure is left to the first launch, which raises it naming its kernel."""
@@ -145,13 +145,15 @@ class Module:
             return
         try:
             device = torch.cuda.current_device()
+            if all(device in kernel._functions for kernel in self.kernels.values()):
+                return  # loaded by an earlier compile of the same source
             pushed = _driver.enter_context(device)
         except Exception:
             return
         try:
             for kernel in self.kernels.values():
                 kernel._function(device)
-        except RuntimeError:
+        except Exception:
             pass
         finally:
             if pushed:

@@ -30,6 +30,7 @@ import builtins
 import collections
 import contextlib
 import gc
+import inspect
 import json
 import math
 import operator
@@ -128,6 +129,9 @@ class _State:
 
     def __init__(self):
         self.launches = 0  # successful kz_rtc / Triton launches
+        # Whether the warm-up, before any candidate code, got a kernel list from the profiler: where it
+        # did, an audit without one means the candidate's code stopped the profiler.
+        self.profiler_worked = False
         self.suspended = 0  # > 0 while inside a launcher: its own torch calls are not the candidate's
         self.installed = set()
 
@@ -169,13 +173,17 @@ def _loading_handles(do_compile):
     (CompiledKernel._init_handles): Triton builds the launcher with gcc (its own cache is the
     request's, so every evaluation builds one per kernel signature) and loads the module at the first
     `kernel.run` after the compile, which in a forward is inside kz's shared GPU hold, where a waiting
-    timing waits it out. Run here, with the compile, they are CPU work with the lock let go of. An
-    error they raise (OutOfResources) comes out of the same launch as before; a kernel compiled
-    asynchronously (a future, no _init_handles) loads at its first run."""
+    timing waits it out. Run here, with the compile, they are mostly CPU work (the module's load
+    writes a little device memory) with the lock let go of. An error they raise (OutOfResources)
+    comes out of the same launch as before. A warm-up compile (JITFunction.warmup, preload, the
+    autotuner's) launches nothing, so it loads nothing here either, as in Triton; nor does a kernel
+    compiled asynchronously (a future, no _init_handles): both load at their first run."""
+    parameters = inspect.signature(do_compile)
+
     def compile_and_load(*args, **kwargs):
         kernel = do_compile(*args, **kwargs)
         init_handles = getattr(kernel, "_init_handles", None)
-        if callable(init_handles):
+        if callable(init_handles) and not parameters.bind(*args, **kwargs).arguments.get("warmup", False):
             init_handles()
         return kernel
 
@@ -231,7 +239,7 @@ def warm_up(device: torch.device, profiler: bool = True) -> None:
         torch.empty(1).zero_()
     if device.type == "cuda" and profiler:
         try:
-            _profiled_kernels(lambda: None)
+            _state.profiler_worked = _profiled_kernels(lambda: None)[2] is None
         except Exception:
             pass
 
@@ -375,7 +383,12 @@ def audit_failure(fmt: str, report: AuditReport):
         how = ("the GPU ran no kernel of the candidate's own (" +
                (", ".join(sorted({n for n, _ in report.kernels})[:8]) or "no kernel at all") + ")"
                if report.kernels is not None else "")
-    if not launched:
+    if fmt == "cuda" and _profiler_stopped(report):
+        checks.append(v.NO_CUSTOM_KERNEL)
+        parts.append("whether ModelNew.forward launched a custom kernel cannot be told: the profiler listed "
+                     f"kernels at the harness's warm-up but gave no list for the forward ({report.no_kernel_list}), "
+                     "so the candidate's code stopped it")
+    elif not launched:
         checks.append(v.NO_CUSTOM_KERNEL)
         parts.append(f"ModelNew.forward launched no custom kernel: {how}")
     if not checks:
@@ -383,11 +396,17 @@ def audit_failure(fmt: str, report: AuditReport):
     return v.Failure(v.CHEAT_DETECTED, "; ".join(parts), checks)
 
 
+def _profiler_stopped(report: AuditReport) -> bool:
+    """The audit got no kernel list where the warm-up, before any candidate code, got one."""
+    return report.no_kernel_list is not None and _state.profiler_worked
+
+
 def unchecked(fmt: str, report: AuditReport) -> dict:
     """check -> why, for the audit's checks that could not run (the verdict's `unchecked`): `cuda`'s
-    no_custom_kernel reads the profiler's kernel list, and without one it passes (a host without
-    CUPTI must not cost the Coder its correct answers) but says so."""
-    if fmt == "cuda" and report.no_kernel_list is not None:
+    no_custom_kernel reads the profiler's kernel list, and where the profiler gave none at the
+    warm-up either (no CUPTI) it passes (such a host must not cost the Coder its correct answers) but
+    says so. Where the warm-up got a list, the candidate stopped the profiler: audit_failure."""
+    if fmt == "cuda" and report.no_kernel_list is not None and not _state.profiler_worked:
         return {v.NO_CUSTOM_KERNEL: f"{report.no_kernel_list}, so the kernels ModelNew.forward ran are unknown"}
     return {}
 

@@ -290,7 +290,7 @@ def run_child(request: dict, prepared_at: float) -> None:
     evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
     request waited for this child's device (its CUDA context; 0 when it was ready) and, where it
     waited, how long each step of that preparation took (device_context, device_clock,
-    device_launch_gate: process.prepare_device)."""
+    device_launch_gate, device_kernels: process.prepare_device)."""
     handed_over_at = request.pop("handed_over_at", prepared_at)
     waited = max(0.0, prepared_at - handed_over_at)
     request["startup_s"] = {"device": waited}

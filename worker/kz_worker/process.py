@@ -102,8 +102,8 @@ def _cuda_ordinal(device_name: str):
     return int(index) if index.isdigit() else 0
 
 
-# Seconds of prepare_device's steps in this process (context, clock, launch_gate), for the verdict's
-# startup_s where a request waited for them (fork_server.run_child).
+# Seconds of prepare_device's steps in this process (context, clock, launch_gate, kernels), for the
+# verdict's startup_s where a request waited for them (fork_server.run_child).
 device_steps_s = {}
 
 

@@ -619,6 +619,7 @@ def test_a_cuda_audit_without_a_kernel_list_passes_no_custom_kernel_and_says_it_
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     cpu_zeros = torch.zeros
     monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
+    monkeypatch.setattr(cheats._state, "profiler_worked", False)  # the warm-up got no list either: no CUPTI
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     evaluation.format, evaluation.profiled = "cuda", True
 
@@ -634,6 +635,33 @@ def test_a_cuda_audit_without_a_kernel_list_passes_no_custom_kernel_and_says_it_
     assert cheats.audit_failure("cuda", report) is None
     assert set(cheats.unchecked("cuda", report)) == {v.NO_CUSTOM_KERNEL}
     assert cheats.unchecked("cuda-rtc", report) == {}, "its launch counters decide no_custom_kernel"
+
+
+def test_a_profiler_that_worked_at_the_warm_up_and_fails_in_the_audit_was_stopped_by_the_candidate(tmp_path,
+                                                                                                  monkeypatch):
+    """Before any candidate code, the warm-up got a kernel list: a forward without one is the candidate's
+    doing (it started a profiler of its own, say), and no_custom_kernel fails instead of going unchecked."""
+    monkeypatch.setattr(torch.autograd.profiler, "profile", ProfilerThatFailsToStart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    cpu_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *size, device=None: cpu_zeros(*size))
+    monkeypatch.setattr(cheats._state, "profiler_worked", True)
+    evaluation, _ = timed_evaluation(tmp_path, monkeypatch)
+    evaluation.format, evaluation.profiled = "cuda", True
+
+    class ReluInALauncher(torch.nn.Module):
+        def forward(self, x):
+            return cheats._suspending(torch.relu)(x)
+
+    with pytest.raises(v.Failure) as caught:
+        evaluation._audit(ReluInALauncher())
+    assert caught.value.status == v.CHEAT_DETECTED and caught.value.checks == [v.NO_CUSTOM_KERNEL]
+    assert "stopped it" in caught.value.message and "unchecked" not in evaluation.result
+    report = cheats.AuditReport()
+    report.no_kernel_list = "the profiler did not start"
+    assert cheats.unchecked("cuda", report) == {}
+    report.launches = 1
+    assert cheats.audit_failure("cuda-rtc", report) is None, "cuda-rtc's check is its launch counter's"
 
 
 def test_the_checks_kernels_are_loaded_by_running_the_checks_once(monkeypatch):
@@ -811,7 +839,7 @@ def test_compiles_run_with_the_gpu_let_go_of(monkeypatch):
     import triton.runtime.jit as jit
     cheats.install_launch_hooks("triton")
     assert jit.JITFunction._do_compile.__code__ is compile_kernel.__code__, "the same wrapper around the JIT's compile"
-    assert jit.JITFunction._do_compile.__wrapped__.__code__ is cheats._loading_handles(None).__code__
+    assert jit.JITFunction._do_compile.__wrapped__.__code__ is cheats._loading_handles(print).__code__
 
 
 def test_a_triton_kernels_launcher_and_module_load_with_its_compile(monkeypatch):
@@ -830,6 +858,18 @@ def test_a_triton_kernels_launcher_and_module_load_with_its_compile(monkeypatch)
     events.clear()
     skipped = gpu_lock.releasing(cheats._loading_handles(lambda *a: None))  # a jit_cache_hook skipped the compile
     assert skipped() is None and events == ["released", "taken again"]
+
+    def do_compile(self, key, signature, device, constexprs, options, attrs, warmup):  # Triton 3.6's
+        events.append(f"compiled, warmup={warmup}")
+        return CompiledKernel()
+
+    events.clear()
+    hooked = cheats._loading_handles(do_compile)
+    hooked(None, "key", {}, 0, {}, None, {}, True)  # JITFunction.warmup: Triton launches nothing, loads nothing
+    hooked(None, "key", {}, 0, {}, None, {}, warmup=True)  # preload, by keyword
+    assert events == ["compiled, warmup=True"] * 2, "a warm-up compile loads at its first run, as in Triton"
+    hooked(None, "key", {}, 0, {}, None, {}, False)  # JITFunction.run's first launch
+    assert events[-2:] == ["compiled, warmup=False", "launcher built, module loaded"]
 
 
 class CopiesTheHarnesssExpectedOutput(torch.nn.Module):

@@ -175,7 +175,8 @@ cheats.warm_up(torch.device("cuda:0"))  # then a profiled request's warm-up (che
 x = torch.randn(1 << 20, device="cuda")
 _, kernels, why_no_list = cheats._profiled_kernels(lambda: torch.relu(x))
 print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules,
-                  "why_no_list": why_no_list, "kernels": len(kernels), "steps": sorted(process.device_steps_s)}))
+                  "why_no_list": why_no_list, "kernels": len(kernels), "steps": sorted(process.device_steps_s),
+                  "warm_up_listed_kernels": cheats._state.profiler_worked}))
 """
 
 
@@ -187,4 +188,4 @@ def test_a_prepared_gpu_worker_profiles_kernels_without_importing_torch_dynamo()
     assert done.returncode == 0, done.stderr
     state = json.loads(done.stdout.splitlines()[-1])
     assert state == {"dynamo": False, "inductor": False, "why_no_list": None, "kernels": 1,
-                     "steps": ["clock", "context", "kernels", "launch_gate"]}, state
+                     "steps": ["clock", "context", "kernels", "launch_gate"], "warm_up_listed_kernels": True}, state
