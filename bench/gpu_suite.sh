@@ -6,8 +6,7 @@
 #   PART = checks:  build, the gpu-labelled CTest tests (sandbox CUDA fault, ...), the timing
 #                   protocol's tests (worker/tests/test_timing.py), how a worker prepares
 #                   (worker/tests/test_process.py, its GPU test too) and the GPU-only cheat fixtures
-#                   (expected: torch_compute_in_forward, no_custom_kernel (twice: ATen in an
-#                   extension; a profiler the candidate started), wrong_during_timing;
+#                   (expected: torch_compute_in_forward, no_custom_kernel, wrong_during_timing;
 #                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
 #                   refused (none expected), and where built, the workers' own /dev/shm tests,
 #                   the scratch dir's bound and the syscall filter (eval_sandbox_test;
@@ -109,8 +108,7 @@ elif [[ $PART == checks ]]; then
   (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_timing.py tests/test_process.py > "$OUT/timing-gpu.log" 2>&1)
   step_done "test_timing.py test_process.py" $?; tail -15 "$OUT/timing-gpu.log" | tee "$OUT/timing-gpu.txt"
   for f in eval/tests/cheats/cuda_aten_in_extension.py eval/tests/cheats/cuda_rtc_torch_compute.py \
-           eval/tests/cheats/cuda_profiler_stopped.py eval/tests/cheats/cache_by_pointer_late.py \
-           eval/tests/cheats/side_stream_hidden.py; do
+           eval/tests/cheats/cache_by_pointer_late.py eval/tests/cheats/side_stream_hidden.py; do
     build/kz eval suite/kzbench/level1/02_relu.py "$f" --device cuda:0 --no-cache --json 2>> "$OUT/cheats-gpu.err" |
       tee -a "$OUT/cheats-gpu.jsonl"
   done

@@ -640,7 +640,7 @@ def test_a_cuda_audit_without_a_kernel_list_passes_no_custom_kernel_and_says_it_
 def test_a_profiler_that_worked_at_the_warm_up_and_fails_in_the_audit_was_stopped_by_the_candidate(tmp_path,
                                                                                                   monkeypatch):
     """Before any candidate code, the warm-up got a kernel list: a forward without one is the candidate's
-    doing (it started a profiler of its own, say), and no_custom_kernel fails instead of going unchecked."""
+    doing, and no_custom_kernel fails instead of going unchecked."""
     monkeypatch.setattr(torch.autograd.profiler, "profile", ProfilerThatFailsToStart)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     cpu_zeros = torch.zeros
