@@ -23,17 +23,9 @@ import types
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "bench"))
+from guard_probe import example_request  # noqa: E402
 from kz_worker import process  # noqa: E402
-TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
-             "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}
-
-
-def request_for(device: str, example: str, scratch: str) -> dict:
-    fmt, task = example.split("/")
-    return {"device": device, "format": fmt, "seed": 7, "trials": 5, "scratch_dir": str(scratch),
-            "reference_source": next((ROOT / "suite" / "kzbench").glob(f"level*/{task}.py")).read_text(),
-            "candidate_source": (ROOT / "suite" / "examples" / fmt / f"{task}.py").read_text(),
-            "timing": {"enabled": False}, "tolerance": TOLERANCE}
 
 
 def evaluate_in_child(device: str, example: str, top: int) -> None:
@@ -51,7 +43,7 @@ def evaluate_in_child(device: str, example: str, top: int) -> None:
         process.prepare_device(device)
         prepared = time.monotonic() - started
         from kz_worker import harness
-        evaluation = harness.Evaluation(request_for(device, example, scratch),
+        evaluation = harness.Evaluation(example_request(device, example, scratch, trials=5),
                                         types.SimpleNamespace(stage=lambda name: None))
         profiler = cProfile.Profile()
         started = time.monotonic()

@@ -32,16 +32,22 @@ def per_call_us(function) -> float:
     return (time.perf_counter() - start) / RUNS * 1e6
 
 
+def example_request(device: str, example: str, scratch, trials: int) -> dict:
+    """An untimed request for suite/examples/<FORMAT/TASK>.py against its kzbench task (also
+    bench/audit_probe.py's)."""
+    fmt, task = example.split("/")
+    return {"device": device, "format": fmt, "seed": 7, "trials": trials, "scratch_dir": str(scratch),
+            "reference_source": next((ROOT / "suite" / "kzbench").glob(f"level*/{task}.py")).read_text(),
+            "candidate_source": (ROOT / "suite" / "examples" / fmt / f"{task}.py").read_text(),
+            "timing": {"enabled": False}, "tolerance": TOLERANCE}
+
+
 def evaluated_guard(device: str, example: str):
     """The Guard of a real evaluation of suite/examples/<example>.py, once it has run."""
     from kz_worker import harness
-    fmt, task = example.split("/")
-    scratch = pathlib.Path("/tmp") / f"kz-guard-probe-{fmt}-{task}"
+    scratch = pathlib.Path("/tmp") / f"kz-guard-probe-{example.replace('/', '-')}"
     scratch.mkdir(exist_ok=True)
-    request = {"device": device, "format": fmt, "seed": 7, "trials": 1, "scratch_dir": str(scratch),
-               "reference_source": next((ROOT / "suite" / "kzbench").glob(f"level*/{task}.py")).read_text(),
-               "candidate_source": (ROOT / "suite" / "examples" / fmt / f"{task}.py").read_text(),
-               "timing": {"enabled": False}, "tolerance": TOLERANCE}
+    request = example_request(device, example, scratch, trials=1)
     evaluation = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None))
     result = evaluation.run()
     print(f"{example}: {result['status']}")
