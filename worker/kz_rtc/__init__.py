@@ -137,10 +137,11 @@ class Module:
 
     def _preload(self) -> None:
         """Loads the CUBIN and looks up every kernel on torch's current device (kz: a worker's one
-        device) now, where torch has initialised CUDA, so that the first launch only launches. In kz's harness a compile runs with
-        the GPU lock let go of and a forward inside a shared hold, which a waiting timing (and every
-        worker queued behind it) waits out: the module's load is CPU work that belongs with the
-        compile. A failure is left to the first launch, which raises it naming its kernel."""
+        device) now, where torch has initialised CUDA, so that the first launch only launches. In kz's
+        harness a compile runs with the GPU lock let go of and a forward inside a shared hold, which a
+        waiting timing (and every worker queued behind it) waits out: the module's load, mostly CPU
+        work, belongs with the compile. A failure is left to the first launch, which raises it naming
+        its kernel."""
         if _compile_only or not torch.cuda.is_initialized():
             return
         try:
