@@ -168,6 +168,8 @@ Result<std::optional<Verdict>> VerdictCache::lookup(const std::string& key) cons
   auto verdict = verdict_from_json(json);
   if (!verdict.ok()) return verdict.status().with_context(fmt::format("verdict cache {}: entry {}", impl_->path.string(), key));
   verdict->cached = true;
+  verdict->cpu_s.clear();  // a replay costs a lookup: the stored run's CPU is not this one's
+  verdict->prebuild_cpu_s.reset();
   return std::optional<Verdict>(std::move(*verdict));
 }
 

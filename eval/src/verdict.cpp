@@ -108,6 +108,7 @@ nlohmann::json to_json(const Verdict& v) {
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   write_parts(j, "build_s", v.build_s);              // optional: a load_inline build ran (or pre-built)
   write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
+  write_parts(j, "cpu_s", v.cpu_s);                  // optional: a worker reported it
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: profiled audits only
   if (!v.unchecked.empty()) {                                                    // optional: a check could not run
@@ -117,6 +118,7 @@ nlohmann::json to_json(const Verdict& v) {
   if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
   if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
   if (v.prebuild_s) j["prebuild_s"] = *v.prebuild_s;                              // optional: pre-built cuda
+  if (v.prebuild_cpu_s) j["prebuild_cpu_s"] = *v.prebuild_cpu_s;
   if (v.started_s) j["started_s"] = *v.started_s;                                  // optional: eval-suite
   if (v.prebuild_started_s) j["prebuild_started_s"] = *v.prebuild_started_s;
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
@@ -175,6 +177,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
   read_parts(j, "build_s", v.build_s);
   read_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);
+  read_parts(j, "cpu_s", v.cpu_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
@@ -187,7 +190,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     }
   }
   for (auto [key, field] : {std::pair{"gpu_wait_s", &v.gpu_wait_s}, std::pair{"gpu_exclusive_s", &v.gpu_exclusive_s},
-                            std::pair{"prebuild_s", &v.prebuild_s}, std::pair{"started_s", &v.started_s},
+                            std::pair{"prebuild_s", &v.prebuild_s}, std::pair{"prebuild_cpu_s", &v.prebuild_cpu_s},
+                            std::pair{"started_s", &v.started_s},
                             std::pair{"prebuild_started_s", &v.prebuild_started_s}})
     if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
   if (j.contains("timing") && j["timing"].is_object()) {
@@ -203,17 +207,22 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
 }
 
 PreBuild prebuild_of(const Verdict& build_verdict, double started_s) {
-  PreBuild prebuild{started_s, build_verdict.wall_s, build_verdict.build_s};
+  PreBuild prebuild{started_s, build_verdict.wall_s, build_verdict.build_s, std::nullopt};
   double worker_start = 0;
   for (const auto& [stage, seconds] : build_verdict.stage_s)
     if (stage == "startup" || stage == "load_reference") worker_start += seconds;
   if (!prebuild.build_s.empty()) prebuild.build_s.emplace_back("worker_start", worker_start);
+  if (!build_verdict.cpu_s.empty()) {
+    prebuild.cpu_s = 0.0;
+    for (const auto& [part, seconds] : build_verdict.cpu_s) *prebuild.cpu_s += seconds;
+  }
   return prebuild;
 }
 
 void attach_prebuild(Verdict& verdict, const PreBuild& prebuild) {
   verdict.prebuild_started_s = prebuild.started_s;
   verdict.prebuild_s = prebuild.seconds;
+  verdict.prebuild_cpu_s = prebuild.cpu_s;
   if (verdict.build_s.empty()) verdict.build_s = prebuild.build_s;  // the evaluation loaded the build
 }
 

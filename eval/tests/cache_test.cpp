@@ -90,6 +90,18 @@ TEST_F(CacheTest, RoundTripKeepsTheWholeVerdict) {
   EXPECT_FALSE(cache.rebuilt());
 }
 
+TEST_F(CacheTest, AReplayCarriesNoCpuSeconds) {
+  VerdictCache cache = open(db());
+  Verdict v = sample_verdict();
+  v.cpu_s = {{"worker", 2.5}, {"subprocesses", 7.25}};
+  v.prebuild_cpu_s = 9.75;
+  ASSERT_TRUE(cache.store("key-1", v).is_ok());
+  auto hit = cache.lookup("key-1");
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_TRUE((*hit)->cpu_s.empty()) << "a lookup, not the stored run's CPU";
+  EXPECT_FALSE((*hit)->prebuild_cpu_s);
+}
+
 TEST_F(CacheTest, UnknownKeyIsAMiss) {
   VerdictCache cache = open(db());
   ASSERT_TRUE(cache.store("key-1", sample_verdict()).is_ok());

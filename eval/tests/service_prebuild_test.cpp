@@ -83,6 +83,9 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_LE(parts["ninja"], parts["load_inline"]);
   EXPECT_LE(parts["worker_start"] + parts["import_to_build"] + parts["load_inline"], *cuda.prebuild_s)
       << "parts of the pre-build's wall time";
+  // Its CPU seconds: the build's worker and, in its subprocesses, nvcc's steps and the compilers.
+  ASSERT_TRUE(cuda.prebuild_cpu_s) << to_json(cuda).dump(2);
+  EXPECT_GT(*cuda.prebuild_cpu_s, 1.0) << to_json(cuda).dump(2);
   // The build was kept by the supervisor (no worker can write there), and nothing was built in a
   // directory that workers share.
   int libraries = 0;

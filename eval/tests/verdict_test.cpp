@@ -163,8 +163,22 @@ TEST(Verdict, JsonRoundTripKeepsTheBuildsParts) {
   EXPECT_EQ(back->build_s, v.build_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheCpuSeconds) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  auto bare = to_json(v);
+  EXPECT_FALSE(bare.contains("cpu_s")) << "absent where no worker reported it";
+  EXPECT_FALSE(bare.contains("prebuild_cpu_s"));
+  v.cpu_s = {{"subprocesses", 0.25}, {"worker", 1.5}};  // a JSON object's order: by name
+  v.prebuild_cpu_s = 11.125;
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->cpu_s, v.cpu_s);
+  EXPECT_EQ(back->prebuild_cpu_s, 11.125);
+}
+
 TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
   Verdict build = make_verdict(EvalStatus::compiled_not_run, {}, "built");
+  build.cpu_s = {{"worker", 1.25}, {"subprocesses", 8.5}};
   build.wall_s = 9.5;
   build.stage_s = {{"startup", 1.5}, {"load_reference", 0.25}, {"compile", 7.5}};
   build.build_s = {{"load_inline", 7.0}};
@@ -178,6 +192,8 @@ TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
   attach_prebuild(evaluation, prebuild);
   EXPECT_EQ(evaluation.prebuild_started_s, 0.125);
   EXPECT_EQ(evaluation.prebuild_s, 9.5);
+  EXPECT_EQ(evaluation.prebuild_cpu_s, 9.75) << "the build's worker and its subprocesses";
+  EXPECT_TRUE(evaluation.cpu_s.empty()) << "the evaluation's own CPU is its worker's to report";
   EXPECT_EQ(evaluation.build_s, prebuild.build_s);
 
   Verdict rebuilt = make_verdict(EvalStatus::ok, {}, "correct");  // it built again itself: its own parts stay
@@ -186,6 +202,7 @@ TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
   EXPECT_EQ(rebuilt.build_s, (Parts{{"load_inline", 3.0}}));
   EXPECT_TRUE(prebuild_of(make_verdict(EvalStatus::compiled_not_run, {}, ""), 0).build_s.empty())
       << "no worker_start alone where nothing was built (a kept build)";
+  EXPECT_FALSE(prebuild_of(make_verdict(EvalStatus::compiled_not_run, {}, ""), 0).cpu_s) << "none reported";
 }
 
 TEST(Verdict, UntimedVerdictHasNullSpeedup) {

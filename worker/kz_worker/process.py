@@ -8,6 +8,7 @@ the harness's identity snapshot is the same whichever way its process was made. 
 supervisor sets TRITON_INTERPRET=1 itself, since Triton reads it when imported."""
 import ctypes
 import os
+import resource
 import sys
 import threading
 import time
@@ -174,6 +175,14 @@ def _link_triton_helpers() -> None:
         pass
 
 
+def cpu_seconds() -> dict:
+    """The verdict's cpu_s: user + system seconds of this process ("worker": every thread; a fork
+    server's child counts from its fork, its device preparation included) and of the subprocesses it
+    waited for ("subprocesses": a build's ninja with nvcc and the compilers under it, Triton's ptxas)."""
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"worker": own.ru_utime + own.ru_stime, "subprocesses": waited.ru_utime + waited.ru_stime}
+
+
 def evaluate(request: dict) -> None:
     """Runs one request after its process is prepared; sends the result and exits."""
     from . import protocol, sandbox
@@ -193,6 +202,7 @@ def evaluate(request: dict) -> None:
     result["type"] = "result"
     if startup:
         result["startup_s"] = startup
+    result["cpu_s"] = cpu_seconds()
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
     # into a crash after it was sent.

@@ -152,6 +152,15 @@ struct Verdict {
   // gpu_wait_s by the stage that waited (load_reference, compile, correctness, timing, recheck),
   // reported by the worker. Empty without the lock or without a wait.
   std::vector<std::pair<std::string, double>> gpu_wait_by_stage_s;
+  // CPU seconds (user + system) the worker spent on this request: "worker", its own process (all its
+  // threads; a fork server's child counts from its fork, so its device preparation is in and the
+  // zygote's imports are not), and "subprocesses", those it waited for (a build's ninja, nvcc and
+  // compilers; Triton's ptxas and launcher builds). Reported by the worker: diagnostics for the
+  // throughput report (where a cold batch's CPU goes), never part of a reward. Empty when no worker
+  // reported (a crash, a static verdict) and in a replay from the verdict cache.
+  std::vector<std::pair<std::string, double>> cpu_s;
+  // A pre-built `cuda` candidate: its pre-build's CPU seconds (the sum of that verdict's cpu_s).
+  std::optional<double> prebuild_cpu_s;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;
@@ -169,10 +178,11 @@ Verdict make_verdict(EvalStatus status, std::vector<Check> checks, std::string m
 struct PreBuild {
   double started_s = 0, seconds = 0;
   std::vector<std::pair<std::string, double>> build_s;
+  std::optional<double> cpu_s;  // the build's worker and subprocesses, where it reported them
 };
 PreBuild prebuild_of(const Verdict& build_verdict, double started_s);
 // Puts the pre-build on the verdict of the evaluation after it (prebuild_started_s, prebuild_s,
-// build_s).
+// prebuild_cpu_s, build_s).
 void attach_prebuild(Verdict& verdict, const PreBuild& prebuild);
 
 }  // namespace kz
