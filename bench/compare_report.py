@@ -445,7 +445,7 @@ def timeline_lines(data: dict) -> list:
                      f"{end - begin:.1f} s) then evaluated {last['started_s']:.1f}-"
                      f"{last['started_s'] + (last.get('wall_s') or 0.0):.1f}")
         lines += build_part_lines([b[2] for b in builds], last)
-    return lines + own_phase_lines(batch) + host_cpu_lines(batch)
+    return lines + own_phase_lines(batch) + host_cpu_lines(batch) + cpu_seconds_lines(batch)
 
 
 # A pre-build's parts (the verdict's build_s: worker/kz_worker/formats.py, build_parts) in the order
@@ -503,6 +503,37 @@ def host_cpu_lines(batch: dict, bucket_s: float = 2.0, who: str = "kz ran") -> l
     return [f"  host CPU while {who} ({cpu.get('cores')} cores, /proc/stat every {cpu.get('interval_s')} s): busy "
             f"{mean([s[1] for s in samples]):.0%} on average, stolen by other guests {steal:.1%}; busy per "
             f"{bucket_s:g} s: " + ", ".join(cells)]
+
+
+def cpu_seconds_lines(batch: dict) -> list:
+    """Where the batch's CPU went: each format's workers' CPU seconds (the verdicts' cpu_s: the
+    worker's own process and the subprocesses it waited for) and the `cuda` pre-builds'
+    (prebuild_cpu_s), against the host's busy CPU-seconds over the batch (host_cpu): the rest is kz,
+    the zygotes' imports, the fork servers, the syntax checker and anything else on the host."""
+    verdicts = batch.get("verdicts", [])
+    rows = []
+    for fmt in FORMATS:
+        mine = [v["cpu_s"] for v in verdicts if v["format"] == fmt and v.get("cpu_s")]
+        if mine:
+            own, waited = sum(c.get("worker", 0.0) for c in mine), sum(c.get("subprocesses", 0.0) for c in mine)
+            rows.append((f"{fmt} evaluations", len(mine), own, waited))
+    builds = [v["prebuild_cpu_s"] for v in verdicts if v.get("prebuild_cpu_s") is not None]
+    if builds:
+        rows.insert(0, ("cuda pre-builds", len(builds), None, sum(builds)))
+    if not rows:
+        return []
+    cells = [f"{label} {(own or 0.0) + waited:.1f} ({len_:d}: {((own or 0.0) + waited) / len_:.2f} each"
+             + (f"; subprocesses {waited:.1f}" if own is not None and waited else "") + ")"
+             for label, len_, own, waited in rows]
+    counted = sum((own or 0.0) + waited for _, _, own, waited in rows)
+    line = f"  CPU seconds (user + system, as each worker reported them): {', '.join(cells)}; {counted:.1f} in all"
+    cpu = batch.get("host_cpu") or {}
+    samples, cores, interval = cpu.get("samples") or [], cpu.get("cores") or 0, cpu.get("interval_s") or 0.0
+    if samples and cores and interval:
+        busy = sum(s[1] for s in samples) * cores * interval
+        line += (f", of the host's {busy:.1f} busy CPU-seconds over the batch (the rest, {max(0.0, busy - counted):.1f}: "
+                 "kz, the zygotes' imports, the fork servers, the syntax checker, the system)")
+    return [line]
 
 
 def own_phase_lines(batch: dict) -> list:

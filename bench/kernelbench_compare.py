@@ -195,7 +195,7 @@ def trim(verdict: dict) -> dict:
             "gpu_wait_s", "gpu_exclusive_s", "gpu_wait_by_stage_s", "startup_s", "load_reference_s", "correctness_s",
             "timing_s", "timing_after_hold_s",
             "prebuild_s", "started_s", "prebuild_started_s", "build_s", "device", "stage", "cached",
-            "custom_kernel_share", "unchecked")
+            "custom_kernel_share", "unchecked", "cpu_s", "prebuild_cpu_s")
     trimmed = {k: verdict.get(k) for k in keep}
     trimmed.update(id=f"{path.parent.name}/{path.stem}", task=verdict.get("task_id"),
                    launch_spin=(verdict.get("timing") or {}).get("launch_spin"))

@@ -104,6 +104,7 @@ def test_the_hosts_cpu_is_sampled_while_kz_runs(gpu_run):
     assert cpu["cores"] == os.cpu_count() and len(cpu["samples"]) >= 3
     assert all(0.0 <= busy <= 1.0 and 0.0 <= steal <= 1.0 for _, busy, steal in cpu["samples"])
     assert "host CPU while kz ran (" in text
+    assert "CPU seconds (user + system, as each worker reported them): cuda pre-builds " in text
     assert data["kb"]["prebuild"]["host_cpu"]["cores"] == os.cpu_count()
 
 
@@ -114,6 +115,20 @@ def test_host_cpu_lines_average_and_bucket_the_samples():
     assert "(16 cores, /proc/stat every 0.25 s): busy 60% on average, stolen by other guests 5.0%" in line
     assert line.endswith("busy per 2 s: 0-2 30%, 2-4 90%")
     assert compare_report.host_cpu_lines({}) == []
+
+
+def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():
+    batch = {"verdicts": [{"format": "cuda", "prebuild_cpu_s": 10.0, "cpu_s": {"worker": 0.5, "subprocesses": 0.0}},
+                          {"format": "cuda", "prebuild_cpu_s": 12.0, "cpu_s": {"worker": 0.75, "subprocesses": 0.0}},
+                          {"format": "cuda-rtc", "cpu_s": {"worker": 1.5, "subprocesses": 0.0}},
+                          {"format": "cuda-rtc", "cpu_s": None},
+                          {"format": "triton", "cpu_s": {"worker": 2.0, "subprocesses": 1.0}}],
+             "host_cpu": {"cores": 4, "interval_s": 0.5, "samples": [[0.5, 1.0, 0.0], [1.0, 1.0, 0.0], [1.5, 0.5, 0.0]]}}
+    line, = compare_report.cpu_seconds_lines(batch)
+    assert "cuda pre-builds 22.0 (2: 11.00 each), cuda evaluations 1.2 (2: 0.62 each), cuda-rtc evaluations 1.5 (1: 1.50 each)" in line
+    assert "triton evaluations 3.0 (1: 3.00 each; subprocesses 1.0); 27.8 in all" in line
+    assert "of the host's 5.0 busy CPU-seconds over the batch (the rest, 0.0:" in line, "never below zero"
+    assert compare_report.cpu_seconds_lines({"verdicts": [{"format": "cuda", "cpu_s": None}]}) == [], "none reported"
 
 
 def test_the_pre_builds_parts_are_medians_with_the_last_builds_beside():
