@@ -507,32 +507,37 @@ def host_cpu_lines(batch: dict, bucket_s: float = 2.0, who: str = "kz ran") -> l
 
 def cpu_seconds_lines(batch: dict) -> list:
     """Where the batch's CPU went: each format's workers' CPU seconds (the verdicts' cpu_s: the
-    worker's own process and the subprocesses it waited for) and the `cuda` pre-builds'
-    (prebuild_cpu_s), against the host's busy CPU-seconds over the batch (host_cpu): the rest is kz,
-    the zygotes' imports, the fork servers, the syntax checker and anything else on the host."""
+    worker's own process and the subprocesses it waited for; a `cuda` pre-build that failed is its
+    candidate's verdict, so it counts with the `cuda` evaluations) and the `cuda` pre-builds'
+    (prebuild_cpu_s), against the host's busy CPU-seconds while kz ran (host_cpu, each sample weighted
+    by the time since the one before): the rest is kz, the zygotes' imports, the fork servers, their
+    spare children, the syntax checker and anything else on the host."""
     verdicts = batch.get("verdicts", [])
-    rows = []
+    rows = []  # (label, count, total CPU seconds, of which in subprocesses or None)
+    builds = [v["prebuild_cpu_s"] for v in verdicts if v.get("prebuild_cpu_s") is not None]
+    if builds:
+        rows.append(("cuda pre-builds", len(builds), sum(builds), None))
     for fmt in FORMATS:
         mine = [v["cpu_s"] for v in verdicts if v["format"] == fmt and v.get("cpu_s")]
         if mine:
-            own, waited = sum(c.get("worker", 0.0) for c in mine), sum(c.get("subprocesses", 0.0) for c in mine)
-            rows.append((f"{fmt} evaluations", len(mine), own, waited))
-    builds = [v["prebuild_cpu_s"] for v in verdicts if v.get("prebuild_cpu_s") is not None]
-    if builds:
-        rows.insert(0, ("cuda pre-builds", len(builds), None, sum(builds)))
+            waited = sum(c.get("subprocesses", 0.0) for c in mine)
+            rows.append((f"{fmt} evaluations", len(mine), sum(c.get("worker", 0.0) for c in mine) + waited, waited))
     if not rows:
         return []
-    cells = [f"{label} {(own or 0.0) + waited:.1f} ({len_:d}: {((own or 0.0) + waited) / len_:.2f} each"
-             + (f"; subprocesses {waited:.1f}" if own is not None and waited else "") + ")"
-             for label, len_, own, waited in rows]
-    counted = sum((own or 0.0) + waited for _, _, own, waited in rows)
+    cells = [f"{label} {total:.1f} ({count}: {total / count:.2f} each"
+             + (f"; subprocesses {waited:.1f}" if waited is not None and waited >= 0.05 else "") + ")"
+             for label, count, total, waited in rows]
+    counted = sum(total for _, _, total, _ in rows)
     line = f"  CPU seconds (user + system, as each worker reported them): {', '.join(cells)}; {counted:.1f} in all"
     cpu = batch.get("host_cpu") or {}
-    samples, cores, interval = cpu.get("samples") or [], cpu.get("cores") or 0, cpu.get("interval_s") or 0.0
-    if samples and cores and interval:
-        busy = sum(s[1] for s in samples) * cores * interval
-        line += (f", of the host's {busy:.1f} busy CPU-seconds over the batch (the rest, {max(0.0, busy - counted):.1f}: "
-                 "kz, the zygotes' imports, the fork servers, the syntax checker, the system)")
+    samples, cores = cpu.get("samples") or [], cpu.get("cores") or 0
+    if samples and cores:
+        busy, before = 0.0, 0.0
+        for at, fraction, _ in samples:
+            busy += fraction * cores * (at - before)
+            before = at
+        line += (f", of the host's {busy:.1f} busy CPU-seconds while kz ran (the rest, {max(0.0, busy - counted):.1f}: "
+                 "kz, the zygotes' imports, the fork servers and their spare children, the syntax checker, the system)")
     return [line]
 
 

@@ -120,14 +120,15 @@ def test_host_cpu_lines_average_and_bucket_the_samples():
 def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():
     batch = {"verdicts": [{"format": "cuda", "prebuild_cpu_s": 10.0, "cpu_s": {"worker": 0.5, "subprocesses": 0.0}},
                           {"format": "cuda", "prebuild_cpu_s": 12.0, "cpu_s": {"worker": 0.75, "subprocesses": 0.0}},
-                          {"format": "cuda-rtc", "cpu_s": {"worker": 1.5, "subprocesses": 0.0}},
+                          {"format": "cuda-rtc", "cpu_s": {"worker": 1.5, "subprocesses": 0.001}},
                           {"format": "cuda-rtc", "cpu_s": None},
                           {"format": "triton", "cpu_s": {"worker": 2.0, "subprocesses": 1.0}}],
-             "host_cpu": {"cores": 4, "interval_s": 0.5, "samples": [[0.5, 1.0, 0.0], [1.0, 1.0, 0.0], [1.5, 0.5, 0.0]]}}
+             "host_cpu": {"cores": 4, "interval_s": 0.5, "samples": [[0.5, 1.0, 0.0], [1.0, 1.0, 0.0], [2.0, 0.5, 0.0]]}}
     line, = compare_report.cpu_seconds_lines(batch)
-    assert "cuda pre-builds 22.0 (2: 11.00 each), cuda evaluations 1.2 (2: 0.62 each), cuda-rtc evaluations 1.5 (1: 1.50 each)" in line
+    assert "cuda pre-builds 22.0 (2: 11.00 each), cuda evaluations 1.2 (2: 0.62 each), cuda-rtc evaluations 1.5 (1: 1.50 each)," in line
     assert "triton evaluations 3.0 (1: 3.00 each; subprocesses 1.0); 27.8 in all" in line
-    assert "of the host's 5.0 busy CPU-seconds over the batch (the rest, 0.0:" in line, "never below zero"
+    assert "of the host's 6.0 busy CPU-seconds while kz ran (the rest, 0.0:" in line, \
+        "each sample weighted by the time since the one before; the rest never below zero"
     assert compare_report.cpu_seconds_lines({"verdicts": [{"format": "cuda", "cpu_s": None}]}) == [], "none reported"
 
 

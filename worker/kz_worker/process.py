@@ -177,8 +177,10 @@ def _link_triton_helpers() -> None:
 
 def cpu_seconds() -> dict:
     """The verdict's cpu_s: user + system seconds of this process ("worker": every thread; a fork
-    server's child counts from its fork, its device preparation included) and of the subprocesses it
-    waited for ("subprocesses": a build's ninja with nvcc and the compilers under it, Triton's ptxas)."""
+    server's child counts from its fork, its device preparation included, a worker started for the
+    request its imports too) and of the subprocesses it waited for ("subprocesses": a build's ninja
+    with nvcc and the compilers under it, Triton's ptxas and launcher builds). Diagnostics: candidate
+    code runs in this process and could change it, and no reward reads it."""
     own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"worker": own.ru_utime + own.ru_stime, "subprocesses": waited.ru_utime + waited.ru_stime}
 
@@ -199,10 +201,10 @@ def evaluate(request: dict) -> None:
         from .harness import Evaluation
         result = Evaluation(request, channel).run()
         sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
+        result["cpu_s"] = cpu_seconds()
     result["type"] = "result"
     if startup:
         result["startup_s"] = startup
-    result["cpu_s"] = cpu_seconds()
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
     # into a crash after it was sent.

@@ -154,10 +154,11 @@ struct Verdict {
   std::vector<std::pair<std::string, double>> gpu_wait_by_stage_s;
   // CPU seconds (user + system) the worker spent on this request: "worker", its own process (all its
   // threads; a fork server's child counts from its fork, so its device preparation is in and the
-  // zygote's imports are not), and "subprocesses", those it waited for (a build's ninja, nvcc and
-  // compilers; Triton's ptxas and launcher builds). Reported by the worker: diagnostics for the
-  // throughput report (where a cold batch's CPU goes), never part of a reward. Empty when no worker
-  // reported (a crash, a static verdict) and in a replay from the verdict cache.
+  // zygote's imports are not; a worker started for the request counts its imports too), and
+  // "subprocesses", those it waited for (a build's ninja, nvcc and compilers; Triton's ptxas and
+  // launcher builds). Reported by the worker: diagnostics for the throughput report (where a cold
+  // batch's CPU goes), never part of a reward. Empty when no worker reported (a crash, a timeout, a
+  // static verdict) and in a replay from the verdict cache.
   std::vector<std::pair<std::string, double>> cpu_s;
   // A pre-built `cuda` candidate: its pre-build's CPU seconds (the sum of that verdict's cpu_s).
   std::optional<double> prebuild_cpu_s;
