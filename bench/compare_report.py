@@ -311,6 +311,28 @@ def startup_lines(verdicts: list) -> list:
     return lines
 
 
+def first_wave_lines(verdicts: list) -> list:
+    """Which evaluations made up the first wave: those that waited for a fork server at least half as
+    long as the longest wait (the zygote's imports, which only the first wave waits out in full), per
+    format, with the seconds they waited. Each is charged its own start-up, so which formats the
+    batch's order puts first moves their cold rates (the batch's own rate does not)."""
+    waits = [(v["format"], v["startup_s"]["server"]) for v in verdicts
+             if (v.get("startup_s") or {}).get("server") is not None]
+    longest = max((wait for _, wait in waits), default=0.0)
+    if longest <= 0.0:
+        return []
+    first = {}
+    for fmt, wait in waits:
+        if wait >= longest / 2:
+            count, summed = first.get(fmt, (0, 0.0))
+            first[fmt] = (count + 1, summed + wait)
+    order = [f for f in FORMATS if f in first] + sorted(f for f in first if f not in FORMATS)
+    return ["  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
+            + ", ".join(f"{fmt} {first[fmt][0]} ({first[fmt][1]:.1f} s)" for fmt in order)
+            + "; each format carries its own first wave's start-up, so the batch's order moves the formats' "
+              "cold rates, not the batch's"]
+
+
 def device_step_lines(parts: dict) -> list:
     steps = {part.removeprefix("device_"): seconds for part, seconds in parts.items() if part.startswith("device_")}
     if not steps:
@@ -364,7 +386,7 @@ def stage_section(data: dict) -> str:
                      + (f"; the other {len(waits)} waited {waits[0]:.1f}-{waits[-1]:.1f} s" if waits else ""))
         lines += waits_per_device(verdicts)
     lines += no_worker_lines(verdicts)
-    lines += startup_lines(verdicts)
+    lines += startup_lines(verdicts) + first_wave_lines(verdicts)
     lines += stage_parts(verdicts, "load_reference_s", "load_reference")
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")

@@ -117,6 +117,17 @@ def test_host_cpu_lines_average_and_bucket_the_samples():
     assert compare_report.host_cpu_lines({}) == []
 
 
+def test_the_first_wave_is_who_waited_out_the_zygotes_imports():
+    def served(fmt, server):
+        return {"format": fmt, "startup_s": {"server": server, "device": 0.5}}
+    verdicts = [served("triton", 1.5), served("cuda-rtc", 1.4), served("cuda-rtc", 1.5), served("cuda-rtc", 0.2),
+                served("cuda", 0.0), {"format": "cuda", "startup_s": None}, {"format": "triton"}]
+    line, = compare_report.first_wave_lines(verdicts)
+    assert "the zygote's imports): cuda-rtc 2 (2.9 s), triton 1 (1.5 s);" in line, "at least half the longest wait"
+    assert compare_report.first_wave_lines([served("cuda", 0.0)]) == [], "nobody waited"
+    assert compare_report.first_wave_lines([]) == []
+
+
 def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():
     batch = {"verdicts": [{"format": "cuda", "prebuild_cpu_s": 10.0, "cpu_s": {"worker": 0.5, "subprocesses": 0.0}},
                           {"format": "cuda", "prebuild_cpu_s": 12.0, "cpu_s": {"worker": 0.75, "subprocesses": 0.0}},
