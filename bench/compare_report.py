@@ -33,6 +33,11 @@ def table(header: list, rows: list) -> str:
 
 # ---- kz -------------------------------------------------------------------------------------------
 
+def in_format_order(formats) -> list:
+    """The formats named in `formats`: the known ones in FORMATS' order, then any others by name."""
+    return [f for f in FORMATS if f in formats] + sorted(f for f in formats if f not in FORMATS)
+
+
 def gpu_waits_by_format(verdicts: list) -> list:
     """(format, seconds waiting for the GPU lock, summed wall_s) per format, in FORMATS' order: where a
     format's evaluations lost time to the others' timings (each exclusive hold first waits for the
@@ -41,8 +46,7 @@ def gpu_waits_by_format(verdicts: list) -> list:
     for v in verdicts:
         waited, summed = waits.get(v["format"], (0.0, 0.0))
         waits[v["format"]] = (waited + (v.get("gpu_wait_s") or 0.0), summed + (v.get("wall_s") or 0.0))
-    order = [f for f in FORMATS if f in waits] + sorted(f for f in waits if f not in FORMATS)
-    return [(f, *waits[f]) for f in order]
+    return [(f, *waits[f]) for f in in_format_order(waits)]
 
 
 def kz_charge_s(verdict: dict) -> float:
@@ -326,9 +330,8 @@ def first_wave_lines(verdicts: list) -> list:
         if wait >= longest / 2:
             count, summed = first.get(fmt, (0, 0.0))
             first[fmt] = (count + 1, summed + wait)
-    order = [f for f in FORMATS if f in first] + sorted(f for f in first if f not in FORMATS)
     return ["  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
-            + ", ".join(f"{fmt} {first[fmt][0]} ({first[fmt][1]:.1f} s)" for fmt in order)
+            + ", ".join(f"{fmt} {first[fmt][0]} ({first[fmt][1]:.1f} s)" for fmt in in_format_order(first))
             + "; each format carries its own first wave's start-up, so the batch's order moves the formats' "
               "cold rates, not the batch's"]
 
@@ -540,10 +543,10 @@ def cpu_seconds_lines(batch: dict) -> list:
     if builds:
         rows.append(("cuda pre-builds", len(builds), sum(builds), None))
     for fmt in FORMATS:
-        mine = [v["cpu_s"] for v in verdicts if v["format"] == fmt and v.get("cpu_s")]
+        mine = [v for v in verdicts if v["format"] == fmt and v.get("cpu_s")]
         if mine:
-            waited = sum(c.get("subprocesses", 0.0) for c in mine)
-            rows.append((f"{fmt} evaluations", len(mine), sum(c.get("worker", 0.0) for c in mine) + waited, waited))
+            parts = summed_parts(mine, "cpu_s")
+            rows.append((f"{fmt} evaluations", len(mine), sum(parts.values()), parts.get("subprocesses", 0.0)))
     if not rows:
         return []
     cells = [f"{label} {total:.1f} ({count}: {total / count:.2f} each"
