@@ -258,7 +258,8 @@ def waited_for_worker(verdict: dict) -> bool:
 def stage_parts(verdicts: list, key: str, label: str) -> list:
     """One line per format: where a stage's seconds went, summed from each verdict's `key`: the
     worker's load_reference_s (the reference's import, its Model built, every input set and reference
-    output, the audit's warm-up; GPU-lock waits included), correctness_s (the audit forward, under the
+    output, the audit's warm-up; GPU-lock waits included), compile_s (the candidate's import, its
+    ModelNew built, moved to the device; nvrtc: kz_rtc's compiles inside the first two), correctness_s (the audit forward, under the
     profiler where kernel_share asks, the trials, the replay probe; GPU-lock waits included), gpu_wait_by_stage_s (the waits
     alone, by stage), timing_s (the exclusive hold: inputs, warmup, timed, with new_round,
     guard and samples inside the last two) or timing_after_hold_s (after the hold, under the shared lock:
@@ -391,6 +392,7 @@ def stage_section(data: dict) -> str:
     lines += no_worker_lines(verdicts)
     lines += startup_lines(verdicts) + first_wave_lines(verdicts)
     lines += stage_parts(verdicts, "load_reference_s", "load_reference")
+    lines += stage_parts(verdicts, "compile_s", "compile (nvrtc: inside import and construct)")
     lines += stage_parts(verdicts, "correctness_s", "correctness")
     lines += stage_parts(verdicts, "timing_s", "timing (exclusive)")
     lines += stage_parts(verdicts, "timing_after_hold_s", "timing (after the hold, shared)")

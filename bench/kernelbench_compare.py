@@ -192,8 +192,8 @@ def trim(verdict: dict) -> dict:
     """The fields the report uses; `id` is <task>/<file stem>, as in the batch's manifest."""
     path = pathlib.PurePath(verdict.get("candidate", ""))
     keep = ("task_id", "format", "status", "checks", "wall_s", "stage_s", "speedup", "runtime_ms", "ref_runtime_ms",
-            "gpu_wait_s", "gpu_exclusive_s", "gpu_wait_by_stage_s", "startup_s", "load_reference_s", "correctness_s",
-            "timing_s", "timing_after_hold_s",
+            "gpu_wait_s", "gpu_exclusive_s", "gpu_wait_by_stage_s", "startup_s", "load_reference_s", "compile_s",
+            "correctness_s", "timing_s", "timing_after_hold_s",
             "prebuild_s", "started_s", "prebuild_started_s", "build_s", "device", "stage", "cached",
             "custom_kernel_share", "unchecked", "cpu_s", "prebuild_cpu_s")
     trimmed = {k: verdict.get(k) for k in keep}

@@ -513,6 +513,21 @@ def test_correctness_parts_are_summed_per_format():
         assert f"  {fmt} correctness: audit {0.5 * n:.1f} s, replay_probe {0.125 * n:.1f} s, trials {0.25 * n:.1f} s" in text
 
 
+def test_compile_parts_are_summed_per_format_with_nvrtc_only_where_reported():
+    data = synthetic()
+    verdicts = data["kz_batch"]["verdicts"]
+    for verdict in verdicts:
+        verdict["compile_s"] = {"import": 0.25, "construct": 0.5, "to_device": 0.125}
+        if verdict["format"] == "cuda-rtc":
+            verdict["compile_s"]["nvrtc"] = 0.375
+    text = compare_report.stage_section(data)
+    for fmt in {v["format"] for v in verdicts}:
+        n = sum(1 for v in verdicts if v["format"] == fmt)
+        nvrtc = f", nvrtc {0.375 * n:.1f} s" if fmt == "cuda-rtc" else ""
+        assert (f"  {fmt} compile (nvrtc: inside import and construct): construct {0.5 * n:.1f} s, "
+                f"import {0.25 * n:.1f} s{nvrtc}, to_device {0.125 * n:.1f} s") in text
+
+
 def test_load_reference_parts_and_the_waits_by_stage_are_summed_per_format():
     data = synthetic()
     verdicts = data["kz_batch"]["verdicts"]

@@ -103,6 +103,7 @@ nlohmann::json to_json(const Verdict& v) {
   for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
   write_parts(j, "startup_s", v.startup_s);          // optional: where a worker reported it
   write_parts(j, "load_reference_s", v.load_reference_s);  // optional: runs that reached load_reference
+  write_parts(j, "compile_s", v.compile_s);          // optional: runs that reached the compile stage
   write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
   write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
   write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
@@ -172,6 +173,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   }
   read_parts(j, "startup_s", v.startup_s);
   read_parts(j, "load_reference_s", v.load_reference_s);
+  read_parts(j, "compile_s", v.compile_s);
   read_parts(j, "correctness_s", v.correctness_s);
   read_parts(j, "timing_s", v.timing_s);
   read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);

@@ -176,6 +176,17 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
     parts_total += seconds;
   }
   EXPECT_EQ(parts, (std::vector<std::string>{"build", "import", "inputs", "warm_up"})) << dump(v);
+  // The compile stage's likewise: no NVRTC for a Triton candidate.
+  double compile_total = 0;
+  std::vector<std::string> compile_parts;
+  for (const auto& [part, seconds] : v.compile_s) {
+    compile_parts.push_back(part);
+    compile_total += seconds;
+  }
+  EXPECT_EQ(compile_parts, (std::vector<std::string>{"construct", "import", "to_device"})) << dump(v);
+  auto compile_stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "compile"; });
+  ASSERT_NE(compile_stage, v.stage_s.end()) << dump(v);
+  EXPECT_LE(compile_total, compile_stage->second + 0.05) << dump(v);
   // The supervisor times a stage between its messages' arrivals, the worker its parts by its own
   // clock: a message's latency (ms) is the slack.
   auto stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "load_reference"; });
@@ -537,6 +548,12 @@ TEST_F(EvaluatorTest, CudaRtcCorrectIsCompiledNotRun) {
   EXPECT_FALSE(v.correct) << "never claimed correct without running\n" << dump(v);
   EXPECT_TRUE(v.checks.empty()) << dump(v);
   EXPECT_TRUE(contains(v.message, "NVRTC")) << v.message;
+  // The compile stage's parts: NVRTC's own seconds are inside the import and the constructor.
+  std::map<std::string, double> parts(v.compile_s.begin(), v.compile_s.end());
+  ASSERT_EQ(parts.size(), 4u) << dump(v);
+  ASSERT_TRUE(parts.contains("nvrtc")) << dump(v);
+  EXPECT_GT(parts["nvrtc"], 0.0) << dump(v);
+  EXPECT_LE(parts["nvrtc"], parts["import"] + parts["construct"]) << dump(v);
 }
 
 TEST_F(EvaluatorTest, CudaRtcSyntaxErrorIsCompileErrorWithNvrtcLog) {

@@ -84,6 +84,15 @@ TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
   EXPECT_EQ(back->correctness_s, v.correctness_s);
 }
 
+TEST(Verdict, JsonRoundTripKeepsTheCompileStagesParts) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  EXPECT_FALSE(to_json(v).contains("compile_s")) << "absent where the stage was not reached";
+  v.compile_s = {{"construct", 0.25}, {"import", 0.125}, {"nvrtc", 0.0625}, {"to_device", 0.5}};
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->compile_s, v.compile_s);
+}
+
 TEST(Verdict, JsonRoundTripKeepsTheLoadReferenceStagesPartsAndTheWaitsByStage) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   EXPECT_FALSE(to_json(v).contains("load_reference_s")) << "absent where the stage was not reached";

@@ -36,6 +36,7 @@ import hashlib
 import numbers
 import os
 import threading
+import time
 from typing import Sequence
 
 import torch
@@ -45,11 +46,12 @@ from ._nvrtc import CompileError, compile_to_cubin, default_include_dirs, load_l
 from ._parse import find_kernel_params
 
 __all__ = ["compile", "Module", "Kernel", "CompileError", "NotRunnable", "set_compile_only",
-           "launch_count", "compiled_modules"]
+           "launch_count", "compiled_modules", "compile_seconds"]
 
 _lock = threading.RLock()
 _compile_only = False
 _launches = 0
+_compile_seconds = 0.0  # NVRTC's, summed over this process's compiles (cache hits take none)
 _cubins: dict[str, tuple[bytes, str]] = {}
 _modules: dict[tuple[str, str], "Module"] = {}
 _DEFAULT_ARCH = "sm_90"
@@ -71,6 +73,11 @@ def set_compile_only(flag: bool) -> None:
 def launch_count() -> int:
     """Number of successful kernel launches in this process."""
     return _launches
+
+
+def compile_seconds() -> float:
+    """Seconds NVRTC took in this process so far (failed compiles included)."""
+    return _compile_seconds
 
 
 def compiled_modules() -> list:
@@ -97,6 +104,7 @@ def target_arch() -> str:
 
 def compile(source: str, *, name: str = "kernels", options: Sequence[str] = ()) -> "Module":
     """Compile ``source`` with NVRTC to a CUBIN for this device; cached by (source, options, arch)."""
+    global _compile_seconds
     if not isinstance(source, str):
         raise TypeError(f"kz_rtc.compile: source must be a str, not {type(source).__name__}")
     arch, options = target_arch(), [str(o) for o in options]
@@ -105,9 +113,13 @@ def compile(source: str, *, name: str = "kernels", options: Sequence[str] = ()) 
         module = _modules.get((key, name))
         if module is None:
             if key not in _cubins:
-                load_library()
-                full = [f"--gpu-architecture={arch}", *(f"-I{d}" for d in default_include_dirs()), *options]
-                _cubins[key] = compile_to_cubin(source, name, full)
+                started = time.perf_counter()
+                try:
+                    load_library()
+                    full = [f"--gpu-architecture={arch}", *(f"-I{d}" for d in default_include_dirs()), *options]
+                    _cubins[key] = compile_to_cubin(source, name, full)
+                finally:
+                    _compile_seconds += time.perf_counter() - started
             module = _modules[(key, name)] = Module(name, source, options, arch, *_cubins[key])
     module._preload()
     return module

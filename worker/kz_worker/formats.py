@@ -633,6 +633,16 @@ def content_addressed_name(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}_{digest}"
 
 
+def nvrtc_seconds(fmt: str):
+    """kz_rtc's NVRTC seconds so far in this process for a `cuda-rtc` request (a verdict's compile_s
+    part), else None. Diagnostics only: the candidate runs in this process and could change it."""
+    if fmt != "cuda-rtc":
+        return None
+    import kz_rtc
+    seconds = kz_rtc.compile_seconds()
+    return float(seconds) if type(seconds) is float and math.isfinite(seconds) else None
+
+
 def model_class_name(fmt: str, source: str) -> str:
     if fmt == "torch" and not re.search(r"^class\s+ModelNew\b", source, re.M):
         return "Model"

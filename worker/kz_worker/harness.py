@@ -174,21 +174,30 @@ class Evaluation:
 
         self.enter("compile")
         self.compile_started = time.monotonic()
+        # Where the stage's time goes (lock waits included): the candidate's import, its ModelNew
+        # built, moved to the device with the reference's weights; nvrtc: kz_rtc's compiles, inside
+        # the first two.
+        compiled = self.result["compile_s"] = {}
+        nvrtc_before = formats.nvrtc_seconds(self.format)
         model_class = formats.model_class_name(self.format, self.request["candidate_source"])
-        candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
-        self.guard.verify("importing the candidate")
+        with _seconds(compiled, "import"):
+            candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
+            self.guard.verify("importing the candidate")
         # The constructor is not held, like the import above: it may compile (kz_rtc.compile, a
         # load_inline build), seconds of CPU that would keep a waiting timing, and every worker
         # queued behind it, off the GPU. Moving the model to the device and the weight copy are the
         # harness's GPU work: shared, never beside another worker's timing.
-        torch.random.manual_seed(self.seed)
-        candidate_model = candidate_class(*loading.clone_all(init_inputs))
-        self.guard.verify("constructing ModelNew")
-        with self.gpu.shared():
+        with _seconds(compiled, "construct"):
+            torch.random.manual_seed(self.seed)
+            candidate_model = candidate_class(*loading.clone_all(init_inputs))
+            self.guard.verify("constructing ModelNew")
+        with _seconds(compiled, "to_device"), self.gpu.shared():
             candidate_model = candidate_model.to(self.device).eval()
             if reference_model is not None:
                 self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
                 self.guard.verify("copying the reference weights")
+        if (nvrtc := formats.nvrtc_seconds(self.format)) is not None and nvrtc_before is not None:
+            compiled["nvrtc"] = nvrtc - nvrtc_before
 
         if not runs:
             formats.finish_compile_only(self.format, candidate_model, reference, self.seed, self.device)

@@ -90,6 +90,18 @@ def test_compile_cache_returns_same_module(compile_only):
     assert kz_rtc.compile(VADD, name="vadd", options=["-DX=1"]) is not a
 
 
+def test_compile_seconds_count_nvrtc_runs_and_no_cache_hit(compile_only):
+    before = kz_rtc.compile_seconds()
+    kz_rtc.compile(VADD, name="vadd", options=["-DKZ_SECONDS_TEST=1"])
+    after_compile = kz_rtc.compile_seconds()
+    assert after_compile > before
+    kz_rtc.compile(VADD, name="vadd", options=["-DKZ_SECONDS_TEST=1"])  # cached: no NVRTC
+    assert kz_rtc.compile_seconds() == after_compile
+    with pytest.raises(kz_rtc.CompileError):
+        kz_rtc.compile("this is not CUDA", name="broken_for_seconds")
+    assert kz_rtc.compile_seconds() > after_compile  # a failed compile took NVRTC's time too
+
+
 def test_bad_grid_rejected_before_launch():
     kz_rtc.set_compile_only(False)
     with pytest.raises(ValueError, match="grid"):

@@ -130,6 +130,11 @@ struct Verdict {
   // launch hooks, the audit's warm-up and the identity snapshot), measured by the worker, GPU-lock
   // waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> load_reference_s;
+  // Where the compile stage's seconds went (import: the candidate's module; construct: its ModelNew
+  // built; to_device: moved to the device with the reference's weights; nvrtc: kz_rtc's compiles, a
+  // `cuda-rtc` request's only, inside import and construct), measured by the worker, GPU-lock waits
+  // included: diagnostics for the throughput report. Empty when not reached.
+  std::vector<std::pair<std::string, double>> compile_s;
   // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
   // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
   std::vector<std::pair<std::string, double>> correctness_s;
