@@ -1,14 +1,16 @@
-"""What a fork server's child pays to load the harness's check kernels (process.prepare_device's
-"kernels" step), op by op: CUDA loads a kernel's module at its first launch (lazy loading), so the
+"""What a fork server's child pays for its device before a request (process.prepare_device: the CUDA
+context, the launch spin's clock and gate, the harness's check kernels), and what a reference's
+first calls add after it. CUDA loads a kernel's module at its first launch (lazy loading), so the
 first call of each ATen op in a new process costs more than its later calls. From the repository root:
 
   python3 bench/kernel_load_probe.py DEVICE [--at-once 1,8] [--load N]
 
-Each wave forks N children at once from this process (torch imported, no CUDA, as the zygote's fork
-servers are); each child makes its CUDA context, then runs harness.load_check_kernels with every ATen
-op synchronised and timed at its first and second call. --load N: N busy processes at nice -5 beside
-them, as a cold batch's `cuda` pre-builds are. Prints, per wave, the context and the step's wall time
-(median over the children) and the ops whose first call cost most over their second."""
+This process prepares its host as the zygote does (process.prepare_host); each wave forks N children
+at once from it, as fork servers' children are: N run prepare_device and then a reference's typical
+first calls (cuBLAS, cuDNN, common ATen kernels), N others make a bare CUDA context and time each of
+the check kernels' ATen ops at its first and second call. --load N: N busy processes at nice -5
+beside them (the children run at -5 too, as [worker] prepare_niceness does), as a cold batch's
+`cuda` pre-builds are. Prints medians over each wave's children."""
 import argparse
 import json
 import os
@@ -23,7 +25,7 @@ sys.path.insert(0, str(ROOT / "worker"))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from kz_worker import cheats, compare, formats, harness, process  # noqa: E402
+from kz_worker import harness, process  # noqa: E402
 
 
 class FirstCalls(TorchDispatchMode):
@@ -44,56 +46,40 @@ class FirstCalls(TorchDispatchMode):
         return out
 
 
-def child(device_name: str, results_fd: int) -> None:
-    """prepare_device as a fork server's child runs it (its steps' seconds), then the check kernels'
-    steps again line by line in a second context-free pass, then each ATen op's first call (in a
-    dispatch mode, whose own first use costs seconds: only its per-op differences count)."""
+def child(device_name: str, kind: str, results_fd: int) -> None:
+    """kind "prepare": prepare_device as a fork server's child runs it (its steps' seconds), then a
+    reference's typical first calls; kind "ops": the CUDA context alone, then the check kernels with
+    each ATen op's first and second call timed (in a dispatch mode, whose own first use costs
+    seconds: only the per-op differences count)."""
     device = torch.device(device_name)
     if os.geteuid() == 0:
         os.nice(-5)  # as [worker] prepare_niceness runs a first wave's preparation
-    process.prepare_device(device_name)
-    steps = dict(process.device_steps_s)
-    lines = {}
-    for name, run in _check_lines(device):
+    report = {}
+    if kind == "prepare":
+        process.prepare_device(device_name)
+        report["steps"] = dict(process.device_steps_s)
+        report["references"] = {name: _first_two_calls(device, run) for name, run in _reference_ops(device)}
+    else:
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)
+        mode = FirstCalls(device)
+        for _ in range(2):  # the second pass: every kernel loaded
+            with mode:
+                harness.load_check_kernels(device)
+        report["ops"] = {key: (calls[0], min(calls[1:]) if len(calls) > 1 else None)
+                         for key, calls in mode.calls.items()}
+    os.write(results_fd, (json.dumps(report) + "\n").encode())
+
+
+def _first_two_calls(device, run) -> list:
+    seconds = []
+    for _ in range(2):
         torch.cuda.synchronize(device)
         started = time.perf_counter()
         run()
         torch.cuda.synchronize(device)
-        lines[name] = time.perf_counter() - started
-    mode = FirstCalls(device)
-    with mode:
-        harness.load_check_kernels(device)
-    with mode:  # the same again: every kernel loaded now
-        harness.load_check_kernels(device)
-    ops = {key: (calls[0], min(calls[1:]) if len(calls) > 1 else None) for key, calls in mode.calls.items()}
-    references = {}
-    for name, run in _reference_ops(device):
-        calls = []
-        for _ in range(2):
-            torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            run()
-            torch.cuda.synchronize(device)
-            calls.append(time.perf_counter() - started)
-        references[name] = calls
-    os.write(results_fd, (json.dumps({"steps": steps, "lines": lines, "ops": ops,
-                                      "references": references}) + "\n").encode())
-
-
-def _check_lines(device):
-    """harness.load_check_kernels's calls one by one, on new tensors (the second pass: loaded kernels)."""
-    state = {}
-
-    def randn():
-        with torch.device(device):
-            state["reference"] = torch.randn(256)
-        state["out"] = state["reference"].clone()
-    return (("randn, clone", randn),
-            ("compare_outputs", lambda: compare.compare_outputs(state["out"], state["reference"], harness._WARM_UP_TOLERANCE)),
-            ("check_inputs_unchanged", lambda: compare.check_inputs_unchanged([state["out"]], [state["reference"]])),
-            ("bitwise_equal", lambda: cheats.bitwise_equal(state["out"], state["reference"])),
-            ("poison_free_memory", lambda: formats.poison_free_memory(device, [state["reference"]])),
-            ("poison", lambda: cheats.poison([state["out"], state["reference"]])))
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
 def _reference_ops(device):
@@ -115,7 +101,7 @@ def _reference_ops(device):
             ("to device", lambda: torch.randn(64, 256).to(device)))
 
 
-def wave(device_name: str, at_once: int) -> list:
+def wave(device_name: str, kind: str, at_once: int) -> list:
     read_fd, write_fd = os.pipe()
     pids = []
     for _ in range(at_once):
@@ -124,7 +110,7 @@ def wave(device_name: str, at_once: int) -> list:
             os.close(read_fd)
             code = 0
             try:
-                child(device_name, write_fd)
+                child(device_name, kind, write_fd)
             except BaseException as error:  # noqa: BLE001 (reported, then the child ends)
                 print(f"child failed: {error!r}", file=sys.stderr)
                 code = 1
@@ -145,7 +131,8 @@ def busy(count: int) -> list:
     for _ in range(count):
         pid = os.fork()
         if pid == 0:
-            os.nice(-5) if os.geteuid() == 0 else None
+            if os.geteuid() == 0:
+                os.nice(-5)
             while True:
                 pass
         pids.append(pid)
@@ -162,28 +149,27 @@ def main() -> None:
     burners = busy(args.load)
     try:
         for at_once in (int(n) for n in args.at_once.split(",")):
-            results = wave(args.device, at_once)
-            if not results:
-                print(f"{at_once} at once: no child reported")
+            prepared, ops = wave(args.device, "prepare", at_once), wave(args.device, "ops", at_once)
+            if not prepared or not ops:
+                print(f"{at_once} at once: a wave's children did not report")
                 continue
-            print(f"{at_once} at once (load {args.load}), median of {len(results)}: prepare_device's steps "
-                  + ", ".join(f"{k} {statistics.median(r['steps'][k] for r in results):.3f} s" for k in results[0]["steps"]))
-            print("  the check kernels' lines again (loaded): "
-                  + ", ".join(f"{k} {statistics.median(r['lines'][k] for r in results) * 1000:.1f} ms" for k in results[0]["lines"]))
+            print(f"{at_once} at once (load {args.load}), median of {len(prepared)}: prepare_device's steps "
+                  + ", ".join(f"{k} {statistics.median(r['steps'][k] for r in prepared):.3f} s"
+                              for k in prepared[0]["steps"]))
+            print("  a reference's first calls after it (first, second; median ms):")
+            for name in prepared[0]["references"]:
+                first, second = (statistics.median(r["references"][name][i] for r in prepared) for i in (0, 1))
+                print(f"    {first * 1000:8.1f} {second * 1000:8.1f}  {name}")
             first_extra = {}
-            for r in results:
+            for r in ops:
                 for key, (first, later) in r["ops"].items():
                     first_extra.setdefault(key, []).append(first - (later or 0.0))
             ranked = sorted(first_extra.items(), key=lambda item: -statistics.median(item[1]))
             total = sum(statistics.median(v) for _, v in ranked)
-            print(f"  first call over the later one, summed over {len(ranked)} ops: {total:.3f} s")
-            for key, extra in ranked[:15]:
+            print(f"  the check kernels' ATen ops after a bare context: first call over the second, "
+                  f"summed over {len(ranked)} ops {total:.3f} s; the largest:")
+            for key, extra in ranked[:12]:
                 print(f"    {statistics.median(extra) * 1000:8.1f} ms  {key}")
-            print("  a reference's first calls (first, second; median ms):")
-            for name in results[0]["references"]:
-                first = statistics.median(r["references"][name][0] for r in results)
-                second = statistics.median(r["references"][name][1] for r in results)
-                print(f"    {first * 1000:8.1f} {second * 1000:8.1f}  {name}")
     finally:
         for pid in burners:
             os.kill(pid, 9)
