@@ -197,6 +197,9 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   setup.require_isolation = options_.sandbox.enabled && options_.sandbox.require_isolation;
   setup.timing_niceness = mode == EvalMode::full ? options_.timing.niceness : 0;  // builds never time
   setup.prepare_niceness = mode == EvalMode::full ? options_.worker.prepare_niceness : 0;  // builds: prebuild_niceness throughout
+  // Only where a worker of its own gains something: its CUDA context beside its imports.
+  setup.fresh_while_zygote_imports =
+      mode == EvalMode::full && options_.device != "cpu" && options_.worker.fresh_while_zygote_imports;
   setup.scratch_bound = scratch_bound(options_.sandbox);
   // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or

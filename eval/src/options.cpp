@@ -49,6 +49,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
       {"worker.fork_server", o.worker.fork_server},
       {"worker.zygote", o.worker.zygote},
+      {"worker.fresh_while_zygote_imports", o.worker.fresh_while_zygote_imports},
       {"worker.parallel_nvcc", o.worker.parallel_nvcc},
       {"worker.nvcc_side_by_side", o.worker.nvcc_side_by_side},
       {"worker.spare_servers", o.worker.spare_servers},

@@ -665,6 +665,34 @@ fs::path bytecode_prefix_for(const std::string& python) {
   std::error_code error;
   return fs::exists(prefix / ".kz-complete", error) ? prefix : fs::path();
 }
+
+// One request in a worker started for it (no fork server).
+Result<WorkerOutcome> run_on_own_worker(const WorkerSetup& setup, const std::string& scratch_prefix,
+                                        const std::function<nlohmann::json(const fs::path&)>& make_request,
+                                        const StageDeadline& deadline_s,
+                                        const std::function<void(ProcessSpec&)>& customize,
+                                        const std::function<void(const fs::path&)>& after_request) {
+  auto worker = start_worker(setup, scratch_prefix, customize);
+  if (!worker.ok()) return worker.status();
+  Supervised supervised = run_one_request(*worker, worker->scratch, make_request, deadline_s, setup);
+  if (after_request) after_request(worker->scratch);
+  return std::move(supervised.outcome);
+}
+
+// Whether the zygote of `key` is still importing (started now where there is none yet, so that it
+// imports for the requests after this one). False where there is no zygote.
+bool zygote_importing(const WorkerSetup& setup, const std::string& key, const std::string& scratch_prefix,
+                      const std::function<void(ProcessSpec&)>& customize) {
+  if (setup.zygote_library.empty()) return false;
+  std::string why;
+  auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, customize, why);
+  if (!zygote) {
+    warn_without_zygote(why);
+    return false;
+  }
+  return !zygote->ready();
+}
+
 }  // namespace
 
 int stop_fork_servers() {
@@ -721,19 +749,19 @@ void set_worker_device(const std::string& device, ProcessSpec& spec) {
   spec.env["KZ_WORKER_DEVICE"] = device;
 }
 
+
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
                                          const StageDeadline& deadline_s,
                                          const std::function<void(ProcessSpec&)>& customize,
                                          const std::function<void(const fs::path&)>& after_request) {
-  if (!setup.fork_server) {
-    auto worker = start_worker(setup, scratch_prefix, customize);
-    if (!worker.ok()) return worker.status();
-    Supervised supervised = run_one_request(*worker, worker->scratch, make_request, deadline_s, setup);
-    if (after_request) after_request(worker->scratch);
-    return std::move(supervised.outcome);
-  }
+  if (!setup.fork_server) return run_on_own_worker(setup, scratch_prefix, make_request, deadline_s, customize, after_request);
   std::string key = server_key(setup, scratch_prefix, customize);
+  if (setup.fresh_while_zygote_imports && zygote_importing(setup, key, scratch_prefix, customize)) {
+    WorkerSetup own = setup;
+    own.fork_server = false;
+    return run_on_own_worker(own, scratch_prefix, make_request, deadline_s, customize, after_request);
+  }
   auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize, after_request);
   // A server that failed before its child's first message (killed while idle, a fork refused at a
   // process limit, a child that could not set up) is no verdict on the candidate: once more, on

@@ -41,6 +41,7 @@ prepared_by = None
 
 def prepare_host(device):
     global prepared_by
+    time.sleep(float(os.environ.get("KZ_TEST_IMPORT_S", "0")))  # as long as imports take, where a test asks
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
     prepared_by = os.getpid()
 
@@ -656,6 +657,35 @@ TEST_P(WorkerClientTest, ServersStartOnTheirOwnWhereTheirZygoteFailsWithOneWarni
   ASSERT_NE(at, std::string::npos) << warnings;
   EXPECT_EQ(warnings.find("kz: worker zygote:", at + 1), std::string::npos) << "warned again:\n" << warnings;
   EXPECT_NE(warnings.find("no-such-kz_zygote_child.so"), std::string::npos) << "says why:\n" << warnings;
+}
+
+// A cold batch's first wave on a GPU ([worker] fresh_while_zygote_imports): a request that finds its
+// kind's zygote still importing runs in a worker of its own (whose CUDA context is made beside its
+// imports) instead of waiting; once the zygote said it is ready, requests get its servers again.
+TEST_P(WorkerClientTest, WhileTheZygoteImportsARequestRunsInAWorkerOfItsOwn) {
+  if (!zygote()) GTEST_SKIP() << "no zygote on this side";
+  auto slow_imports = [](ProcessSpec& spec) { spec.env["KZ_TEST_IMPORT_S"] = "1.5"; };
+  auto served = [&](const WorkerSetup& s, const std::string& prefix) {
+    WorkerOutcome outcome = run(s, nlohmann::json::object(), prefix, 30, slow_imports);
+    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
+    return outcome.result;
+  };
+  WorkerSetup fresh = setup(true);
+  fresh.fresh_while_zygote_imports = true;
+  auto first = served(fresh, "kz-test-fresh-");
+  ASSERT_TRUE(first.contains("prepared_by")) << first.dump();
+  EXPECT_EQ(first["prepared_by"], first["pid"]) << "a worker of its own did its own imports";
+  nlohmann::json later;
+  for (int i = 0; i < 50; ++i) {  // the zygote is ready ~1.5 s after it started
+    later = served(fresh, "kz-test-fresh-");
+    if (later.value("prepared_by", 0) != later.value("pid", 0)) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_NE(later["prepared_by"], later["pid"]) << "once the zygote is ready, its servers serve: " << later.dump();
+  EXPECT_NE(later["prepared_by"], later["ppid"]) << "forked from the zygote, not prepared by the server";
+  // Without the option the first request waits for the zygote's imports.
+  auto waited = served(setup(true), "kz-test-wait-");
+  EXPECT_NE(waited["prepared_by"], waited["pid"]) << waited.dump();
 }
 
 TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {

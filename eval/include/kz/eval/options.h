@@ -72,6 +72,11 @@ struct WorkerOptions {
   // dir), applied by the supervisor's own code in the forked child. Where no zygote can start or
   // answer, servers are started as programs of their own, with a warning.
   bool zygote = true;
+  // On a GPU, an evaluation that finds its zygote still importing (a cold batch's first wave) runs in
+  // a worker started for it instead of waiting: that worker makes its CUDA context in a thread beside
+  // its own imports, where a server forked from the zygote makes it only after the zygote's imports.
+  // Once the zygote is ready, evaluations get fork servers as before. Builds always wait (no context).
+  bool fresh_while_zygote_imports = false;
   // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
   // the host front end and the device chain at once (nvcc_side_by_side; one build alone 1.25-1.4x
   // sooner on the H200; the same object byte for byte). false: nvcc itself.

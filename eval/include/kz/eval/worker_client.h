@@ -42,6 +42,11 @@ struct WorkerSetup {
   // Empty: nvcc itself.
   std::filesystem::path parallel_nvcc;
   std::string nvcc_side_by_side = "always";  // workers' KZ_NVCC_SIDE_BY_SIDE ([worker] nvcc_side_by_side)
+  // A request that finds its kind's zygote still importing runs in a worker started for it instead
+  // of waiting ([worker] fresh_while_zygote_imports; a cold batch's first wave on a GPU): that
+  // worker's CUDA context is made beside its imports (process.EarlyContext), a forked server's only
+  // after the zygote's. Later requests, once the zygote is ready, get fork servers as before.
+  bool fresh_while_zygote_imports = false;
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
