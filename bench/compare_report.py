@@ -287,7 +287,8 @@ def startup_lines(verdicts: list) -> list:
     startup_s). For the evaluations a fork server served: the wait for a server (forked from its
     zygote, which the first time means its imports), the wait for the child's device (CUDA context;
     before session 24 the profiler too), and the rest (the child's own set-up and the harness's start up to its first message).
-    For those run in a worker started for the request alone ([worker] fork_server = "never"): its
+    For those run in a worker started for the request alone ([worker] fork_server = "never", or
+    fresh_while_zygote_imports while the zygote imported): its
     imports, the wait for its device after them, and the seconds its CUDA context took in a thread
     beside the imports."""
     lines = []
@@ -317,24 +318,39 @@ def startup_lines(verdicts: list) -> list:
 
 
 def first_wave_lines(verdicts: list) -> list:
-    """Which evaluations made up the first wave: those that waited for a fork server at least half as
-    long as the longest wait (the zygote's imports, which only the first wave waits out in full), per
-    format, with the seconds they waited. Each is charged its own start-up, so which formats the
-    batch's order puts first moves their cold rates (the batch's own rate does not)."""
+    """Which evaluations made up the first wave, per format, with their seconds: those that waited for
+    a fork server at least half as long as the longest wait (the zygote's imports, which only the
+    first wave waits out in full), and those run in workers of their own ([worker]
+    fresh_while_zygote_imports: while the zygote imported; their start-up). Each is charged its own
+    start-up, so which formats the batch's order puts first moves their cold rates (the batch's own
+    rate does not)."""
     waits = [(v["format"], v["startup_s"]["server"]) for v in verdicts
              if (v.get("startup_s") or {}).get("server") is not None]
     longest = max((wait for _, wait in waits), default=0.0)
-    if longest <= 0.0:
-        return []
-    first = {}
-    for fmt, wait in waits:
-        if wait >= longest / 2:
-            count, summed = first.get(fmt, (0, 0.0))
-            first[fmt] = (count + 1, summed + wait)
-    return ["  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
-            + ", ".join(f"{fmt} {first[fmt][0]} ({first[fmt][1]:.1f} s)" for fmt in in_format_order(first))
-            + "; each format carries its own first wave's start-up, so the batch's order moves the formats' "
-              "cold rates, not the batch's"]
+    lines = []
+    if longest > 0.0:
+        first = {}
+        for fmt, wait in waits:
+            if wait >= longest / 2:
+                count, summed = first.get(fmt, (0, 0.0))
+                first[fmt] = (count + 1, summed + wait)
+        lines.append("  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
+                     + counted(first) + "; each format carries its own first wave's start-up, so the batch's "
+                     "order moves the formats' cold rates, not the batch's")
+    own = {}
+    for v in verdicts:
+        if "imports" in (v.get("startup_s") or {}):
+            count, summed = own.get(v["format"], (0, 0.0))
+            own[v["format"]] = (count + 1, summed + ((v.get("stage_s") or {}).get("startup") or 0.0))
+    if own:
+        lines.append("  in workers of their own (started for them, their imports beside their CUDA context; "
+                     "start-up): " + counted(own))
+    return lines
+
+
+def counted(by_format: dict) -> str:
+    """"fmt N (S s), ..." in the formats' order, from {fmt: (N, S)}."""
+    return ", ".join(f"{fmt} {by_format[fmt][0]} ({by_format[fmt][1]:.1f} s)" for fmt in in_format_order(by_format))
 
 
 def device_step_lines(parts: dict) -> list:

@@ -128,6 +128,15 @@ def test_the_first_wave_is_who_waited_out_the_zygotes_imports():
     assert compare_report.first_wave_lines([]) == []
 
 
+def test_the_first_wave_in_workers_of_their_own_is_named_with_its_start_up():
+    def own(fmt, startup):
+        return {"format": fmt, "startup_s": {"imports": startup - 0.5, "device": 0.5}, "stage_s": {"startup": startup}}
+    verdicts = [own("triton", 3.0), own("cuda-rtc", 2.5), own("cuda-rtc", 3.5),
+                {"format": "cuda-rtc", "startup_s": {"server": 0.0, "device": 0.5}}]
+    line, = compare_report.first_wave_lines(verdicts)
+    assert line.endswith("start-up): cuda-rtc 2 (6.0 s), triton 1 (3.0 s)"), line
+
+
 def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():
     batch = {"verdicts": [{"format": "cuda", "prebuild_cpu_s": 10.0, "cpu_s": {"worker": 0.5, "subprocesses": 0.0}},
                           {"format": "cuda", "prebuild_cpu_s": 12.0, "cpu_s": {"worker": 0.75, "subprocesses": 0.0}},
