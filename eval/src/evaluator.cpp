@@ -196,6 +196,7 @@ WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
   setup.require_isolation = options_.sandbox.enabled && options_.sandbox.require_isolation;
   setup.timing_niceness = mode == EvalMode::full ? options_.timing.niceness : 0;  // builds never time
+  setup.compile_niceness = mode == EvalMode::full ? options_.worker.compile_niceness : 0;  // builds: prebuild_niceness
   setup.prepare_niceness = mode == EvalMode::full ? options_.worker.prepare_niceness : 0;  // builds: prebuild_niceness throughout
   // Only where a worker of its own gains something: its CUDA context beside its imports.
   setup.fresh_while_zygote_imports =

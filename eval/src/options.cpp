@@ -55,6 +55,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.spare_servers", o.worker.spare_servers},
       {"worker.prebuild_niceness", o.worker.prebuild_niceness},
       {"worker.prepare_niceness", o.worker.prepare_niceness},
+      {"worker.compile_niceness", o.worker.compile_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
       {"worker.syntax_check", o.worker.syntax_check},
       {"cache.enabled", o.cache.enabled},
@@ -110,6 +111,8 @@ Status EvalOptions::validate() const {
   // Above 0 the supervisor could not set the worker back without CAP_SYS_NICE: the request would run niced.
   if (worker.prepare_niceness < -20 || worker.prepare_niceness > 0)
     return invalid_argument("worker.prepare_niceness must be within -20..0 (0: none)");
+  if (worker.compile_niceness < -20 || worker.compile_niceness > 0)
+    return invalid_argument("worker.compile_niceness must be within -20..0 (0: left as is)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
   if (worker.nvcc_side_by_side != "idle" && worker.nvcc_side_by_side != "always")

@@ -185,30 +185,37 @@ std::string message_token() {
 //    after relaying the first message, and a fork caught midway by the first setpriority keeps the
 //    increment (the kernel copies the nice value early in a fork, and adds the child to the group
 //    late). So a server's later children prepare at the supervisor's value;
-//  - at `timing_niceness` for its timing stage, and back to what it had at the next stage (or, for a
-//    server that serves again, at the request's end): the exclusive GPU hold inside that stage keeps
-//    every other evaluation on the GPU waiting, so it gets the CPU first.
+//  - at `timing_niceness` for its timing stage and at `compile_niceness` for its compile stage, and
+//    back to what it had at the next stage (or, for a server that serves again, at the request's
+//    end): the exclusive GPU hold inside the timing stage keeps every other evaluation on the GPU
+//    waiting, so it gets the CPU first; the compile stage (NVRTC, a candidate's import and
+//    constructor) is short CPU work that a cold batch's builds otherwise stretch.
 // A fork server's group holds its evaluating child (and its spare). Without CAP_SYS_NICE a lower
 // value is refused, and nothing changes. Never used on a group that was reaped: its id may be
 // someone else's by then.
 class StagePriority {
  public:
-  StagePriority(pid_t group, int timing_niceness, bool prepared_apart)
-      : group_(group), timing_niceness_(timing_niceness), set_back_to_(prepared_apart ? own_nice_value() : std::nullopt) {}
+  StagePriority(pid_t group, std::map<std::string, int> stage_niceness, bool prepared_apart)
+      : group_(group), stage_niceness_(std::move(stage_niceness)),
+        set_back_to_(prepared_apart ? own_nice_value() : std::nullopt) {}
 
   void enter(const std::string& stage) {
     if (set_back_to_) setpriority(PRIO_PGRP, group_, *set_back_to_);
-    bool timing = stage == "timing" && timing_niceness_ != 0;
-    if (timing == boosted_) return;
-    if (timing) {
-      errno = 0;
-      int before = getpriority(PRIO_PROCESS, group_);  // the group leader's: what every member had
-      if (errno != 0 || setpriority(PRIO_PGRP, group_, timing_niceness_) != 0) return;
-      before_ = before;
+    auto boost = stage_niceness_.find(stage);
+    int wanted = boost == stage_niceness_.end() ? 0 : boost->second;  // 0: no boost
+    if (wanted == boosted_to_) return;
+    if (wanted != 0) {
+      if (boosted_to_ == 0) {
+        errno = 0;
+        int before = getpriority(PRIO_PROCESS, group_);  // the group leader's: what every member had
+        if (errno != 0) return;
+        before_ = before;
+      }
+      if (setpriority(PRIO_PGRP, group_, wanted) != 0) return;
     } else {
       setpriority(PRIO_PGRP, group_, before_);  // the group may be gone (killed): nothing to restore
     }
-    boosted_ = timing;
+    boosted_to_ = wanted;
   }
 
  private:
@@ -220,9 +227,9 @@ class StagePriority {
   }
 
   pid_t group_;
-  int timing_niceness_, before_ = 0;
+  std::map<std::string, int> stage_niceness_;  // stage -> the group's nice value in it (0: left alone)
+  int before_ = 0, boosted_to_ = 0;
   std::optional<int> set_back_to_;  // the value the group is set to at every stage (prepare_niceness)
-  bool boosted_ = false;
 };
 
 // Follows the worker's stage messages until its result, a deadline or its death. A fork server
@@ -614,7 +621,9 @@ Supervised run_one_request(StartedWorker& worker, const fs::path& request_scratc
   }
   Supervised supervised =
       supervise(process, deadline_s, fork_server, token,
-                StagePriority(process.pid(), setup.timing_niceness, setup.prepare_niceness != 0), worker.scratch,
+                StagePriority(process.pid(), {{"timing", setup.timing_niceness}, {"compile", setup.compile_niceness}},
+                              setup.prepare_niceness != 0),
+                worker.scratch,
                 setup.scratch_bound);
   WorkerOutcome& outcome = supervised.outcome;
   if (outcome.limit_hit == LimitHit::none) outcome.limit_hit = process.limit_hit();

@@ -82,6 +82,17 @@ TEST(Options, InvalidValuesAreRejected) {
     EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprepare_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
   }
+  for (const char* niceness : {"-21", "1"}) {
+    EvalOptions n;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\ncompile_niceness = {}\n", niceness), "t", n).is_ok())
+        << niceness;
+  }
+  EvalOptions compiled, fresh;
+  EXPECT_TRUE(apply_toml_text("[worker]\ncompile_niceness = -5\n", "t", compiled).is_ok());  // the default is 0
+  EXPECT_EQ(compiled.worker.compile_niceness, -5);
+  EXPECT_FALSE(fresh.worker.fresh_while_zygote_imports) << "the default";
+  EXPECT_TRUE(apply_toml_text("[worker]\nfresh_while_zygote_imports = true\n", "t", fresh).is_ok());
+  EXPECT_TRUE(fresh.worker.fresh_while_zygote_imports);
   EvalOptions idle, sometimes;
   EXPECT_EQ(idle.worker.nvcc_side_by_side, "always") << "the default";
   EXPECT_TRUE(apply_toml_text("[worker]\nnvcc_side_by_side = \"idle\"\n", "t", idle).is_ok());

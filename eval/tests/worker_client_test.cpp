@@ -120,6 +120,16 @@ def evaluate(request):
         while os.getpriority(os.PRIO_PROCESS, 0) == niceness_at_start and time.monotonic() < deadline:
             time.sleep(0.005)
         reply["niceness"] = [niceness_at_start, os.getpriority(os.PRIO_PROCESS, 0)]
+    if action == "compile_stage":  # its priority once the supervisor read the compile stage (sent above), and after it
+        deadline = time.monotonic() + 0.5
+        while os.getpriority(os.PRIO_PROCESS, 0) == niceness_at_start and time.monotonic() < deadline:
+            time.sleep(0.005)
+        in_compile = os.getpriority(os.PRIO_PROCESS, 0)
+        os.write(3, (json.dumps({"type": "stage", "name": "correctness", "token": token}) + "\n").encode())
+        deadline = time.monotonic() + 0.5
+        while os.getpriority(os.PRIO_PROCESS, 0) == in_compile and time.monotonic() < deadline:
+            time.sleep(0.005)
+        reply["niceness"] = [in_compile, os.getpriority(os.PRIO_PROCESS, 0)]
     if action == "timing_stage":  # its priority as the supervisor sets it, in and after the timing stage
         def niceness_after(stage, changed_from):
             os.write(3, (json.dumps({"type": "stage", "name": stage, "token": token}) + "\n").encode())
@@ -348,6 +358,20 @@ TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
     EXPECT_EQ(result(setup(fork_server), {{"action", "timing_stage"}})["niceness"],
               nlohmann::json::array({own, own, own}))
         << "fork server: " << fork_server;
+  }
+}
+
+// [worker] compile_niceness: likewise for the compile stage, a fork server's child or a fresh worker.
+TEST_P(WorkerClientTest, TheCompileStageRunsAtItsNiceness) {
+  if (!nice_value_allowed(-6)) GTEST_SKIP() << "lowering a nice value to -6 needs CAP_SYS_NICE (root)";
+  int own = getpriority(PRIO_PROCESS, 0);
+  for (bool fork_server : {true, false}) {
+    WorkerSetup boosted = setup(fork_server);
+    boosted.compile_niceness = -6;
+    EXPECT_EQ(result(boosted, {{"action", "compile_stage"}})["niceness"], nlohmann::json::array({-6, own}))
+        << "fork server: " << fork_server;
+    EXPECT_EQ(result(setup(fork_server), {{"action", "compile_stage"}})["niceness"], nlohmann::json::array({own, own}))
+        << "0 leaves it alone; fork server: " << fork_server;
   }
 }
 

@@ -115,6 +115,12 @@ struct WorkerOptions {
   // side on one H200): `cuda-rtc`'s summed start-up 12.3 s against 15.1 s (medians), its rate +13%,
   // `cuda` +5% and `triton` +4%, the pre-builds' end unmoved (bench/configs/prepare-same-priority.toml).
   int prepare_niceness = -5;
+  // The nice value of an evaluation worker's process group during its compile stage (the
+  // candidate's import and constructor: NVRTC for `cuda-rtc`, loading the pre-built library for
+  // `cuda`), set and set back by the supervisor as for [timing] niceness. In a cold batch that stage
+  // runs while the `cuda` pre-builds hold the cores at prebuild_niceness: below 0 (CAP_SYS_NICE, else
+  // left as is) NVRTC gets its share of them. -20..0; 0: left as is.
+  int compile_niceness = 0;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
   // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at

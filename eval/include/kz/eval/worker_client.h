@@ -66,6 +66,8 @@ struct WorkerSetup {
   // set by the supervisor at the stage message and set back at the next (or at the request's end).
   // 0: left as is.
   int timing_niceness = 0;
+  // The same for its compile stage ([worker] compile_niceness). 0: left as is.
+  int compile_niceness = 0;
   // Added to a worker's nice value until its first stage message ([worker] prepare_niceness), where
   // the supervisor sets its process group to the supervising thread's nice value: start-up and
   // device preparation only. A fork server's group stays there, so its later children prepare at
