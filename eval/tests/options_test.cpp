@@ -88,7 +88,7 @@ TEST(Options, InvalidValuesAreRejected) {
         << niceness;
   }
   EvalOptions compiled, fresh;
-  EXPECT_TRUE(apply_toml_text("[worker]\ncompile_niceness = -5\n", "t", compiled).is_ok());  // the default is 0
+  EXPECT_TRUE(apply_toml_text("[worker]\ncompile_niceness = -5\n", "t", compiled).is_ok());  // the default is -10
   EXPECT_EQ(compiled.worker.compile_niceness, -5);
   EXPECT_FALSE(fresh.worker.fresh_while_zygote_imports) << "the default";
   EXPECT_TRUE(apply_toml_text("[worker]\nfresh_while_zygote_imports = true\n", "t", fresh).is_ok());

@@ -120,7 +120,7 @@ struct WorkerOptions {
   // `cuda`), set and set back by the supervisor as for [timing] niceness. In a cold batch that stage
   // runs while the `cuda` pre-builds hold the cores at prebuild_niceness: below 0 (CAP_SYS_NICE, else
   // left as is) NVRTC gets its share of them. -20..0; 0: left as is.
-  int compile_niceness = 0;
+  int compile_niceness = -10;
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
   // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
