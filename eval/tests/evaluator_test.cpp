@@ -284,32 +284,37 @@ bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
 }
 
 // [worker] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
-// shows it), and the candidate runs at the supervisor's own nice value, from a fork server or in a
-// worker of its own.
+// shows it), and the candidate's constructor runs at the supervisor's own nice value, from a fork
+// server or in a worker of its own; with [worker] compile_niceness, at that value (its compile stage).
 TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
   errno = 0;
   int own = getpriority(PRIO_PROCESS, 0);
   ASSERT_EQ(errno, 0);
-  if (!nice_value_allowed(std::max(own - 7, -20))) GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE";
-  for (const char* fork_server : {"always", "never"}) {
-    EvalOptions o = options();
-    o.cache.enabled = false;
-    o.worker.fork_server = fork_server;
-    o.worker.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
-    Evaluator evaluator = make_evaluator(o);
-    if (std::string(fork_server) == "always") {
-      ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
-      EXPECT_TRUE(a_kz_evaluation_worker_runs_at(std::max(own - 7, -20), std::chrono::seconds(30)))
-          << "the idle server and its child prepare at the increment";
+  if (!nice_value_allowed(std::max(own - 7, -20)) || !nice_value_allowed(-9))
+    GTEST_SKIP() << "lowering a nice value needs CAP_SYS_NICE";
+  for (int compile_niceness : {0, -9}) {
+    for (const char* fork_server : {"always", "never"}) {
+      EvalOptions o = options();
+      o.cache.enabled = false;
+      o.worker.fork_server = fork_server;
+      o.worker.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
+      o.worker.compile_niceness = compile_niceness;
+      Evaluator evaluator = make_evaluator(o);
+      if (std::string(fork_server) == "always" && compile_niceness == 0) {
+        ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
+        EXPECT_TRUE(a_kz_evaluation_worker_runs_at(std::max(own - 7, -20), std::chrono::seconds(30)))
+            << "the idle server and its child prepare at the increment";
+      }
+      Verdict v = evaluate(evaluator, kRelu, kFixtures + "worker_nice_probe.py");
+      EXPECT_EQ(v.status, EvalStatus::runtime_error) << dump(v);
+      // The message's last line (the traceback above it quotes the fixture's source, with "%d").
+      const std::string mark = "candidate runs at nice ";
+      size_t at = v.message.rfind(mark);
+      ASSERT_NE(at, std::string::npos) << dump(v);
+      EXPECT_EQ(v.message.substr(at, v.message.find(" (", at) - at),
+                mark + std::to_string(compile_niceness == 0 ? own : compile_niceness))
+          << "fork_server " << fork_server << ", compile_niceness " << compile_niceness << ": " << v.message.substr(at);
     }
-    Verdict v = evaluate(evaluator, kRelu, kFixtures + "worker_nice_probe.py");
-    EXPECT_EQ(v.status, EvalStatus::runtime_error) << dump(v);
-    // The message's last line (the traceback above it quotes the fixture's source, with "%d").
-    const std::string mark = "candidate runs at nice ";
-    size_t at = v.message.rfind(mark);
-    ASSERT_NE(at, std::string::npos) << dump(v);
-    EXPECT_EQ(v.message.substr(at, v.message.find(" (", at) - at), mark + std::to_string(own))
-        << "fork_server " << fork_server << ": " << v.message.substr(at);
   }
 }
 
