@@ -338,7 +338,7 @@ def first_wave_lines(verdicts: list) -> list:
                      + counted(first) + "; each format carries its own first wave's start-up, so the batch's "
                      "order moves the formats' cold rates, not the batch's")
     own = {}
-    for v in verdicts:
+    for v in verdicts if waits else []:  # beside fork servers' (not a batch with fork_server = "never")
         if "imports" in (v.get("startup_s") or {}):
             count, summed = own.get(v["format"], (0, 0.0))
             own[v["format"]] = (count + 1, summed + ((v.get("stage_s") or {}).get("startup") or 0.0))

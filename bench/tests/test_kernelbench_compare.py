@@ -135,6 +135,7 @@ def test_the_first_wave_in_workers_of_their_own_is_named_with_its_start_up():
                 {"format": "cuda-rtc", "startup_s": {"server": 0.0, "device": 0.5}}]
     line, = compare_report.first_wave_lines(verdicts)
     assert line.endswith("start-up): cuda-rtc 2 (6.0 s), triton 1 (3.0 s)"), line
+    assert compare_report.first_wave_lines(verdicts[:3]) == [], "no fork server at all: nothing to name"
 
 
 def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():

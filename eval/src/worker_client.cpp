@@ -395,12 +395,20 @@ struct StartedZygote {
   std::shared_ptr<Zygote> zygote;
   fs::path scratch;
   bool keep_scratch = false;
+  Clock::time_point started = Clock::now();
+  bool failure_said = false;  // its failure was warned about (once per kind)
   ~StartedZygote() {
     zygote.reset();  // its socket closes: it exits
     std::error_code ignored;
     if (!scratch.empty() && !keep_scratch) fs::remove_all(scratch, ignored);
   }
 };
+
+// "; its stderr:\n..." where the zygote wrote any (its imports' complaints, a traceback).
+std::string stderr_of(const Zygote& zygote) {
+  std::string tail = to_valid_utf8(zygote.stderr_tail());
+  return tail.empty() ? "" : "; its stderr:\n" + tail;
+}
 
 // A zygote per kind of fork server (server_key), started at the first server of that kind and kept
 // for the process's life. Process-wide, like IdleServers.
@@ -419,7 +427,14 @@ class Zygotes {
     std::lock_guard lock(mutex_);
     auto& entry = zygotes_[key];
     if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
-    if (entry) return nullptr;  // it failed: no second try, whose wait every server would pay again
+    if (entry) {  // it failed: no second try, whose wait every server would pay again
+      // One that ended with no spawn to see it (every request ran in a worker of its own while it
+      // imported: fresh_while_zygote_imports) is said here, once.
+      if (entry->zygote && !entry->failure_said)
+        why = "it ended before it served" + stderr_of(*entry->zygote);
+      if (entry->zygote) entry->failure_said = true;
+      return nullptr;
+    }
     entry = std::make_unique<StartedZygote>();
     auto scratch = make_scratch_dir(scratch_root_of(setup), scratch_prefix + "zygote-", setup.keep_scratch);
     if (!scratch.ok()) {
@@ -435,6 +450,22 @@ class Zygotes {
     }
     entry->zygote = std::move(*started);
     return entry->zygote;
+  }
+
+  // Whether the zygote of `key` is still importing: alive, not ready yet, and younger than the wait a
+  // spawn allows it (past that a spawn waits for it, and its timeout says why it failed).
+  bool importing(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    auto it = zygotes_.find(key);
+    if (it == zygotes_.end() || !it->second || !it->second->zygote) return false;
+    const StartedZygote& entry = *it->second;
+    return Clock::now() - entry.started < kZygoteAnswer && entry.zygote->alive() && !entry.zygote->ready();
+  }
+
+  // A spawn's failure was warned about (with the zygote's stderr): get() says nothing more of it.
+  void failure_said(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    if (auto it = zygotes_.find(key); it != zygotes_.end() && it->second) it->second->failure_said = true;
   }
 
   // Ends every zygote (a later server starts its kind's again).
@@ -476,8 +507,8 @@ Result<Process> spawn_from_zygote(const WorkerSetup& setup, const std::string& s
   if (auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) {
     auto forked = zygote->spawn(spec, kZygoteAnswer);
     if (forked.ok()) return forked;
-    why = forked.status().message();
-    if (std::string tail = to_valid_utf8(zygote->stderr_tail()); !tail.empty()) why += "; its stderr:\n" + tail;
+    why = forked.status().message() + stderr_of(*zygote);
+    Zygotes::instance().failure_said(key);
   }
   warn_without_zygote(why);
   return Process::spawn(spec);
@@ -694,12 +725,11 @@ bool zygote_importing(const WorkerSetup& setup, const std::string& key, const st
                       const std::function<void(ProcessSpec&)>& customize) {
   if (setup.zygote_library.empty()) return false;
   std::string why;
-  auto zygote = Zygotes::instance().get(key, setup, scratch_prefix, customize, why);
-  if (!zygote) {
+  if (!Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) {
     warn_without_zygote(why);
     return false;
   }
-  return !zygote->ready();
+  return Zygotes::instance().importing(key);
 }
 
 }  // namespace

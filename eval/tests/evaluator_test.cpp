@@ -565,6 +565,9 @@ TEST_F(EvaluatorTest, CudaRtcSyntaxErrorIsCompileErrorWithNvrtcLog) {
   Verdict v = evaluate(kRelu, kFixtures + "cuda_rtc_compile_error.py");
   expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
   EXPECT_FALSE(v.compiled) << dump(v);
+  // NVRTC's seconds are kept where it failed too.
+  std::map<std::string, double> parts(v.compile_s.begin(), v.compile_s.end());
+  EXPECT_TRUE(parts.contains("nvrtc") && parts["nvrtc"] > 0.0) << dump(v);
   // NVRTC's own log: file name, line and diagnostic.
   EXPECT_TRUE(contains(v.message, "kz_fixture_bad_relu.cu")) << v.message;
   EXPECT_TRUE(contains(v.message, "error")) << v.message;

@@ -372,6 +372,10 @@ TEST_P(WorkerClientTest, TheCompileStageRunsAtItsNiceness) {
         << "fork server: " << fork_server;
     EXPECT_EQ(result(setup(fork_server), {{"action", "compile_stage"}})["niceness"], nlohmann::json::array({own, own}))
         << "0 leaves it alone; fork server: " << fork_server;
+    // Prepared at an increment too: the compile stage's value, then the supervisor's.
+    boosted.prepare_niceness = -3;
+    EXPECT_EQ(result(boosted, {{"action", "compile_stage"}})["niceness"], nlohmann::json::array({-6, own}))
+        << "prepared apart; fork server: " << fork_server;
   }
 }
 

@@ -635,12 +635,23 @@ def content_addressed_name(name: str, args: tuple, kwargs: dict) -> str:
 
 def nvrtc_seconds(fmt: str):
     """kz_rtc's NVRTC seconds so far in this process for a `cuda-rtc` request (a verdict's compile_s
-    part), else None. Diagnostics only: the candidate runs in this process and could change it."""
+    part), else None (another format, or anything gone wrong: the candidate runs in this process and
+    could replace kz_rtc's function). Diagnostics only."""
     if fmt != "cuda-rtc":
         return None
-    import kz_rtc
-    seconds = kz_rtc.compile_seconds()
+    try:
+        import kz_rtc
+        seconds = kz_rtc.compile_seconds()
+    except Exception:
+        return None
     return float(seconds) if type(seconds) is float and math.isfinite(seconds) else None
+
+
+def note_nvrtc_seconds(fmt: str, before, into: dict) -> None:
+    """into["nvrtc"]: NVRTC's seconds since `before` (nvrtc_seconds at the compile stage's start)."""
+    after = nvrtc_seconds(fmt)
+    if before is not None and after is not None:
+        into["nvrtc"] = after - before
 
 
 def model_class_name(fmt: str, source: str) -> str:

@@ -179,25 +179,10 @@ class Evaluation:
         # the first two.
         compiled = self.result["compile_s"] = {}
         nvrtc_before = formats.nvrtc_seconds(self.format)
-        model_class = formats.model_class_name(self.format, self.request["candidate_source"])
-        with _seconds(compiled, "import"):
-            candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
-            self.guard.verify("importing the candidate")
-        # The constructor is not held, like the import above: it may compile (kz_rtc.compile, a
-        # load_inline build), seconds of CPU that would keep a waiting timing, and every worker
-        # queued behind it, off the GPU. Moving the model to the device and the weight copy are the
-        # harness's GPU work: shared, never beside another worker's timing.
-        with _seconds(compiled, "construct"):
-            torch.random.manual_seed(self.seed)
-            candidate_model = candidate_class(*loading.clone_all(init_inputs))
-            self.guard.verify("constructing ModelNew")
-        with _seconds(compiled, "to_device"), self.gpu.shared():
-            candidate_model = candidate_model.to(self.device).eval()
-            if reference_model is not None:
-                self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
-                self.guard.verify("copying the reference weights")
-        if (nvrtc := formats.nvrtc_seconds(self.format)) is not None and nvrtc_before is not None:
-            compiled["nvrtc"] = nvrtc - nvrtc_before
+        try:
+            candidate_model = self._compile_candidate(compiled, init_inputs, reference_model)
+        finally:  # NVRTC's seconds too where it failed (a compile_error)
+            formats.note_nvrtc_seconds(self.format, nvrtc_before, compiled)
 
         if not runs:
             formats.finish_compile_only(self.format, candidate_model, reference, self.seed, self.device)
@@ -233,6 +218,28 @@ class Evaluation:
                                                 if self.result.get("speedup") else ""))
 
     # ---- before the candidate --------------------------------------------------------------------
+
+    def _compile_candidate(self, compiled: dict, init_inputs, reference_model):
+        """The candidate's import, its ModelNew built and moved to the device with the reference's
+        weights; each part's seconds into `compiled` (lock waits included)."""
+        model_class = formats.model_class_name(self.format, self.request["candidate_source"])
+        with _seconds(compiled, "import"):
+            candidate_class = loading.load_candidate(self.request["candidate_source"], self.scratch, model_class)
+            self.guard.verify("importing the candidate")
+        # The constructor is not held, like the import above: it may compile (kz_rtc.compile, a
+        # load_inline build), seconds of CPU that would keep a waiting timing, and every worker
+        # queued behind it, off the GPU. Moving the model to the device and the weight copy are the
+        # harness's GPU work: shared, never beside another worker's timing.
+        with _seconds(compiled, "construct"):
+            torch.random.manual_seed(self.seed)
+            candidate_model = candidate_class(*loading.clone_all(init_inputs))
+            self.guard.verify("constructing ModelNew")
+        with _seconds(compiled, "to_device"), self.gpu.shared():
+            candidate_model = candidate_model.to(self.device).eval()
+            if reference_model is not None:
+                self.result["weights_shared"] = loading.share_weights(reference_model, candidate_model)
+                self.guard.verify("copying the reference weights")
+        return candidate_model
 
     def _precompute(self, reference, reference_model, timed: bool) -> None:
         self.expected = Expected(reference, reference_model, self.device, self.request["tolerance"])
