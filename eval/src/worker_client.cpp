@@ -428,10 +428,9 @@ class Zygotes {
     auto& entry = zygotes_[key];
     if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
     if (entry) {  // it failed: no second try, whose wait every server would pay again
-      // One that ended with no spawn to see it (every request ran in a worker of its own while it
-      // imported: fresh_while_zygote_imports) is said here, once.
-      if (entry->zygote && !entry->failure_said)
-        why = "it ended before it served" + stderr_of(*entry->zygote);
+      // One that ended with no failed spawn to say so (every request ran in a worker of its own
+      // while it imported: fresh_while_zygote_imports) is said here, once.
+      if (entry->zygote && !entry->failure_said) why = "it has ended" + stderr_of(*entry->zygote);
       if (entry->zygote) entry->failure_said = true;
       return nullptr;
     }
@@ -787,7 +786,6 @@ void set_worker_device(const std::string& device, ProcessSpec& spec) {
   if (device == "cpu") spec.env["TRITON_INTERPRET"] = "1";
   spec.env["KZ_WORKER_DEVICE"] = device;
 }
-
 
 Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::string& scratch_prefix,
                                          const std::function<nlohmann::json(const fs::path&)>& make_request,
