@@ -329,28 +329,26 @@ def first_wave_lines(verdicts: list) -> list:
     longest = max((wait for _, wait in waits), default=0.0)
     lines = []
     if longest > 0.0:
-        first = {}
-        for fmt, wait in waits:
-            if wait >= longest / 2:
-                count, summed = first.get(fmt, (0, 0.0))
-                first[fmt] = (count + 1, summed + wait)
+        first = [(fmt, wait) for fmt, wait in waits if wait >= longest / 2]
         lines.append("  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
                      + counted(first) + "; each format carries its own first wave's start-up, so the batch's "
                      "order moves the formats' cold rates, not the batch's")
-    own = {}
-    for v in verdicts if waits else []:  # beside fork servers' (not a batch with fork_server = "never")
-        if "imports" in (v.get("startup_s") or {}):
-            count, summed = own.get(v["format"], (0, 0.0))
-            own[v["format"]] = (count + 1, summed + ((v.get("stage_s") or {}).get("startup") or 0.0))
+    # Beside fork servers' only (not a batch with fork_server = "never", where every worker is its own).
+    own = [(v["format"], (v.get("stage_s") or {}).get("startup") or 0.0) for v in verdicts
+           if waits and "imports" in (v.get("startup_s") or {})]
     if own:
         lines.append("  in workers of their own (started for them, their imports beside their CUDA context; "
                      "start-up): " + counted(own))
     return lines
 
 
-def counted(by_format: dict) -> str:
-    """"fmt N (S s), ..." in the formats' order, from {fmt: (N, S)}."""
-    return ", ".join(f"{fmt} {by_format[fmt][0]} ({by_format[fmt][1]:.1f} s)" for fmt in in_format_order(by_format))
+def counted(seconds_by_format: list) -> str:
+    """"fmt N (S s), ..." in the formats' order, from (fmt, seconds) pairs: how many and their sum."""
+    tally = {}
+    for fmt, seconds in seconds_by_format:
+        count, summed = tally.get(fmt, (0, 0.0))
+        tally[fmt] = (count + 1, summed + seconds)
+    return ", ".join(f"{fmt} {tally[fmt][0]} ({tally[fmt][1]:.1f} s)" for fmt in in_format_order(tally))
 
 
 def device_step_lines(parts: dict) -> list:

@@ -37,12 +37,8 @@ class FirstCalls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         dtypes = tuple(str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor))
-        key = f"{func}{list(dtypes)}"
-        torch.cuda.synchronize(self.device)
-        started = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        torch.cuda.synchronize(self.device)
-        self.calls.setdefault(key, []).append(time.perf_counter() - started)
+        out, seconds = _timed(self.device, lambda: func(*args, **(kwargs or {})))
+        self.calls.setdefault(f"{func}{list(dtypes)}", []).append(seconds)
         return out
 
 
@@ -71,15 +67,17 @@ def child(device_name: str, kind: str, results_fd: int) -> None:
     os.write(results_fd, (json.dumps(report) + "\n").encode())
 
 
+def _timed(device, run):
+    """(run()'s result, its seconds), the device synchronised before and after."""
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    out = run()
+    torch.cuda.synchronize(device)
+    return out, time.perf_counter() - started
+
+
 def _first_two_calls(device, run) -> list:
-    seconds = []
-    for _ in range(2):
-        torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        run()
-        torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - started)
-    return seconds
+    return [_timed(device, run)[1] for _ in range(2)]
 
 
 def _reference_ops(device):
