@@ -200,9 +200,14 @@ class StagePriority {
         set_back_to_(prepared_apart ? own_nice_value() : std::nullopt) {}
 
   void enter(const std::string& stage) {
-    if (set_back_to_) setpriority(PRIO_PGRP, group_, *set_back_to_);
     auto boost = stage_niceness_.find(stage);
     int wanted = boost == stage_niceness_.end() ? 0 : boost->second;  // 0: no boost
+    if (set_back_to_) {
+      // Straight to this stage's value: setting back first and boosting after would show the group
+      // the supervisor's value in between. A refused boost leaves the set-back value.
+      if (wanted == 0 || setpriority(PRIO_PGRP, group_, wanted) != 0) setpriority(PRIO_PGRP, group_, *set_back_to_);
+      return;
+    }
     if (wanted == boosted_to_) return;
     if (wanted != 0) {
       if (boosted_to_ == 0) {
@@ -228,7 +233,7 @@ class StagePriority {
 
   pid_t group_;
   std::map<std::string, int> stage_niceness_;  // stage -> the group's nice value in it (0: left alone)
-  int before_ = 0, boosted_to_ = 0;
+  int before_ = 0, boosted_to_ = 0;  // without set_back_to_: the value to restore, and the boost set
   std::optional<int> set_back_to_;  // the value the group is set to at every stage (prepare_niceness)
 };
 
