@@ -370,19 +370,38 @@ def save(args, data):
     (args.out / "report.txt").write_text(compare_report.render(data))
 
 
-def gpu_name(device: str) -> str:
-    if device == "cpu":
-        return "cpu"
+def gpu_query(device: str, field: str):
+    """One nvidia-smi field (name, uuid) of the device's GPU; None where nvidia-smi cannot say."""
     try:
-        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=20).stdout.split("\n")
-        return names[int(device.split(":")[1]) if ":" in device else 0].strip() or "GPU"
+        values = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=20).stdout.split("\n")
+        return values[int(device.split(":")[1]) if ":" in device else 0].strip() or None
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-        return "GPU"
+        return None
+
+
+def gpu_name(device: str) -> str:
+    return "cpu" if device == "cpu" else gpu_query(device, "name") or "GPU"
+
+
+def kz_commit():
+    """The commit kz was built from (git where the tree has its history, else $KZ_COMMIT: the device's
+    copy of the tree has none), "-dirty" where tracked files differ from it; None where neither says."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=20)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"], timeout=20).returncode != 0
+            return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("KZ_COMMIT") or None
 
 
 def settings(args) -> dict:
-    return {"device": args.device, "gpu": gpu_name(args.device), "budget_s": args.budget_s, "kb_limit": args.kb_limit,
+    return {"device": args.device, "gpu": gpu_name(args.device), "kz_commit": kz_commit(),
+            "host": None if args.device == "cpu" else gpu_query(args.device, "uuid"),  # bench/goal_summary.py
+            "budget_s": args.budget_s, "kb_limit": args.kb_limit,
             "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": shown(str(args.kz), args),
             "stability_task": args.stability_task, "stability_format": args.stability_format,
             "shared_bytecode": getattr(args, "shared_bytecode", False),
