@@ -461,7 +461,9 @@ TEST_P(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
 // its own device (the stand-in's prepare_device takes 0.3 s) while the server relays or waits.
 TEST_P(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
   auto first = result(setup(true));
-  std::this_thread::sleep_for(700ms);  // the spare: forked ~0.3 s after the first request, ready 0.3 s later
+  // The spare: forked ~0.3 s after the first request, ready 0.3 s later (~0.6 s; more room for a
+  // loaded CI machine).
+  std::this_thread::sleep_for(2000ms);
   auto second = result(setup(true));
   ASSERT_TRUE(second.contains("prepared_at") && second["prepared_at"].is_number()) << second.dump();
   EXPECT_EQ(second["ppid"], first["ppid"]);
@@ -638,7 +640,7 @@ TEST_P(WorkerClientTest, IdleServersBeyondTheCapAreKilled) {
 
 TEST_P(WorkerClientTest, StartedServersTakeTheFirstRequests) {
   ASSERT_TRUE(start_fork_servers(setup(true), "kz-test-", {}, 2).is_ok());
-  std::this_thread::sleep_for(1500ms);  // they start meanwhile
+  std::this_thread::sleep_for(3000ms);  // they start meanwhile (~0.5 s idle; room for a loaded machine)
   double sent_at = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   auto first = result(setup(true));
   ASSERT_TRUE(first.contains("imported_at")) << first.dump();
