@@ -95,7 +95,7 @@ TEST(Subprocess, TimeoutKillsWithinDeadline) {
   EXPECT_TRUE(r.timed_out);
   EXPECT_EQ(r.exit.term_signal, SIGKILL);
   EXPECT_GE(elapsed, 200ms);
-  EXPECT_LT(elapsed, 2s);
+  EXPECT_LT(elapsed, 10s);  // not the 100 s of the sleep; room for a loaded machine
 }
 
 TEST(Subprocess, KillGroupReachesGrandchild) {
@@ -212,7 +212,7 @@ TEST(Subprocess, MessageReadTimesOut) {
   auto start = Clock::now();
   EXPECT_EQ(proc->read_message(line, 150ms), Process::ReadEvent::timeout);
   EXPECT_GE(Clock::now() - start, 150ms);
-  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_LT(Clock::now() - start, 10s);  // not the 100 s of the sleep; room for a loaded machine
 }
 
 TEST(Subprocess, NoFd3WithoutMessagePipe) {
@@ -580,7 +580,7 @@ TEST(SubprocessSandbox, NetworkNamespaceLeavesOnlyLoopback) {
   auto start = Clock::now();
   RunResult r = run_ok(probe);
   EXPECT_EQ(r.stdout_text, "failed\n") << r.stderr_text;
-  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_LT(Clock::now() - start, 30s);  // not a connect's minutes-long timeout; room for a loaded machine
   EXPECT_FALSE(listener.accepted());
 }
 
@@ -795,7 +795,7 @@ TEST(SubprocessSandbox, OwnPidNamespaceEndsWithItsFirstProcess) {
     }
     return false;
   };
-  auto deadline = std::chrono::steady_clock::now() + 2s;
+  auto deadline = std::chrono::steady_clock::now() + 10s;  // room for a loaded machine
   while (sleeper_alive() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(sleeper_alive()) << "the setsid'd sleep outlived its namespace's first process";
 }

@@ -81,7 +81,8 @@ TEST(ValidateModule, InvalidPythonIsRejectedAsTheWorkerWouldBeforeAnyWorker) {
   EXPECT_EQ(expected.failed_check, "loads") << expected.reason;
   auto started = std::chrono::steady_clock::now();
   auto verdict = validate(source);
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1)) << "no worker: ~1 ms";
+  // No worker (~1 ms; a worker's start takes seconds): room for a cold checker on a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5)) << "no worker: ~1 ms";
   EXPECT_FALSE(verdict.valid);
   EXPECT_EQ(verdict.failed_check, "loads");
   EXPECT_EQ(verdict.reason, expected.reason);

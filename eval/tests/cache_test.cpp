@@ -340,7 +340,7 @@ class CachedEvaluatorTest : public CacheTest {
 };
 
 // The measurement the cache exists for: the second evaluation of the same Triton candidate is
-// answered from the cache (no worker, no Python start) in well under 0.2 s.
+// answered from the cache (no worker, no Python start): ~0.01-0.1 s idle.
 TEST_F(CachedEvaluatorTest, SecondEvaluationIsAFastHit) {
   Evaluator e = evaluator(options());
   Candidate c = candidate("suite/examples/triton/02_relu.py");
@@ -349,7 +349,8 @@ TEST_F(CachedEvaluatorTest, SecondEvaluationIsAFastHit) {
   EXPECT_FALSE(first.cached);
   auto [second, second_s] = timed(e, c);
   EXPECT_TRUE(second.cached);
-  EXPECT_LT(second_s, 0.2) << "a hit must not start a worker (first evaluation took " << first_s << " s)";
+  // A worker's start alone (Python, torch) takes seconds; the bound leaves room for a loaded machine.
+  EXPECT_LT(second_s, 2.0) << "a hit must not start a worker (first evaluation took " << first_s << " s)";
   EXPECT_EQ(second.status, EvalStatus::ok);
   EXPECT_EQ(second.seed, first.seed) << "a hit replays the stored verdict, seed included";
   EXPECT_EQ(second.task_id, "02_relu");

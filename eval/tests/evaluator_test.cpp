@@ -159,7 +159,11 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "compile", "correctness"})) << dump(v);
   EXPECT_LE(total, v.wall_s) << dump(v);
   EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
-  // The correctness stage's parts, measured by the worker: within the stage's own seconds.
+  // The correctness stage's parts, measured by the worker: within the stage's own seconds. The
+  // supervisor times a stage between its messages' arrivals, the worker its parts by its own clock:
+  // the messages' latencies (ms idle; more on a loaded machine, through a fork server's relay) are
+  // the slack.
+  constexpr double kMessageSlackS = 0.5;
   std::vector<std::string> parts;
   double parts_total = 0;
   for (const auto& [part, seconds] : v.correctness_s) {
@@ -167,7 +171,7 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
     parts_total += seconds;
   }
   EXPECT_EQ(parts, (std::vector<std::string>{"audit", "replay_probe", "trials"})) << dump(v);
-  EXPECT_LE(parts_total, v.stage_s.back().second) << dump(v);
+  EXPECT_LE(parts_total, v.stage_s.back().second + kMessageSlackS) << dump(v);
   // The load_reference stage's parts likewise (nlohmann's object keeps them sorted by name).
   parts.clear();
   parts_total = 0;
@@ -186,12 +190,10 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_EQ(compile_parts, (std::vector<std::string>{"construct", "import", "to_device"})) << dump(v);
   auto compile_stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "compile"; });
   ASSERT_NE(compile_stage, v.stage_s.end()) << dump(v);
-  EXPECT_LE(compile_total, compile_stage->second + 0.05) << dump(v);
-  // The supervisor times a stage between its messages' arrivals, the worker its parts by its own
-  // clock: a message's latency (ms) is the slack.
+  EXPECT_LE(compile_total, compile_stage->second + kMessageSlackS) << dump(v);
   auto stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "load_reference"; });
   ASSERT_NE(stage, v.stage_s.end()) << dump(v);
-  EXPECT_LE(parts_total, stage->second + 0.05) << dump(v);
+  EXPECT_LE(parts_total, stage->second + kMessageSlackS) << dump(v);
   EXPECT_TRUE(v.gpu_wait_by_stage_s.empty()) << "the CPU takes no GPU lock: " << dump(v);
   // Its CPU seconds, reported by the worker: a fork server's child counts its own run, not the
   // server's imports (the wait for the server, in wall_s, is where those went).

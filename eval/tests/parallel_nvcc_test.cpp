@@ -362,14 +362,14 @@ TEST_F(ParallelNvccReal, ASignalMidCompileLeavesNothingBehind) {
     auto compile = Process::spawn(spec);  // a process group of its own: the steps join it
     ASSERT_TRUE(compile.ok()) << compile.status().to_string();
     // Until the steps run: the keep dir holds cudafe++'s input.
-    for (int i = 0; i < 200; ++i) {
-      bool running = false;
+    bool running = false;
+    for (int i = 0; i < 3000 && !running; ++i) {  // up to 60 s: a loaded machine
       for (const auto& entry : fs::directory_iterator(dir_)) {
         if (entry.path().filename().string().rfind("kz-nvcc-", 0) == 0 && fs::exists(entry.path() / "slow.cpp4.ii")) running = true;
       }
-      if (running) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    ASSERT_TRUE(running) << "kz-nvcc's steps never started";
     ::kill(compile->pid(), sig);
     auto exit = compile->wait_for(std::chrono::seconds(30));
     ASSERT_TRUE(exit.has_value());

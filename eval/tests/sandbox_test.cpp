@@ -150,7 +150,7 @@ bool sandbox_isolates_pids() { return ::geteuid() == 0 && sandbox_probe().pids_i
 // Live processes whose name (/proc/<pid>/comm) is `name`, waiting up to 5 s for killed ones to go.
 int live_processes_named(const std::string& name) {
   int found = 0;
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  for (int attempt = 0; attempt < 300; ++attempt) {  // up to 30 s: a loaded machine
     found = 0;
     for (const auto& process : test::live_processes()) found += process.read("comm") == name + "\n";
     if (found == 0) return 0;

@@ -34,8 +34,8 @@ constexpr int kItems = 1000;
 constexpr int kInFlight = 32;
 constexpr int kVariants = 40;
 constexpr int kSleeperIndex = 5;
-// Ordinary evaluations take ~3 s here; a worker older than this is the sleeper.
-constexpr double kSleeperAgeS = 15;
+// The sleeper's worker is killed once it has run this long (in its forward by then, idle or loaded).
+constexpr double kSleeperAgeS = 3;
 
 double uptime_s() {
   std::ifstream uptime("/proc/uptime");
@@ -54,13 +54,16 @@ bool is_descendant_of_us(pid_t pid) {
   return false;
 }
 
-// The pid of a kz_worker process started by this test that has lived longer than `age_s` and is
-// evaluating (its scratch dir holds candidate.py: a fork server waiting for work holds none).
-std::optional<pid_t> old_worker(double age_s) {
+// The pid of a kz_worker process started by this test that is evaluating the sleeper (its scratch
+// dir's candidate.py sleeps as kSleeperCandidate does: a fork server waiting for work holds none) and has lived
+// longer than `age_s`. By content, not by age alone: on a loaded machine an ordinary child (forked as
+// a spare before its request) can live long too.
+std::optional<pid_t> sleeper_worker(double age_s) {
   for (const auto& process : live_processes()) {
     if (process.cmdline.find("kz_worker") == std::string::npos || !is_descendant_of_us(process.pid)) continue;
-    std::error_code ec;
-    if (!fs::exists(process.dir() / "cwd" / "candidate.py", ec)) continue;
+    std::ifstream candidate(process.dir() / "cwd" / "candidate.py");
+    std::string source((std::istreambuf_iterator<char>(candidate)), std::istreambuf_iterator<char>());
+    if (source.find("time.sleep(600)") == std::string::npos) continue;
     if (uptime_s() - process.started_s > age_s) return process.pid;
   }
   return std::nullopt;
@@ -101,7 +104,7 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
   std::thread killer([&] {
     auto deadline = Clock::now() + std::chrono::minutes(3);
     while (Clock::now() < deadline && finished < kItems) {
-      if (auto pid = old_worker(kSleeperAgeS)) {
+      if (auto pid = sleeper_worker(kSleeperAgeS)) {
         killed = *pid;
         ::kill(*pid, SIGKILL);
         return;
@@ -136,7 +139,9 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
     EXPECT_EQ(v.status, EvalStatus::ok) << id << "\n" << to_json(v).dump(2);
     if (v.cached) {
       ++hits;
-      EXPECT_LT(v.wall_s, 0.5) << id << ": a hit starts no worker";
+      // A lookup and the shared syntax check (a worker's start alone takes seconds); room for a
+      // loaded machine.
+      EXPECT_LT(v.wall_s, 2.0) << id << ": a hit starts no worker";
     } else {
       ++real;
       // Not a wall-time floor: a child of a fork server ([worker] fork_server) starts with Python loaded.

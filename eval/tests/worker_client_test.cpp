@@ -51,9 +51,10 @@ device_steps_s = {}
 def prepare_device(device):  # as long as a CUDA context takes, roughly
     global prepared_at, device_started_at
     device_started_at = time.time()
-    time.sleep(0.3)
+    seconds = float(os.environ.get("KZ_TEST_DEVICE_S", "0.3"))  # longer where a test asks
+    time.sleep(seconds)
     prepared_at = time.time()
-    device_steps_s["context"] = 0.3
+    device_steps_s["context"] = seconds
 
 def quietly(step, device):
     step(device)
@@ -93,7 +94,7 @@ def evaluate(request):
              "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
              "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
              "cuda_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-             "process_s": time.monotonic() - started, "prepared_at": prepared_at, "requested_at": requested_at,
+             "prepared_at": prepared_at, "requested_at": requested_at,
              "device_started_at": device_started_at, "startup_s": request.get("startup_s"),
              "token": token, "prepared_by": prepared_by, "imported_at": started,
              "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0]}
@@ -107,7 +108,7 @@ def evaluate(request):
         reply["found"] = any(isinstance(v, dict) and v.get("token") == request["look_for"] or
                              isinstance(v, bytes) and request["look_for"].encode() in v for v in values)
     if action == "signal_siblings":  # the server's other children (a candidate can signal them)
-        server, stopped, deadline = os.getppid(), [], time.monotonic() + 5
+        server, stopped, deadline = os.getppid(), [], time.monotonic() + 30
         while not stopped and time.monotonic() < deadline:
             with open(f"/proc/{server}/task/{server}/children") as f:
                 stopped = [int(p) for p in f.read().split() if int(p) != os.getpid()]
@@ -475,8 +476,16 @@ TEST_P(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
 // first wave): the next spare is forked only once that child's first message says it is prepared, so
 // the two do not make their CUDA contexts side by side.
 TEST_P(WorkerClientTest, TheNextChildPreparesOnlyOnceThePreviousIsPrepared) {
-  auto first = result(setup(true));
-  auto second = result(setup(true));
+  // A device that takes 2 s to prepare: the first request reaches its child while it prepares, even
+  // on a loaded machine.
+  auto slow_device = [](ProcessSpec& spec) { spec.env["KZ_TEST_DEVICE_S"] = "2"; };
+  auto served = [&] {
+    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-slow-device-", 30, slow_device);
+    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
+    return outcome.result;
+  };
+  auto first = served();
+  auto second = served();
   ASSERT_TRUE(first.contains("prepared_at") && second.contains("device_started_at")) << first.dump() << second.dump();
   ASSERT_EQ(second["ppid"], first["ppid"]) << "the same server";
   ASSERT_GT(first["startup_s"].value("device", 0.0), 0.0)
@@ -830,7 +839,7 @@ TEST_P(WorkerClientTest, AZygoteThatCannotSetnsBackEndsAndServersStartOnTheirOwn
       << "says why:\n" << warnings;
   // Left: the server that answered, idle, with its next child, both in its scratch dir.
   std::set<std::string> dirs;
-  for (auto deadline = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < deadline;
+  for (auto deadline = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < deadline;
        std::this_thread::sleep_for(50ms))
     if ((dirs = dirs_with_processes(root_ / "scratch", "kz-test-no-setns-")).size() <= 1) break;
   EXPECT_EQ(dirs.size(), 1u) << "a server forked by the zygote before it ended lives on: " << fmt::format("{}", fmt::join(dirs, ", "));
@@ -838,13 +847,15 @@ TEST_P(WorkerClientTest, AZygoteThatCannotSetnsBackEndsAndServersStartOnTheirOwn
 
 TEST_P(WorkerClientTest, WithoutForkServerEachRequestStartsItsWorker) {
   auto first = result(setup(false));
+  double sent_at = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   auto second = result(setup(false));
   ASSERT_TRUE(first.contains("pid") && second.contains("pid")) << first.dump() << second.dump();
   EXPECT_NE(first["pid"], second["pid"]);
   EXPECT_EQ(first["ppid"], ::getpid()) << "no server: each worker is started for its request by the supervisor";
   EXPECT_EQ(first["cwd"], first["scratch"]);
   EXPECT_FALSE(fs::exists(first["scratch"].get<std::string>())) << "removed after the evaluation";
-  EXPECT_LT(second["process_s"].get<double>(), 1.0);
+  // The same clock (CLOCK_MONOTONIC) on both sides: not a duration, which a loaded machine stretches.
+  EXPECT_GE(second["imported_at"].get<double>(), sent_at) << "started for the second request";
 }
 
 }  // namespace

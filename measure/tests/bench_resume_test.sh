@@ -21,7 +21,7 @@ cp "$SRC"/suite/kzbench/level2/19_scale_residual_gelu.py "$WORK/suite/level2/"
 python3 "$SRC/measure/tests/replay_model_server.py" --suite "$WORK/suite" \
   --candidates "$SRC/suite/examples/triton" --port-file "$WORK/port" &
 SERVER=$!
-for _ in $(seq 50); do [[ -s "$WORK/port" ]] && break; sleep 0.1; done
+for _ in $(seq 300); do [[ -s "$WORK/port" ]] && break; sleep 0.1; done
 URL="http://127.0.0.1:$(cat "$WORK/port")/v1"
 stats() { python3 -c "import json,urllib.request; print(json.load(urllib.request.urlopen('$URL/stats'))['$1'])"; }
 RUN=(env XDG_CACHE_HOME="$WORK/cache" "$KZ" bench --model "openai:$URL:replay" --suite "$WORK/suite" --format triton --samples 3

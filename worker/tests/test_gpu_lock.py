@@ -11,27 +11,48 @@ import pytest
 from kz_worker.gpu_lock import GpuLock, LockFileMissing, lock_file_stem
 
 HOLD_S = 0.4
+# Where a test measures a wait on another process's hold: long enough that the queue's and the
+# process's delays on a loaded CI machine are a small part of it.
+LONG_HOLD_S = 2.0
 
 
-def hold(lock_dir, mode, events, delay_s=0.0):
+def hold(lock_dir, mode, events, delay_s=0.0, hold_s=HOLD_S, meet=None):
+    """One holder in a process of its own: says it is asking, then in, holds hold_s (after meeting
+    the other holders at `meet`, a Barrier, where given), then out."""
     time.sleep(delay_s)
     lock = GpuLock(lock_dir, "GPU-test")
+    events.put((mode, "asking", time.monotonic()))
     with getattr(lock, mode)():
         events.put((mode, "in", time.monotonic()))
-        time.sleep(HOLD_S)
+        if meet is not None:
+            meet.wait(timeout=30)  # raises (the process fails) where the others never got in beside it
+        time.sleep(hold_s)
         events.put((mode, "out", time.monotonic()))
 
 
-def run_all(lock_dir, plans):
+def started_holder(ctx, lock_dir, mode, events, **kwargs):
+    process = ctx.Process(target=hold, args=(lock_dir, mode, events), kwargs=kwargs)
+    process.start()
+    return process
+
+
+def wait_for(events, seen, mode, kind):
+    """Takes events off the queue (keeping them in `seen`) until `mode` says `kind`."""
+    while True:
+        event = events.get(timeout=30)
+        seen.append(event)
+        if event[:2] == (mode, kind):
+            return event
+
+
+def run_all(lock_dir, plans, **kwargs):
     ctx = mp.get_context("fork")
     events = ctx.Queue()
-    procs = [ctx.Process(target=hold, args=(lock_dir, mode, events, delay)) for mode, delay in plans]
+    procs = [started_holder(ctx, lock_dir, mode, events, delay_s=delay, **kwargs) for mode, delay in plans]
     for p in procs:
-        p.start()
-    for p in procs:
-        p.join(20)
+        p.join(60)
         assert p.exitcode == 0
-    out = [events.get(timeout=5) for _ in range(2 * len(plans))]
+    out = [events.get(timeout=5) for _ in range(3 * len(plans))]
     return sorted(out, key=lambda e: e[2])
 
 
@@ -46,7 +67,8 @@ def overlaps(a, b):
 
 
 def test_shared_holders_overlap(tmp_path):
-    events = run_all(str(tmp_path), [("shared", 0.0), ("shared", 0.0)])
+    # Each waits inside the lock for the other: a lock that let only one in fails the barrier.
+    events = run_all(str(tmp_path), [("shared", 0.0), ("shared", 0.0)], meet=mp.get_context("fork").Barrier(2))
     a, b = intervals(events, "shared")
     assert overlaps(a, b), events
 
@@ -61,11 +83,23 @@ def test_exclusive_never_overlaps_anything(tmp_path):
 
 def test_waiting_timing_goes_before_later_shared_work(tmp_path):
     # shared holder first; a timing arrives and waits; a shared request arriving after the timing
-    # must not get in ahead of it (the turnstile).
-    events = run_all(str(tmp_path), [("shared", 0.0), ("exclusive", 0.1), ("shared", 0.2)])
-    (ex_in, _), = intervals(events, "exclusive")
-    late_shared_in = max(t for m, kind, t in events if m == "shared" and kind == "in")
-    assert ex_in < late_shared_in, events
+    # must not get in ahead of it (the turnstile). Each step waits for the one before it.
+    ctx = mp.get_context("fork")
+    events, seen = ctx.Queue(), []
+    procs = [started_holder(ctx, str(tmp_path), "shared", events, hold_s=LONG_HOLD_S)]
+    wait_for(events, seen, "shared", "in")
+    procs.append(started_holder(ctx, str(tmp_path), "exclusive", events))
+    wait_for(events, seen, "exclusive", "asking")
+    time.sleep(0.5)  # it asked just before its lock call: now it waits in it
+    procs.append(started_holder(ctx, str(tmp_path), "shared", events))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    while len(seen) < 3 * len(procs):
+        seen.append(events.get(timeout=5))
+    (ex_in, _), = intervals(seen, "exclusive")
+    late_shared_in = max(t for m, kind, t in seen if m == "shared" and kind == "in")
+    assert ex_in < late_shared_in, sorted(seen, key=lambda e: e[2])
 
 
 def test_shared_nests_and_locks_are_released_on_exception(tmp_path):
@@ -78,20 +112,19 @@ def test_shared_nests_and_locks_are_released_on_exception(tmp_path):
         pass
     assert lock.mode is None
     events = run_all(str(tmp_path), [("exclusive", 0.0)])  # would hang if still held
-    assert len(events) == 2
+    assert len(events) == 3
 
 
 def test_report_counts_waiting_and_exclusive_holding(tmp_path):
     ctx = mp.get_context("fork")
     events = ctx.Queue()
-    holder = ctx.Process(target=hold, args=(str(tmp_path), "exclusive", events))
-    holder.start()
-    assert events.get(timeout=10)[1] == "in"  # the other worker holds the GPU for HOLD_S
+    holder = started_holder(ctx, str(tmp_path), "exclusive", events, hold_s=LONG_HOLD_S)
+    wait_for(events, [], "exclusive", "in")  # the other worker holds the GPU for LONG_HOLD_S
     lock = GpuLock(str(tmp_path), "GPU-test")
     with lock.shared():
         pass
     holder.join(20)
-    assert lock.report()["gpu_wait_s"] >= HOLD_S / 2, lock.report()
+    assert lock.report()["gpu_wait_s"] >= LONG_HOLD_S / 2, lock.report()
     assert lock.report()["gpu_exclusive_s"] == 0.0
     with lock.exclusive():
         time.sleep(0.1)
@@ -203,9 +236,8 @@ def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(mon
     monkeypatch.setattr(harness.gpu_lock, "for_request", lambda request, device: GpuLock(str(locks), "GPU-test"))
     ctx = mp.get_context("fork")
     events = ctx.Queue()
-    timing = ctx.Process(target=hold, args=(str(locks), "exclusive", events))
-    timing.start()
-    assert events.get(timeout=10)[1] == "in"  # held before the evaluation starts
+    timing = started_holder(ctx, str(locks), "exclusive", events, hold_s=LONG_HOLD_S)
+    wait_for(events, [], "exclusive", "in")  # held before the evaluation starts
     root = pathlib.Path(__file__).resolve().parents[2]
     source = (root / "suite" / "kzbench" / "level1" / "02_relu.py").read_text()
     request = {"device": "cpu", "format": "torch", "seed": 7, "trials": 1, "scratch_dir": str(tmp_path),
@@ -217,6 +249,6 @@ def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(mon
     assert timing.exitcode == 0
     assert result["status"] == v.OK, result
     by_stage = result["gpu_wait_by_stage_s"]
-    assert by_stage["load_reference"] > HOLD_S / 2, result
+    assert by_stage["load_reference"] > LONG_HOLD_S / 2, result
     assert sum(by_stage.values()) == pytest.approx(result["gpu_wait_s"]), result
     assert sum(result["load_reference_s"].values()) > by_stage["load_reference"], result
