@@ -701,7 +701,7 @@ def header_section(data: dict) -> str:
              f"batch: {len(data.get('manifest', []))} candidates ({counts}); kz and KernelBench both start cold "
              "(no verdict cache, empty compile caches)"]
     if s.get("kz_commit") or s.get("host"):  # runs before these were recorded have neither
-        lines.append(f"kz at {s.get('kz_commit') or 'an unrecorded commit'}; host: GPU {s.get('host') or 'unrecorded'}")
+        lines.append(f"kz at {s.get('kz_commit') or 'an unrecorded commit'}; host: {s.get('host') or 'unrecorded'} (its GPU's UUID)")
     if kb.get("setup"):
         setup = kb["setup"]
         lines.append(f"KernelBench (commit {setup.get('commit', '?')}): its parallel pre-build (build_cache mode) with "

@@ -4,9 +4,10 @@ cold kz batch of several runs of the same code.
 
     python3 bench/goal_summary.py compare.json[=CODE] ... [--json OUT]
 
-Per run: its host, KernelBench's rate, kz's rate and ratio per goal format in each complete cold
-batch. Then per code version (CODE where given, else the commit kernelbench_compare.py recorded,
-else "unrecorded"): every batch pooled, its median, range, and how many batches met the line. The
+Per run: its code version, its host, KernelBench's rate, and kz's ratio per goal format in each
+complete cold batch. Then per code version (CODE where given, else the commit kernelbench_compare.py
+recorded, else "unrecorded"): every batch pooled, its median, range, how many batches met the line,
+and on how many hosts its runs were (GPU UUIDs; a run without one counts as a host of its own). The
 ratios are compare_report's own (goal_rate over the run's KernelBench rate)."""
 import argparse
 import json
@@ -30,8 +31,9 @@ def load(argument: str) -> dict:
         raise ValueError(f"{path}: no kz_batch (not kernelbench_compare.py's compare.json)")
     settings = data.get("settings") or {}
     kb = compare_report.kb_totals(data)
-    return {"file": path.name, "code": code or settings.get("kz_commit") or "unrecorded",
-            "host": settings.get("host") or "unrecorded", "host_key": settings.get("host") or path.name,
+    # The path as given: gpu_suite.sh names every run's file compare/compare.json, in its own folder.
+    return {"file": path_text, "code": code or settings.get("kz_commit") or "unrecorded",
+            "host": settings.get("host") or "unrecorded", "host_key": settings.get("host") or path_text,
             "kb_rate": per_minute(kb["count"], kb["seconds"]), "batches": batches(data)}
 
 

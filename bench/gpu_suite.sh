@@ -39,8 +39,9 @@
 #                   `kz serve-eval` (bench/service_batch.py, ~30 s a round), its rates against this
 #                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
 #                   compare.json records the GPU's UUID and kz's commit (git, else KZ_COMMIT: the
-#                   device's copy of the tree has no history; pass KZ_COMMIT=$(git rev-parse --short=12 HEAD));
-#                   bench/goal_summary.py pools several runs' batches per commit, host by host.
+#                   device's copy of the tree has no history, so write the hash that `git rev-parse
+#                   --short=12 HEAD` gives here into the command: KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
+#                   bench/goal_summary.py pools several runs' batches per commit and counts their hosts.
 #   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, alternately
 #                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
 #                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, then

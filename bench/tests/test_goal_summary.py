@@ -37,7 +37,7 @@ def test_each_runs_batches_and_the_pooled_medians_per_code(tmp_path, capsys):
     old = write_run(tmp_path / "old.json", [batch(1, 6.0, 1.5)])  # 10x, 40x; nothing recorded
     assert goal_summary.main([one, two, f"{old}=before"]) == 0
     text = capsys.readouterr().out
-    row = next(line for line in text.splitlines() if line.startswith("one.json"))
+    row = next(line for line in text.splitlines() if line.split() and line.split()[0] == one)
     assert row.split()[1:4] == ["abc123", "GPU-aaaa", "1.00"], row
     assert "10.00, 5.00" in row and "60.00, 40.00" in row, "the incomplete batch is not rated: " + row
     # The pooled rows' words: code, runs, hosts, format, ">=", goal, batches, median, range, met.
@@ -49,9 +49,13 @@ def test_each_runs_batches_and_the_pooled_medians_per_code(tmp_path, capsys):
 
 
 def test_runs_without_a_recorded_host_count_one_host_each(tmp_path):
-    runs = [goal_summary.load(write_run(tmp_path / f"r{i}.json", [batch(1, 6.0, 1.0)])) for i in range(2)]
-    runs.append(goal_summary.load(write_run(tmp_path / "r2.json", [batch(1, 6.0, 1.0)], host="GPU-x")))
-    runs.append(goal_summary.load(write_run(tmp_path / "r3.json", [batch(1, 6.0, 1.0)], host="GPU-x")))
+    # Named as gpu_suite.sh names them: compare/compare.json, each run in a folder of its own.
+    paths = []
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / "compare.json")
+    runs = [goal_summary.load(write_run(path, [batch(1, 6.0, 1.0)])) for path in paths[:2]]
+    runs += [goal_summary.load(write_run(path, [batch(1, 6.0, 1.0)], host="GPU-x")) for path in paths[2:]]
     assert len(goal_summary.pooled(runs)["unrecorded"]["hosts"]) == 3
 
 

@@ -349,8 +349,9 @@ TEST_F(CachedEvaluatorTest, SecondEvaluationIsAFastHit) {
   EXPECT_FALSE(first.cached);
   auto [second, second_s] = timed(e, c);
   EXPECT_TRUE(second.cached);
-  // A worker's start alone (Python, torch) takes seconds; the bound leaves room for a loaded machine.
-  EXPECT_LT(second_s, 2.0) << "a hit must not start a worker (first evaluation took " << first_s << " s)";
+  // A lookup, ~0.01-0.1 s idle: a loose bound with room for a loaded machine (a fresh worker's start,
+  // Python and torch, takes seconds; the cached flag above is the check that it was a hit).
+  EXPECT_LT(second_s, 2.0) << "first evaluation took " << first_s << " s";
   EXPECT_EQ(second.status, EvalStatus::ok);
   EXPECT_EQ(second.seed, first.seed) << "a hit replays the stored verdict, seed included";
   EXPECT_EQ(second.task_id, "02_relu");

@@ -147,7 +147,7 @@ bool read_only_mounts_available() { return sandbox_probe().filesystem_read_only;
 // Own PID namespaces, and a root supervisor (whose scratch dirs' parent is unlistable to workers).
 bool sandbox_isolates_pids() { return ::geteuid() == 0 && sandbox_probe().pids_isolated; }
 
-// Live processes whose name (/proc/<pid>/comm) is `name`, waiting up to 5 s for killed ones to go.
+// Live processes whose name (/proc/<pid>/comm) is `name`, waiting up to 30 s for killed ones to go.
 int live_processes_named(const std::string& name) {
   int found = 0;
   for (int attempt = 0; attempt < 300; ++attempt) {  // up to 30 s: a loaded machine

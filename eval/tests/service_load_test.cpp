@@ -5,10 +5,10 @@
 // kVariants distinct correct torch-format candidates (the same code with a different comment), so
 // each variant really runs a worker at least once (cached=false; more than once when copies are in
 // flight together) and every other item is a cache hit (cached=true). The test checks that each
-// verdict is one or the other: a real run took a Python start (wall_s >= 0.3 s), a hit did not.
+// verdict is one or the other: a real run went through a worker's stages, a hit did not.
 // One item is a "sleeper" whose forward sleeps for minutes; the killer thread waits until a worker
-// of this process has lived longer than any ordinary evaluation can (that is the sleeper's), kills
-// it with kill -9, and its verdict must be runtime_error/worker_crashed while the rest go on.
+// of this process holds the sleeper's source and has lived a few seconds, kills it with kill -9,
+// and its verdict must be runtime_error/worker_crashed while the rest go on.
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,7 +34,8 @@ constexpr int kItems = 1000;
 constexpr int kInFlight = 32;
 constexpr int kVariants = 40;
 constexpr int kSleeperIndex = 5;
-// The sleeper's worker is killed once it has run this long (in its forward by then, idle or loaded).
+// The sleeper's worker is killed once it has lived this long (a fork server's child counts from its
+// fork as a spare: it may still be in an earlier stage; a kill in any stage is the same crash).
 constexpr double kSleeperAgeS = 3;
 
 double uptime_s() {
@@ -139,9 +140,9 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
     EXPECT_EQ(v.status, EvalStatus::ok) << id << "\n" << to_json(v).dump(2);
     if (v.cached) {
       ++hits;
-      // A lookup and the shared syntax check (a worker's start alone takes seconds); room for a
-      // loaded machine.
-      EXPECT_LT(v.wall_s, 2.0) << id << ": a hit starts no worker";
+      // A lookup and the shared syntax check: a loose bound, with room for a loaded machine (the
+      // cached flag and the hit count below are the checks that it was a hit).
+      EXPECT_LT(v.wall_s, 2.0) << id;
     } else {
       ++real;
       // Not a wall-time floor: a child of a fork server ([worker] fork_server) starts with Python loaded.

@@ -90,7 +90,9 @@ def test_waiting_timing_goes_before_later_shared_work(tmp_path):
     wait_for(events, seen, "shared", "in")
     procs.append(started_holder(ctx, str(tmp_path), "exclusive", events))
     wait_for(events, seen, "exclusive", "asking")
-    time.sleep(0.5)  # it asked just before its lock call: now it waits in it
+    probe, deadline = GpuLock(str(tmp_path), "GPU-test"), time.monotonic() + 30
+    while not turnstile_held(probe) and time.monotonic() < deadline:  # it waits in its lock call
+        time.sleep(0.01)
     procs.append(started_holder(ctx, str(tmp_path), "shared", events))
     for p in procs:
         p.join(60)
@@ -129,6 +131,17 @@ def test_report_counts_waiting_and_exclusive_holding(tmp_path):
     with lock.exclusive():
         time.sleep(0.1)
     assert 0.1 <= lock.report()["gpu_exclusive_s"] < 5, lock.report()
+
+
+def turnstile_held(lock: GpuLock) -> bool:
+    """Whether someone holds `lock`'s turnstile now: a timing waiting for the GPU lock holds it."""
+    import fcntl
+    try:
+        fcntl.flock(lock.turnstile_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(lock.turnstile_fd, fcntl.LOCK_UN)
+    return False
 
 
 def taken_exclusive(lock: GpuLock) -> bool:
