@@ -19,7 +19,9 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -234,6 +236,69 @@ int runnable_tasks() {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string process_name(pid_t pid) {
+  Result<std::string> name = read_file(fmt::format("/proc/{}/comm", pid));
+  return name.ok() && !name->empty() ? name->substr(0, name->size() - 1) : std::string();
+}
+
+std::optional<pid_t> parent_of(pid_t pid) {
+  Result<std::string> stat = read_file(fmt::format("/proc/{}/stat", pid));
+  size_t after_name = stat.ok() ? stat->rfind(')') : std::string::npos;  // the name may hold anything
+  if (after_name == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat->substr(after_name + 1));
+  char state;
+  pid_t parent;
+  if (!(fields >> state >> parent)) return std::nullopt;
+  return parent;
+}
+
+// A failed compile fails ninja's build: ninja starts no other step but waits for those already
+// running, in load_inline's build the host compile of main.cpp (~2 CPU-seconds with the lighter
+// headers, ~20 with the full ones on a slow host), whose object nothing will link. So kz-nvcc ends them: the other jobs of the
+// ninja that started it (each `/bin/sh -c` in a process group of its own) that name this build's
+// directory (its working directory, where ninja runs). Nothing where no ninja started it.
+void stop_the_builds_other_steps() {
+  pid_t own_job = ::getpid();
+  std::optional<pid_t> ninja = ::getppid();
+  for (int up = 0; up < 2 && ninja && process_name(*ninja) != "ninja"; ++up) {  // through the job's shell
+    own_job = *ninja;
+    ninja = parent_of(*ninja);
+  }
+  std::error_code error;
+  fs::path build_dir = fs::current_path(error);
+  if (!ninja || process_name(*ninja) != "ninja" || error) return;
+  Result<std::string> children = read_file(fmt::format("/proc/{}/task/{}/children", *ninja, *ninja));
+  if (!children.ok()) return;
+  std::vector<pid_t> others;
+  std::istringstream pids(*children);
+  for (pid_t pid; pids >> pid;) {
+    Result<std::string> arguments = read_file(fmt::format("/proc/{}/cmdline", pid));
+    if (pid != own_job && arguments.ok() && arguments->find(build_dir.string() + "/") != std::string::npos)
+      others.push_back(pid);
+  }
+  if (others.empty()) return;
+  std::fprintf(stderr, "kz-nvcc: this compile failed, so the build's other steps are ended: nothing would link "
+               "their output\n");
+  std::fflush(nullptr);
+  // This step's output first: ninja prints each step's output as it reaps it, so the other steps
+  // end only once ninja has reaped this one (its job: this process, or the shell that ran it), by a
+  // helper process that waits for that (the job gone from /proc: a zombie until reaped). The helper
+  // holds none of ninja's pipes.
+  if (::fork() != 0) return;  // this process exits next; a failed fork ends nothing
+  int nothing = ::open("/dev/null", O_RDWR);
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) ::dup2(nothing, fd);
+  for (int waited_ms = 0; ::kill(own_job, 0) == 0; waited_ms += 5) {
+    if (waited_ms >= 30000) ::_exit(0);  // never reaped: ninja is gone or stuck, and the pids may be others' by then
+    ::usleep(5000);
+  }
+  // SIGKILL to each step's process group: ninja reads a step ended by SIGTERM or SIGINT as the
+  // user's interrupt, and would print "interrupted by user" in place of this compile's messages.
+  for (pid_t pid : others) {
+    if (::kill(-pid, SIGKILL) != 0) ::kill(pid, SIGKILL);
+  }
+  ::_exit(0);
 }
 
 // Removes the keep dir however run() ends.
@@ -542,6 +607,7 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   if (host_failed) {  // nvcc would have stopped there, before any device step
     line["status"] = emit(host);
     report(line);
+    stop_the_builds_other_steps();
     return line["status"];
   }
   if (parallel && !chain_failed(device, plan->device_chain.size())) {
@@ -574,6 +640,7 @@ int run(const std::string& real_nvcc, const std::vector<std::string>& args) {
   line["status"] = status;
   line["total_s"] = seconds_since(started);
   report(line);
+  if (status != 0) stop_the_builds_other_steps();
   return status;
 }
 

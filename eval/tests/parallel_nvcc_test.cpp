@@ -10,10 +10,13 @@
 #include <fstream>
 #include <memory>
 #include <csignal>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "kz/core/files.h"
 #include "kz/core/subprocess.h"
@@ -345,6 +348,51 @@ TEST_F(ParallelNvccReal, BrokenSourcesFailAsUnderNvccWithItsMessagesAndStatus) {
       EXPECT_NE(last_report().find(parallel), std::string::npos) << last_report();
     }
   }
+}
+
+// ninja as load_inline runs it: on PATH, else the one scripts/setup.sh put in the project's venv.
+std::optional<std::string> ninja_path() {
+  if (std::system("command -v ninja > /dev/null 2>&1") == 0) return "ninja";
+  fs::path in_venv = test::source_dir() / ".venv" / "bin" / "ninja";
+  return fs::exists(in_venv) ? std::optional<std::string>(in_venv.string()) : std::nullopt;
+}
+
+// In a ninja build (load_inline's: the .cu through kz-nvcc beside main.cpp's host compile), a failed
+// compile ends the other step still running instead of letting ninja wait for it: here a step that
+// would take two minutes.
+TEST_F(ParallelNvccReal, AFailedCompileEndsTheBuildsOtherStep) {
+  auto ninja = ninja_path();
+  if (!ninja) GTEST_SKIP() << "no ninja (scripts/setup.sh installs it in .venv)";
+  write("broken.cu", "__global__ void k(float* x) { x[0] = undefined_name; }\n");
+  write("main.cpp", "int main() {}\n");
+  write("build.ninja", fmt::format("rule cu\n  command = {} -arch=sm_90 -c $in -o $out\n"
+                                   "rule slow\n  command = sh -c 'sleep 120 && cp $in $out'\n"
+                                   "build broken.o: cu {}\nbuild main.o: slow {}\n",
+                                   KZ_NVCC_TOOL, (dir_ / "broken.cu").string(), (dir_ / "main.cpp").string()));
+  ProcessSpec spec;
+  spec.argv = {*ninja, "-j2"};
+  spec.env = current_environment();
+  spec.env["TMPDIR"] = dir_.string();
+  spec.cwd = dir_;
+  auto started = std::chrono::steady_clock::now();
+  auto result = run_process(spec, std::chrono::minutes(5));
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(90)) << "ninja waited for the other step";
+  EXPECT_NE(result->exit.exit_code, 0);
+  EXPECT_NE(result->stdout_text.find("undefined_name"), std::string::npos) << "nvcc's message: " << result->stdout_text;
+  EXPECT_NE(result->stdout_text.find("kz-nvcc: this compile failed, so the build's other steps are ended"),
+            std::string::npos) << result->stdout_text;
+  // The failed compile's output first, then the step it ended (the Coder reads the first failure).
+  size_t first_failed = result->stdout_text.find("FAILED: ");
+  ASSERT_NE(first_failed, std::string::npos) << result->stdout_text;
+  std::string first_line = result->stdout_text.substr(first_failed, result->stdout_text.find('\n', first_failed) - first_failed);
+  EXPECT_NE(first_line.find("broken.o"), std::string::npos) << result->stdout_text;
+  EXPECT_FALSE(fs::exists(dir_ / "main.o"));
+  std::string left;
+  for (const auto& process : test::live_processes()) {
+    if (process.cmdline.find(std::string("sleep") + '\0' + "120") != std::string::npos) left += process.cmdline + "\n";
+  }
+  EXPECT_EQ(left, "") << "the step's processes were ended with it";
 }
 
 // Stopped mid-compile (Ctrl-C, a deadline's SIGTERM): the steps are killed, the keep dir goes, and

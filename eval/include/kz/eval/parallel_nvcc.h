@@ -13,7 +13,9 @@
 // checks that the two ids agree (otherwise it runs the device chain again with cudafe++'s id, as
 // nvcc would). Then it runs the host compile. The commands and their arguments are
 // nvcc's own, so the object is nvcc's, byte for byte (parallel_nvcc_test). Each command's output
-// is passed on in nvcc's order, and a failure ends it with that command's status, as nvcc does.
+// is passed on in nvcc's order, and a failure ends it with that command's status, as nvcc does;
+// run by ninja (load_inline's build), a failure also ends ninja's other steps in the same build
+// directory (main.cpp's compile), whose output nothing would link, once ninja has its messages.
 // Anything else (other flags, several inputs, a plan it does not recognise) runs nvcc itself.
 #pragma once
 
