@@ -133,26 +133,25 @@ def test_report_counts_waiting_and_exclusive_holding(tmp_path):
     assert 0.1 <= lock.report()["gpu_exclusive_s"] < 5, lock.report()
 
 
-def turnstile_held(lock: GpuLock) -> bool:
-    """Whether someone holds `lock`'s turnstile now: a timing waiting for the GPU lock holds it."""
+def free_to_take(fd: int) -> bool:
+    """Whether the lock file at `fd` could be taken exclusive now (by this open file description)."""
     import fcntl
     try:
-        fcntl.flock(lock.turnstile_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
-    fcntl.flock(lock.turnstile_fd, fcntl.LOCK_UN)
-    return False
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def turnstile_held(lock: GpuLock) -> bool:
+    """Whether someone holds `lock`'s turnstile now: a timing waiting for the GPU lock holds it."""
+    return not free_to_take(lock.turnstile_fd)
 
 
 def taken_exclusive(lock: GpuLock) -> bool:
     """Whether `lock`'s GPU lock file could be taken exclusive now (by another open file description)."""
-    import fcntl
-    try:
-        fcntl.flock(lock.gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    fcntl.flock(lock.gpu_fd, fcntl.LOCK_UN)
-    return True
+    return free_to_take(lock.gpu_fd)
 
 
 def test_a_shared_hold_lets_go_of_the_gpu_while_released(tmp_path):
