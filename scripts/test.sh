@@ -6,4 +6,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-ctest --test-dir build -L cpu --output-on-failure -j "$(nproc)" --timeout 1800
+log=$(mktemp)
+status=0
+ctest --test-dir build -L cpu --output-on-failure -j "$(nproc)" --timeout 1800 2>&1 | tee "$log" || status=$?
+if ((status != 0)); then
+  # A long failing test's own lines can fall in the middle of a log that is read from its two ends:
+  # repeat them, then ctest's closing lines again, last.
+  echo "== the failures' own lines, again (the whole of every test's output: build/Testing/Temporary/LastTest.log) =="
+  grep -E -A6 '^\[  FAILED  \] |: Failure$|^E   |^FAILED |^ERROR ' build/Testing/Temporary/LastTest.log | head -200 || true
+  sed -n '/% tests passed/,$p' "$log"
+fi
+rm -f "$log"
+exit "$status"
