@@ -266,6 +266,10 @@ TEST(Subprocess, StdinWrittenRequestByRequestStaysOpen) {
     ASSERT_EQ(child->read_message(line, 10s), Process::ReadEvent::line);
     EXPECT_EQ(line, "got " + request);
     EXPECT_EQ(child->read_message(line, 200ms), Process::ReadEvent::timeout) << "stdin stays open after a request";
+    // Its stderr line comes after its message: on a loaded machine, perhaps after those 200 ms.
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         child->stderr_tail().empty() && std::chrono::steady_clock::now() < deadline;)
+      ASSERT_EQ(child->read_message(line, 50ms), Process::ReadEvent::timeout) << line;
     EXPECT_EQ(child->stderr_tail(), "err " + request + "\n") << "the tails hold only this request's output";
   }
   std::string big(1 << 18, 'x');  // larger than a pipe: still pending when send_stdin adds the last one
