@@ -1392,4 +1392,11 @@ std::map<std::string, std::string> current_environment() {
   return env;
 }
 
+std::optional<pid_t> parent_process(pid_t pid) {
+  auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  auto f = text ? stat_fields(*text) : std::vector<std::string_view>{};
+  if (f.size() < 2) return std::nullopt;
+  return static_cast<pid_t>(to_ll(f[1]));
+}
+
 }  // namespace kz

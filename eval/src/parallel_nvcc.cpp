@@ -243,28 +243,18 @@ std::string process_name(pid_t pid) {
   return name.ok() && !name->empty() ? name->substr(0, name->size() - 1) : std::string();
 }
 
-std::optional<pid_t> parent_of(pid_t pid) {
-  Result<std::string> stat = read_file(fmt::format("/proc/{}/stat", pid));
-  size_t after_name = stat.ok() ? stat->rfind(')') : std::string::npos;  // the name may hold anything
-  if (after_name == std::string::npos) return std::nullopt;
-  std::istringstream fields(stat->substr(after_name + 1));
-  char state;
-  pid_t parent;
-  if (!(fields >> state >> parent)) return std::nullopt;
-  return parent;
-}
-
 // A failed compile fails ninja's build: ninja starts no other step but waits for those already
 // running, in load_inline's build the host compile of main.cpp (~2 CPU-seconds with the lighter
-// headers, ~20 with the full ones on a slow host), whose object nothing will link. So kz-nvcc ends them: the other jobs of the
-// ninja that started it (each `/bin/sh -c` in a process group of its own) that name this build's
-// directory (its working directory, where ninja runs). Nothing where no ninja started it.
+// headers, ~20 with the full ones on a slow host), whose object nothing will link. So kz-nvcc ends
+// them: the other jobs of the ninja that started it (each `/bin/sh -c` in a process group of its
+// own) that name this build's directory (its working directory, where ninja runs). Nothing where no
+// ninja started it.
 void stop_the_builds_other_steps() {
   pid_t own_job = ::getpid();
   std::optional<pid_t> ninja = ::getppid();
   for (int up = 0; up < 2 && ninja && process_name(*ninja) != "ninja"; ++up) {  // through the job's shell
     own_job = *ninja;
-    ninja = parent_of(*ninja);
+    ninja = parent_process(*ninja);
   }
   std::error_code error;
   fs::path build_dir = fs::current_path(error);

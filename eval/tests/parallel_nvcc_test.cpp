@@ -369,24 +369,18 @@ TEST_F(ParallelNvccReal, AFailedCompileEndsTheBuildsOtherStep) {
                                    "rule slow\n  command = sh -c 'sleep 120 && cp $in $out'\n"
                                    "build broken.o: cu {}\nbuild main.o: slow {}\n",
                                    KZ_NVCC_TOOL, (dir_ / "broken.cu").string(), (dir_ / "main.cpp").string()));
-  ProcessSpec spec;
-  spec.argv = {*ninja, "-j2"};
-  spec.env = current_environment();
-  spec.env["TMPDIR"] = dir_.string();
-  spec.cwd = dir_;
   auto started = std::chrono::steady_clock::now();
-  auto result = run_process(spec, std::chrono::minutes(5));
-  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  RunResult result = compile(*ninja, {"-j2"});  // ninja in dir_, with kz-nvcc's environment as above
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(90)) << "ninja waited for the other step";
-  EXPECT_NE(result->exit.exit_code, 0);
-  EXPECT_NE(result->stdout_text.find("undefined_name"), std::string::npos) << "nvcc's message: " << result->stdout_text;
-  EXPECT_NE(result->stdout_text.find("kz-nvcc: this compile failed, so the build's other steps are ended"),
-            std::string::npos) << result->stdout_text;
+  EXPECT_NE(result.exit.exit_code, 0);
+  EXPECT_NE(result.stdout_text.find("undefined_name"), std::string::npos) << "nvcc's message: " << result.stdout_text;
+  EXPECT_NE(result.stdout_text.find("kz-nvcc: this compile failed, so the build's other steps are ended"),
+            std::string::npos) << result.stdout_text;
   // The failed compile's output first, then the step it ended (the Coder reads the first failure).
-  size_t first_failed = result->stdout_text.find("FAILED: ");
-  ASSERT_NE(first_failed, std::string::npos) << result->stdout_text;
-  std::string first_line = result->stdout_text.substr(first_failed, result->stdout_text.find('\n', first_failed) - first_failed);
-  EXPECT_NE(first_line.find("broken.o"), std::string::npos) << result->stdout_text;
+  size_t first_failed = result.stdout_text.find("FAILED: ");
+  ASSERT_NE(first_failed, std::string::npos) << result.stdout_text;
+  std::string first_line = result.stdout_text.substr(first_failed, result.stdout_text.find('\n', first_failed) - first_failed);
+  EXPECT_NE(first_line.find("broken.o"), std::string::npos) << result.stdout_text;
   EXPECT_FALSE(fs::exists(dir_ / "main.o"));
   std::string left;
   for (const auto& process : test::live_processes()) {

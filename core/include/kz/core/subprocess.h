@@ -278,6 +278,9 @@ Result<RunResult> run_process(const ProcessSpec& spec, std::chrono::milliseconds
 // The parent's environment as a map (to copy selected variables into a ProcessSpec).
 std::map<std::string, std::string> current_environment();
 
+// The parent of process `pid` (/proc/<pid>/stat's field 4); nullopt once it is gone.
+std::optional<pid_t> parent_process(pid_t pid);
+
 // Whether a process started from here may run at nice value `nice`: a higher one always, a lower one
 // than this thread's with CAP_SYS_NICE or within RLIMIT_NICE (else a negative
 // ProcessSpec::nice_increment is left out). Asked of a forked child that tries, so no thread of this
