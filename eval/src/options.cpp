@@ -57,6 +57,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.prepare_niceness", o.worker.prepare_niceness},
       {"worker.compile_niceness", o.worker.compile_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
+      {"worker.check_kernels_while_awaited", o.worker.check_kernels_while_awaited},
       {"worker.syntax_check", o.worker.syntax_check},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},

@@ -92,6 +92,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
     env["KZ_NVCC_SIDE_BY_SIDE"] = setup.nvcc_side_by_side;
   }
   if (setup.cuda_connections > 0) env["CUDA_DEVICE_MAX_CONNECTIONS"] = std::to_string(setup.cuda_connections);
+  if (!setup.check_kernels_while_awaited) env["KZ_CHECK_KERNELS_WHILE_AWAITED"] = "0";
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -764,6 +765,7 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
   setup.cuda_connections = options.cuda_connections;
+  setup.check_kernels_while_awaited = options.check_kernels_while_awaited;
   setup.fork_server = uses_fork_server(options, device);
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
   if (options.zygote) {

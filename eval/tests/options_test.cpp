@@ -93,6 +93,10 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(fresh.worker.fresh_while_zygote_imports) << "the default";
   EXPECT_TRUE(apply_toml_text("[worker]\nfresh_while_zygote_imports = true\n", "t", fresh).is_ok());
   EXPECT_TRUE(fresh.worker.fresh_while_zygote_imports);
+  EvalOptions skipping;
+  EXPECT_TRUE(skipping.worker.check_kernels_while_awaited) << "the default";
+  EXPECT_TRUE(apply_toml_text("[worker]\ncheck_kernels_while_awaited = false\n", "t", skipping).is_ok());
+  EXPECT_FALSE(skipping.worker.check_kernels_while_awaited);
   EvalOptions idle, sometimes;
   EXPECT_EQ(idle.worker.nvcc_side_by_side, "always") << "the default";
   EXPECT_TRUE(apply_toml_text("[worker]\nnvcc_side_by_side = \"idle\"\n", "t", idle).is_ok());

@@ -45,14 +45,15 @@ def prepare_host(device):
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
     prepared_by = os.getpid()
 
-prepared_at = device_started_at = None
+prepared_at = device_started_at = request_waited = None
 device_steps_s = {}
 
-def prepare_device(device):  # as long as a CUDA context takes, roughly
-    global prepared_at, device_started_at
+def prepare_device(device, request_waiting=lambda: False):  # as long as a CUDA context takes, roughly
+    global prepared_at, device_started_at, request_waited
     device_started_at = time.time()
     seconds = float(os.environ.get("KZ_TEST_DEVICE_S", "0.3"))  # longer where a test asks
     time.sleep(seconds)
+    request_waited = request_waiting()  # where the real one asks it: before the check kernels
     prepared_at = time.time()
     device_steps_s["context"] = seconds
 
@@ -94,7 +95,8 @@ def evaluate(request):
              "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
              "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
              "cuda_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-             "prepared_at": prepared_at, "requested_at": requested_at,
+             "check_kernels_while_awaited": os.environ.get("KZ_CHECK_KERNELS_WHILE_AWAITED"),
+             "prepared_at": prepared_at, "requested_at": requested_at, "request_waited": request_waited,
              "device_started_at": device_started_at, "startup_s": request.get("startup_s"),
              "token": token, "prepared_by": prepared_by, "imported_at": started,
              "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0]}
@@ -341,6 +343,19 @@ TEST_P(WorkerClientTest, WorkersGetTheirCudaConnections) {
   }
 }
 
+// [worker] check_kernels_while_awaited = false reaches every worker as
+// KZ_CHECK_KERNELS_WHILE_AWAITED=0 (process.skips_check_kernels); the default sets nothing, and the
+// supervisor's own value never reaches a worker.
+TEST_P(WorkerClientTest, WorkersLearnWhetherToSkipTheCheckKernels) {
+  for (bool fork_server : {true, false}) {
+    WorkerSetup skipping = setup(fork_server);
+    skipping.check_kernels_while_awaited = false;
+    EXPECT_EQ(result(skipping)["check_kernels_while_awaited"], "0") << "fork server: " << fork_server;
+    ScopedEnv supervisors("KZ_CHECK_KERNELS_WHILE_AWAITED", "0");
+    EXPECT_TRUE(result(setup(fork_server))["check_kernels_while_awaited"].is_null()) << "fork server: " << fork_server;
+  }
+}
+
 // How long the niceness probes wait for a change the supervisor makes from another process, where
 // one is expected (they return as soon as it shows): a loaded CI machine can take a while.
 constexpr double kChangeWithin = 10.0;
@@ -492,6 +507,25 @@ TEST_P(WorkerClientTest, TheNextChildPreparesOnlyOnceThePreviousIsPrepared) {
       << "the first child was handed its request while preparing (else this test shows nothing): " << first.dump();
   EXPECT_GE(second["device_started_at"].get<double>(), first["prepared_at"].get<double>())
       << "the spare prepared beside the child it follows";
+}
+
+// A spare asks, at the end of preparing its device, whether its request is already in its pipe
+// (process.skips_check_kernels): yes where it was handed over meanwhile, no where it came later.
+TEST_P(WorkerClientTest, ASpareKnowsWhetherItsRequestCameWhileItPrepared) {
+  auto slow_device = [](ProcessSpec& spec) { spec.env["KZ_TEST_DEVICE_S"] = "2"; };
+  auto served = [&] {
+    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-slow-device-", 30, slow_device);
+    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
+    return outcome.result;
+  };
+  auto first = served();
+  ASSERT_GT(first["startup_s"].value("device", 0.0), 0.0) << "handed over while preparing: " << first.dump();
+  EXPECT_EQ(first["request_waited"], true) << first.dump();
+  std::this_thread::sleep_for(4000ms);  // the next spare's 2 s preparation ends first
+  auto later = served();
+  ASSERT_EQ(later["ppid"], first["ppid"]) << "the same server";
+  ASSERT_EQ(later["startup_s"].value("device", -1.0), 0.0) << "its child was ready: " << later.dump();
+  EXPECT_EQ(later["request_waited"], false) << later.dump();
 }
 
 // The spare for the next request is forked while this one runs, but after the server dropped it:

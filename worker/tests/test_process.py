@@ -163,6 +163,40 @@ def test_a_cuda_ordinal_is_read_as_torch_reads_the_device():
     assert process._cuda_ordinal("cpu") is None
 
 
+def test_check_kernels_are_skipped_only_where_configured_and_a_request_waits(monkeypatch):
+    sys.path.insert(0, str(WORKER_DIR))
+    from kz_worker import process
+    asked = []
+
+    def waiting():
+        asked.append(True)
+        return True
+    monkeypatch.delenv("KZ_CHECK_KERNELS_WHILE_AWAITED", raising=False)
+    assert not process.skips_check_kernels(waiting) and not asked, "the default loads them, asking nothing"
+    monkeypatch.setenv("KZ_CHECK_KERNELS_WHILE_AWAITED", "0")
+    assert process.skips_check_kernels(waiting)
+    assert not process.skips_check_kernels(lambda: False), "a child still ahead of its request loads them"
+
+
+SKIPPED_ON_THE_GPU = """
+import json, os, torch
+from kz_worker import harness, process
+os.environ["KZ_CHECK_KERNELS_WHILE_AWAITED"] = "0"
+process.prepare_host("cuda:0")
+process.prepare_device("cuda:0", request_waiting=lambda: True)
+steps = sorted(process.device_steps_s)
+harness.load_check_kernels(torch.device("cuda:0"))  # what the request's checks then load at first use
+print(json.dumps({"steps": steps}))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_suite.sh checks)")
+def test_an_awaited_gpu_worker_skips_the_check_kernels_where_configured():
+    done = run_probe(SKIPPED_ON_THE_GPU)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"steps": ["clock", "context", "launch_gate"]}
+
+
 ON_THE_GPU = """
 import json, sys
 from kz_worker import cheats, process

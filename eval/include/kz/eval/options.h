@@ -129,6 +129,13 @@ struct WorkerOptions {
   // overlaps less than under the default: such a candidate can time slower, never faster, and the
   // reference (one stream) times the same. 1..32; 0: the driver's default.
   int cuda_connections = 1;
+  // A fork server's child loads the harness's check kernels as the last step of preparing its device,
+  // so that they do not load inside a request's shared GPU hold (harness.load_check_kernels). A child
+  // whose request came while it made its context (a cold batch's first wave) makes the request wait
+  // for that step too (~0.4-1 s with eight children at once on the H200). false: such a child skips
+  // it and the kernels load at their first use in the request; a child still ahead of its request
+  // loads them as before.
+  bool check_kernels_while_awaited = true;
   // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
   // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error in ~1 ms instead of
   // a worker's start-up. The verdict is the worker's own (same status, check and message). false:

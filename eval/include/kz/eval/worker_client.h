@@ -62,6 +62,8 @@ struct WorkerSetup {
   std::filesystem::path triton_helpers_dir;
   // Workers' CUDA_DEVICE_MAX_CONNECTIONS ([worker] cuda_connections). 0: not set (the driver's default).
   int cuda_connections = 0;
+  // Workers' KZ_CHECK_KERNELS_WHILE_AWAITED=0 where false ([worker] check_kernels_while_awaited).
+  bool check_kernels_while_awaited = true;
   // The nice value of a worker's process group while it is in its timing stage ([timing] niceness),
   // set by the supervisor at the stage message and set back at the next (or at the request's end).
   // 0: left as is.
