@@ -38,16 +38,16 @@
 #                   Then, with KZ_SERVICE_ROUNDS=N (default 0), the same batch N times through one
 #                   `kz serve-eval` (bench/service_batch.py, ~30 s a round), its rates against this
 #                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
-#                   compare.json records the GPU's UUID and kz's commit (git, else KZ_COMMIT: the
-#                   device's copy of the tree has no history, so write the hash that `git rev-parse
-#                   --short=12 HEAD` gives here into the command: KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
+#                   compare.json records the GPU's UUID and kz's commit (KZ_COMMIT where set, else git:
+#                   the device's copy of the tree may carry an older .git, so write the hash that `git
+#                   rev-parse --short=12 HEAD` gives here into the command: KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
 #                   bench/goal_summary.py pools several runs' batches per commit and counts their hosts.
 #   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, alternately
 #                   with the defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config),
-#                   KZ_AB_ROUNDS times each (default 2): each run's rates per format, then
-#                   bench/ab_summary.py: every run's batch, pre-builds' end, rates and summed
-#                   start-up, each side's medians and B against A pair by pair (summary.txt; ~35 s
-#                   a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
+#                   KZ_AB_ROUNDS times each (default 2; A first in odd rounds, B in even ones): each
+#                   run's rates per format, then bench/ab_summary.py: every run's batch, pre-builds'
+#                   end, rates and summed start-up, each side's medians and B against A pair by pair
+#                   (summary.txt; ~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
 #   PART = nvcc:    build kz only; bench/nvcc_probe.py: one `cuda` candidate's build through nvcc and
 #                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
@@ -131,7 +131,10 @@ elif [[ $PART == checks ]]; then
 elif [[ $PART == ab ]]; then
   [[ -f ${KZ_AB_CONFIG:-} ]] || { echo "KZ_AB_CONFIG: no TOML at '${KZ_AB_CONFIG:-}'"; exit 1; }
   for round in $(seq "${KZ_AB_ROUNDS:-2}"); do
-    for side in A B; do
+    # A first in odd rounds, B first in even ones: a host's first batch is often its slowest
+    # (session 29's compares), and that must not always land on the same side.
+    sides="A B"; (( round % 2 == 0 )) && sides="B A"
+    for side in $sides; do
       config=(); [[ $side == B ]] && config=(--kz-config "$KZ_AB_CONFIG")
       python3 bench/kernelbench_compare.py --skip kb,stability,ref --kz-rounds 1 --out "$OUT/$side-$round" --device cuda:0 \
         "${config[@]}" > "$OUT/$side-$round.txt" 2> "$OUT/$side-$round.err"

@@ -385,8 +385,11 @@ def gpu_name(device: str) -> str:
 
 
 def kz_commit():
-    """The commit kz was built from (git where the tree has its history, else $KZ_COMMIT: the device's
-    copy of the tree has none), "-dirty" where tracked files differ from it; None where neither says."""
+    """The commit kz was built from: $KZ_COMMIT where set (the device's copy of the tree may carry a
+    .git older than the tree: session 29's A/B read 06ff181-dirty at f305774), else git's HEAD,
+    "-dirty" where tracked files differ from it; None where neither says."""
+    if os.environ.get("KZ_COMMIT"):
+        return os.environ["KZ_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=20)
@@ -395,7 +398,7 @@ def kz_commit():
             return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("KZ_COMMIT") or None
+    return None
 
 
 def settings(args) -> dict:

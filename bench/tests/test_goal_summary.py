@@ -78,10 +78,15 @@ def test_the_pooled_figures_as_json(tmp_path, capsys):
 
 
 def test_a_compare_records_the_commit_it_ran(tmp_path, monkeypatch):
-    # This tree's history where it has one (a clone does); else $KZ_COMMIT (the device's copy has none).
+    # $KZ_COMMIT where set, even in a tree with history (the device's copy may carry a stale .git);
+    # else this tree's history where it has one (a clone does).
+    monkeypatch.delenv("KZ_COMMIT", raising=False)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:
         assert kernelbench_compare.kz_commit().startswith(head.stdout.strip())
+        monkeypatch.setenv("KZ_COMMIT", "feedbeef")
+        assert kernelbench_compare.kz_commit() == "feedbeef"
+        monkeypatch.delenv("KZ_COMMIT")
     monkeypatch.setattr(kernelbench_compare, "ROOT", tmp_path)  # no history here
     monkeypatch.setenv("KZ_COMMIT", "feedbeef")
     assert kernelbench_compare.kz_commit() == "feedbeef"
