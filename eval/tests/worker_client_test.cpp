@@ -260,6 +260,15 @@ class WorkerClientTest : public ::testing::TestWithParam<bool> {
     return outcome.result;
   }
 
+  // A request served by a fork server whose children take 2 s to prepare their device: a request
+  // handed over at once reaches its child while it prepares, even on a loaded machine.
+  nlohmann::json served_by_slow_device() const {
+    auto slow_device = [](ProcessSpec& spec) { spec.env["KZ_TEST_DEVICE_S"] = "2"; };
+    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-slow-device-", 30, slow_device);
+    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
+    return outcome.result;
+  }
+
   fs::path root_;
   fs::path zygote_library_;
 };
@@ -491,16 +500,8 @@ TEST_P(WorkerClientTest, TheNextChildPreparesBeforeItsRequest) {
 // first wave): the next spare is forked only once that child's first message says it is prepared, so
 // the two do not make their CUDA contexts side by side.
 TEST_P(WorkerClientTest, TheNextChildPreparesOnlyOnceThePreviousIsPrepared) {
-  // A device that takes 2 s to prepare: the first request reaches its child while it prepares, even
-  // on a loaded machine.
-  auto slow_device = [](ProcessSpec& spec) { spec.env["KZ_TEST_DEVICE_S"] = "2"; };
-  auto served = [&] {
-    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-slow-device-", 30, slow_device);
-    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
-    return outcome.result;
-  };
-  auto first = served();
-  auto second = served();
+  auto first = served_by_slow_device();
+  auto second = served_by_slow_device();
   ASSERT_TRUE(first.contains("prepared_at") && second.contains("device_started_at")) << first.dump() << second.dump();
   ASSERT_EQ(second["ppid"], first["ppid"]) << "the same server";
   ASSERT_GT(first["startup_s"].value("device", 0.0), 0.0)
@@ -512,17 +513,11 @@ TEST_P(WorkerClientTest, TheNextChildPreparesOnlyOnceThePreviousIsPrepared) {
 // A spare asks, at the end of preparing its device, whether its request is already in its pipe
 // (process.skips_check_kernels): yes where it was handed over meanwhile, no where it came later.
 TEST_P(WorkerClientTest, ASpareKnowsWhetherItsRequestCameWhileItPrepared) {
-  auto slow_device = [](ProcessSpec& spec) { spec.env["KZ_TEST_DEVICE_S"] = "2"; };
-  auto served = [&] {
-    WorkerOutcome outcome = run(setup(true), nlohmann::json::object(), "kz-test-slow-device-", 30, slow_device);
-    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
-    return outcome.result;
-  };
-  auto first = served();
+  auto first = served_by_slow_device();
   ASSERT_GT(first["startup_s"].value("device", 0.0), 0.0) << "handed over while preparing: " << first.dump();
   EXPECT_EQ(first["request_waited"], true) << first.dump();
   std::this_thread::sleep_for(4000ms);  // the next spare's 2 s preparation ends first
-  auto later = served();
+  auto later = served_by_slow_device();
   ASSERT_EQ(later["ppid"], first["ppid"]) << "the same server";
   ASSERT_EQ(later["startup_s"].value("device", -1.0), 0.0) << "its child was ready: " << later.dump();
   EXPECT_EQ(later["request_waited"], false) << later.dump();
