@@ -5,7 +5,8 @@ side's medians, and pair by pair (round by round) how far B is from A.
 
   python3 bench/ab_summary.py OUT [--b-label bench/configs/X.toml]
 
-OUT holds the runs' dirs A-1, B-1, A-2, B-2, ..., each with the compare.json that
+OUT holds the runs' dirs A-1, B-1, A-2, B-2, ... (since session 29 gpu_suite.sh runs A first in odd
+rounds and B first in even ones; the tables list A first either way), each with the compare.json that
 bench/kernelbench_compare.py wrote. Runs that are missing or incomplete are named and left out."""
 import argparse
 import json

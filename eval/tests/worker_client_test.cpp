@@ -68,7 +68,7 @@ class EarlyContext:  # a process started for one request (__main__.py)
 
 def prepare_fresh(device, early):
     prepare_host(device)
-    prepare_device(device)
+    prepare_device(device, request_waiting=lambda: True)  # as the real one: its request waits
     return {"imports": 0.0, "device": device_steps_s["context"]}
 
 def listing(path):  # a fork server's dir is unlistable without capabilities (0311)

@@ -227,7 +227,8 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
-    # A request handed over while the device is prepared is already readable in the pipe.
+    # A request handed over while the device is prepared is already readable in the pipe. (So is
+    # the EOF of a spare being discarded, which then exits without a request: no harm.)
     process.quietly(lambda name: process.prepare_device(name, lambda: _readable(request_fd)), device)
     prepared_at = time.monotonic()
     chunks = []

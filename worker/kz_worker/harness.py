@@ -587,8 +587,8 @@ _WARM_UP_TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-
 
 
 def load_check_kernels(device: torch.device) -> None:
-    """Runs the harness's checks once on a small float32 tensor of the device (a fork server's child
-    preparing, before any request): CUDA loads each kernel at its first launch (lazy loading), and the
+    """Runs the harness's checks once on a small float32 tensor of the device (a worker preparing its
+    device; process.skips_check_kernels says where it may skip this and load them at first use): CUDA loads each kernel at its first launch (lazy loading), and the
     checks' ~20 (input sets' randn, the comparisons in float64 with their masks, norms and reductions,
     the replay detector's bitwise compare, the poison's fill) otherwise loaded in the first
     evaluation's audit, inside a shared GPU hold that a waiting timing, and every worker queued behind

@@ -123,7 +123,8 @@ def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
                  # The launch spin's clock and gate, before any candidate code.
                  ("clock", lambda: timing.cycles_per_us(device)),
                  ("launch_gate", lambda: timing.launch_gate(device)),
-                 # The harness's own checks once, so their kernels are loaded before any request.
+                 # The harness's own checks once, so their kernels are loaded before the request
+                 # (unless skips_check_kernels: then at their first use in it).
                  ("kernels", lambda: harness.load_check_kernels(device)))
         for name, step in steps:
             if name == "kernels" and skips_check_kernels(request_waiting):

@@ -132,9 +132,9 @@ struct WorkerOptions {
   // A fork server's child loads the harness's check kernels as the last step of preparing its device,
   // so that they do not load inside a request's shared GPU hold (harness.load_check_kernels). A child
   // whose request came while it made its context (a cold batch's first wave) makes the request wait
-  // for that step too (~0.4-1 s with eight children at once on the H200). false: such a child skips
-  // it and the kernels load at their first use in the request; a child still ahead of its request
-  // loads them as before. Session 29's A/B on the H200 (bench/README.md): `cuda-rtc`'s summed
+  // for that step too (~0.4-0.8 s in a cold batch's first wave on the H200). false: such a child,
+  // and every worker started for one request (fork_server = "never"), skips it and the kernels load
+  // at their first use in the request; a child still ahead of its request loads them as before. Session 29's A/B on the H200 (bench/README.md): `cuda-rtc`'s summed
   // start-up 25% shorter, its audits ~3 s longer (the kernels load there, in the shared hold), the
   // batch 15% and 6% shorter in two pairs that both ran the default first: not yet the default.
   bool check_kernels_while_awaited = true;
