@@ -134,9 +134,10 @@ struct WorkerOptions {
   // whose request came while it made its context (a cold batch's first wave) makes the request wait
   // for that step too (~0.4-0.8 s in a cold batch's first wave on the H200). false: such a child,
   // and every worker started for one request (fork_server = "never"), skips it and the kernels load
-  // at their first use in the request; a child still ahead of its request loads them as before. Session 29's A/B on the H200 (bench/README.md): `cuda-rtc`'s summed
-  // start-up 25% shorter, its audits ~3 s longer (the kernels load there, in the shared hold), the
-  // batch 15% and 6% shorter in two pairs that both ran the default first: not yet the default.
+  // at their first use in the request; a child still ahead of its request loads them as before.
+  // Session 29's A/B on the H200 (bench/README.md): `cuda-rtc`'s summed start-up 25% shorter, its
+  // audits ~3 s longer (the kernels load there, in the shared hold), the batch 15% and 6% shorter
+  // in two pairs that both ran the default first: not yet the default.
   bool check_kernels_while_awaited = true;
   // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
   // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error in ~1 ms instead of
