@@ -40,14 +40,16 @@
 #                   run's KernelBench (--kb-from): round 1 cold, the later ones a trainer's steady state.
 #                   compare.json records the GPU's UUID and kz's commit (KZ_COMMIT where set, else git:
 #                   the device's copy of the tree may carry an older .git, so write the hash that `git
-#                   rev-parse --short=12 HEAD` gives here into the command: KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
+#                   rev-parse --short=12 HEAD` gives here into the command:
+#                   KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
 #                   bench/goal_summary.py pools several runs' batches per commit and counts their hosts.
 #   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, with the
 #                   defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config), a pair
 #                   per round, KZ_AB_ROUNDS rounds (default 2; A first in odd rounds, B in even
 #                   ones): each run's rates per format, then bench/ab_summary.py: every run's batch,
 #                   pre-builds' end, rates and summed start-up, each side's medians and B against A
-#                   pair by pair (summary.txt; ~35 s a run). E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
+#                   pair by pair (summary.txt; ~35 s a run).
+#                   E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
 #   PART = nvcc:    build kz only; bench/nvcc_probe.py: one `cuda` candidate's build through nvcc and
 #                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;

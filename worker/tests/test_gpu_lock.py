@@ -45,15 +45,22 @@ def wait_for(events, seen, mode, kind):
             return event
 
 
+def finished(procs, events, seen=()):
+    """Joins the holders; every event they sent (three each), `seen` among them, in time order."""
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    out = list(seen)
+    while len(out) < 3 * len(procs):
+        out.append(events.get(timeout=5))
+    return sorted(out, key=lambda e: e[2])
+
+
 def run_all(lock_dir, plans, **kwargs):
     ctx = mp.get_context("fork")
     events = ctx.Queue()
     procs = [started_holder(ctx, lock_dir, mode, events, delay_s=delay, **kwargs) for mode, delay in plans]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    out = [events.get(timeout=5) for _ in range(3 * len(plans))]
-    return sorted(out, key=lambda e: e[2])
+    return finished(procs, events)
 
 
 def intervals(events, mode):
@@ -94,14 +101,10 @@ def test_waiting_timing_goes_before_later_shared_work(tmp_path):
     while not turnstile_held(probe) and time.monotonic() < deadline:  # it waits in its lock call
         time.sleep(0.01)
     procs.append(started_holder(ctx, str(tmp_path), "shared", events))
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    while len(seen) < 3 * len(procs):
-        seen.append(events.get(timeout=5))
-    (ex_in, _), = intervals(seen, "exclusive")
-    late_shared_in = max(t for m, kind, t in seen if m == "shared" and kind == "in")
-    assert ex_in < late_shared_in, sorted(seen, key=lambda e: e[2])
+    everything = finished(procs, events, seen)
+    (ex_in, _), = intervals(everything, "exclusive")
+    late_shared_in = max(t for m, kind, t in everything if m == "shared" and kind == "in")
+    assert ex_in < late_shared_in, everything
 
 
 def test_shared_nests_and_locks_are_released_on_exception(tmp_path):
