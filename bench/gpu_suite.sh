@@ -54,9 +54,15 @@
 #                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
 #                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
+#   PART = memory:  build kz only; bench/memory_batch.py: KernelBench's largest level-1 and level-2
+#                   problems (a checkout at $KERNELBENCH, carried along), each reference as its own
+#                   candidate plus cuda-rtc kernels for the elementwise ones, through `kz eval-suite`
+#                   at the default concurrency and then one at a time (--jobs 1); KZ_MEMORY_RUNS picks
+#                   "default", "alone" or both (the default), so the two fit separate calls: the batch,
+#                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, ab, nvcc, service, timing, startup, multigpu or model}
+PART=${1:?rtc, others, checks, compare, ab, nvcc, service, timing, startup, multigpu, memory or model}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
 mkdir -p "$FINAL"
@@ -68,7 +74,7 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
-[[ $PART == multigpu || $PART == service || $PART == ab || $PART == nvcc ]] && export KZ_BUILD_TARGETS=kz
+[[ $PART == multigpu || $PART == service || $PART == ab || $PART == nvcc || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 if [[ $PART != timing && $PART != startup ]]; then
   scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -208,6 +214,27 @@ elif [[ $PART == multigpu ]]; then
   python3 bench/multi_gpu_summary.py --manifest "$OUT/batch/manifest.jsonl" --walls "$OUT/walls.txt" \
     "$OUT"/batch-[0-9]*.jsonl | tee "$OUT/summary.txt"
   (( PIPESTATUS[0] == 0 )) || FAILED=1
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == memory ]]; then
+  # The batch and the walls live beside the tree (MEMORY_DIR), so that a later call's "alone" runs
+  # join the "default" ones of an earlier call on the same machine.
+  MEMORY_DIR=${MEMORY_DIR:-runs/memory}
+  mkdir -p "$MEMORY_DIR"
+  [[ -d "$MEMORY_DIR/suite" ]] || python3 bench/memory_batch.py make "$MEMORY_DIR" --kernelbench "$KERNELBENCH" 2>&1 | tail -3
+  for mode in ${KZ_MEMORY_RUNS:-default alone}; do
+    jobs=(); [[ $mode == alone ]] && jobs=(--jobs 1)
+    for format in torch cuda-rtc; do
+      name=$mode-${format/cuda-/}
+      start=$SECONDS
+      build/kz eval-suite --suite "$MEMORY_DIR/suite" --candidates "$MEMORY_DIR/$format" --format "$format" \
+        --device cuda:0 --no-cache "${jobs[@]}" --out "$MEMORY_DIR/$name.jsonl" > "$MEMORY_DIR/$name.txt" 2> "$MEMORY_DIR/$name.err"
+      step_done "kz eval-suite ($name)" $?
+      echo "$name $((SECONDS - start))" >> "$MEMORY_DIR/walls.txt"
+      tail -12 "$MEMORY_DIR/$name.txt"
+    done
+  done
+  python3 bench/memory_batch.py report "$MEMORY_DIR" | tee "$MEMORY_DIR/report.txt"
+  cp -r "$MEMORY_DIR" "$OUT/memory"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "kz/eval/suite.h"
 #include "kz/llm/http_generator.h"
 #include "kz/measure/bench.h"
 #include "kz/measure/report.h"
@@ -46,6 +47,7 @@ int run(BenchArgs args) {
   http->log_dir = args.bench.out_dir / "requests";
   auto generator = make_http_generator(*http);
   if (!generator.ok()) return report_error(generator.status());
+  set_gpu_memory_processes(*options, default_jobs(*options));  // run_bench evaluates default_jobs at once
   auto evaluator = Evaluator::create(*options);
   if (!evaluator.ok()) return report_error(evaluator.status());
 

@@ -50,6 +50,7 @@ int run(const SuiteArgs& args) {
   if (!tasks.ok()) return report_error(tasks.status());
   auto entries = discover_candidates(*tasks, args.candidates);
   if (!entries.ok()) return report_error(entries.status());
+  set_gpu_memory_processes(*options, default_jobs(*options));  // per device, as run_options.jobs
   auto evaluator = Evaluator::create(*options);
   if (!evaluator.ok()) return report_error(evaluator.status());
 

@@ -170,6 +170,7 @@ Result<std::optional<Verdict>> VerdictCache::lookup(const std::string& key) cons
   verdict->cached = true;
   verdict->cpu_s.clear();  // a replay costs a lookup: the stored run's CPU is not this one's
   verdict->prebuild_cpu_s.reset();
+  verdict->retried_alone = false;  // nor did it run twice
   return std::optional<Verdict>(std::move(*verdict));
 }
 
@@ -345,8 +346,11 @@ std::string gpu_model_names() {
 }
 
 bool is_cacheable(const Verdict& v) {
+  // out_of_memory_shared is an infra_error already; named too, as what other evaluations held on the
+  // GPU says nothing of the candidate, whatever status it comes with.
   return v.status != EvalStatus::infra_error && v.status != EvalStatus::timeout &&
-         !v.has_check(Check::worker_crashed) && !v.has_check(Check::stage_timeout);
+         !v.has_check(Check::worker_crashed) && !v.has_check(Check::stage_timeout) &&
+         !v.has_check(Check::out_of_memory_shared);
 }
 
 fs::path verdict_cache_path(const EvalOptions& options, const fs::path& cache_dir) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -40,13 +41,15 @@ double stage_timeout_s(const StageTimeouts& t, const std::string& stage) {
   if (stage == "correctness") return t.correctness_s;
   if (stage == "timing") return t.timing_s;
   if (stage == "recheck") return t.recheck_s;
+  if (stage == "await_memory") return t.await_memory_s;
   return t.startup_s;
 }
 
 // The protocol options (device, trials, sizes, tolerances, timing) come from
-// protocol_options_json, the same object the verdict cache key is made of.
+// protocol_options_json, the same object the verdict cache key is made of. `gpu_alone`: the worker
+// reserves every memory slot of its GPU (worker/kz_worker/gpu_memory.py), for a run again alone.
 nlohmann::json make_request(const EvalOptions& o, const Task& task, const Candidate& candidate, Format format,
-                            uint64_t seed, const fs::path& scratch, EvalMode mode) {
+                            uint64_t seed, const fs::path& scratch, EvalMode mode, bool gpu_alone) {
   nlohmann::json request = protocol_options_json(o);
   request["task_id"] = task.id;
   request["reference_source"] = task.source;
@@ -55,7 +58,27 @@ nlohmann::json make_request(const EvalOptions& o, const Task& task, const Candid
   request["mode"] = mode == EvalMode::compile_only ? "compile" : "eval";
   request["seed"] = seed;
   request["scratch_dir"] = scratch.string();
+  if (gpu_alone) request["gpu_alone"] = true;
   return request;
+}
+
+// A CUDA out-of-memory while other evaluations held memory on the same GPU: the GPU's, not the
+// candidate's, and worth one run with the GPU's memory to itself.
+bool ran_out_beside_others(const Verdict& verdict) {
+  return verdict.status == EvalStatus::infra_error && verdict.has_check(Check::out_of_memory_shared);
+}
+
+// Seconds per stage, each stage once, where it was first entered: a worker that waits for GPU memory
+// leaves load_reference for await_memory and goes back to it (worker/kz_worker/harness.py), and
+// the verdict's stage_s (a JSON object) holds one figure per stage.
+std::vector<std::pair<std::string, double>> seconds_per_stage(const std::vector<std::pair<std::string, double>>& entered) {
+  std::vector<std::pair<std::string, double>> stages;
+  for (const auto& [stage, seconds] : entered) {
+    auto seen = std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.first == stage; });
+    if (seen == stages.end()) stages.emplace_back(stage, seconds);
+    else seen->second += seconds;
+  }
+  return stages;
 }
 
 // The verdict for a worker run: its own verdict, or the supervisor's for a timeout, crash or
@@ -179,14 +202,21 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
     if (hit.ok() && hit->has_value()) return finish(**hit, format_name(*format), (*hit)->seed);
   }
   uint64_t seed = options_.seed ? options_.seed : fresh_seed();
-  auto verdict = run_worker(task, candidate, *format, seed, mode);
+  auto verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/false);
+  // Once more, with the same seed, once no other evaluation holds memory on the GPU; its verdict
+  // stands, whatever it is (a second out_of_memory_shared included: no third run). Its wall_s, from
+  // `started`, counts both runs.
+  bool retried_alone = verdict.ok() && mode == EvalMode::full && ran_out_beside_others(*verdict);
+  if (retried_alone) verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/true);
   if (!verdict.ok())  // reaches serve-eval's clients too: no scratch path (below)
     return Status(verdict.status().code(), scrub_scratch_paths(verdict.status().message()));
+  verdict->retried_alone = retried_alone;
   Verdict done = finish(std::move(*verdict), format_name(*format), seed);
   // A traceback names the request's scratch dir; a fork server's next request (a GRPO sibling's)
   // runs in that server's dir, so the path must reach neither the cache, which workers can read,
   // nor the model.
   done.message = scrub_scratch_paths(done.message);
+  // is_cacheable keeps out_of_memory_shared out: the GPU's other evaluations, not the candidate.
   if (use_cache && is_cacheable(done)) (void)cache_->store(key, done);  // a failed store costs a re-run later
   return done;
 }
@@ -240,7 +270,7 @@ std::string Evaluator::extension_build_key(const Candidate& candidate) const {
 }
 
 Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
-                                      EvalMode mode) const {
+                                      EvalMode mode, bool gpu_alone) const {
   // A `cuda` candidate builds in its own scratch dir; the supervisor keeps the build, by the
   // candidate's bytes, where no worker can write, and hands it to the candidate's later requests
   // (the evaluation after its pre-build): no candidate can reach another's build (docs/evaluation.md).
@@ -249,10 +279,16 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   auto outcome = run_worker_request(
       worker_setup(mode), kScratchPrefix,
       [&](const fs::path& scratch) {
-        auto request = make_request(options_, task, candidate, format, seed, scratch, mode);
+        auto request = make_request(options_, task, candidate, format, seed, scratch, mode, gpu_alone);
         request["sandbox"] = sandbox_request_json(options_.sandbox);
-        if (options_.device != "cpu" && options_.timing.exclusive)  // worker/kz_worker/gpu_lock.py
-          request["gpu_lock_dir"] = prepared_gpu_lock_dir(setup_.cache_dir).string();
+        if (options_.device != "cpu") {
+          std::string lock_dir = prepared_gpu_lock_dir(setup_.cache_dir).string();
+          if (options_.timing.exclusive) request["gpu_lock_dir"] = lock_dir;  // worker/kz_worker/gpu_lock.py
+          // Memory is reserved whether or not timings are exclusive (worker/kz_worker/gpu_memory.py):
+          // its slot files, and how many processes may hold a CUDA context on the GPU beside it.
+          request["gpu_memory_dir"] = lock_dir;
+          request["gpu_memory_processes"] = options_.worker.gpu_memory_processes;
+        }
         if (!kept_builds.empty()) {
           std::error_code error;
           request["extensions"] = {{"dir", (scratch / "torch_extensions").string()},
@@ -271,7 +307,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   Verdict verdict = verdict_from_outcome(*outcome);
   // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
   if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) verdict = std::move(*violation);
-  verdict.stage_s = outcome->stage_s;
+  verdict.stage_s = seconds_per_stage(outcome->stage_s);
   // The worker reports its device wait; the server wait is ours alone.
   std::erase_if(verdict.startup_s, [](const auto& part) { return part.first == "server"; });
   if (outcome->server_wait_s) verdict.startup_s.insert(verdict.startup_s.begin(), {"server", *outcome->server_wait_s});

@@ -41,6 +41,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"timeouts.correctness_s", o.timeouts.correctness_s},
       {"timeouts.timing_s", o.timeouts.timing_s},
       {"timeouts.recheck_s", o.timeouts.recheck_s},
+      {"timeouts.await_memory_s", o.timeouts.await_memory_s},
       {"worker.python", o.worker.python},
       {"worker.worker_dir", o.worker.worker_dir},
       {"worker.cache_dir", o.worker.cache_dir},
@@ -97,7 +98,7 @@ Status EvalOptions::validate() const {
   if (timing.niceness < -20 || timing.niceness > 0)
     return invalid_argument("timing.niceness must be within -20..0 (0: the worker's priority left as is)");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
-                   timeouts.timing_s, timeouts.recheck_s})
+                   timeouts.timing_s, timeouts.recheck_s, timeouts.await_memory_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");
   for (double t : {tolerance.atol_fp32, tolerance.rtol_fp32, tolerance.norm_tol_fp32, tolerance.atol_half,
                    tolerance.rtol_half, tolerance.norm_tol_half})
@@ -107,6 +108,9 @@ Status EvalOptions::validate() const {
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
   if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
+  if (worker.gpu_memory_processes < 1)
+    return invalid_argument(fmt::format("worker.gpu_memory_processes is {}: at least 1 (the evaluation's own worker)",
+                                        worker.gpu_memory_processes));
   if (worker.prebuild_niceness < -20 || worker.prebuild_niceness > 19)
     return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
   // Above 0 the supervisor could not set the worker back without CAP_SYS_NICE: the request would run niced.

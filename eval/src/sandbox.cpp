@@ -74,15 +74,20 @@ Status make_gpu_lock_files(const fs::path& lock_dir, const std::vector<std::stri
   std::error_code error;
   fs::create_directories(lock_dir, error);
   if (error) return internal_error(fmt::format("making the GPU lock dir {}: {}", lock_dir.string(), error.message()));
-  for (const std::string& uuid : gpu_uuids)
-    for (const char* suffix : {".lock", ".turnstile"})
-      KZ_RETURN_IF_ERROR(make_lock_file(lock_dir / (gpu_lock_file_stem(uuid) + suffix)));
+  for (const std::string& uuid : gpu_uuids) {
+    std::string stem = gpu_lock_file_stem(uuid);
+    for (const char* suffix : {".lock", ".turnstile", ".memory-turnstile"})
+      KZ_RETURN_IF_ERROR(make_lock_file(lock_dir / (stem + suffix)));
+    for (int slot = 0; slot < kGpuMemorySlots; ++slot)
+      KZ_RETURN_IF_ERROR(make_lock_file(lock_dir / fmt::format("{}.memory-slot-{}", stem, slot)));
+  }
   return Status::ok();
 }
 
 fs::path prepared_gpu_lock_dir(const fs::path& cache_dir) {
   // The UUIDs are asked for once a process (again a minute after none were found); the files are
-  // checked at every request (a few opens), so a cache dir cleared under a running service is mended.
+  // checked at every request (19 opens per GPU, tens of microseconds each), so a cache dir cleared
+  // under a running service is mended.
   static std::mutex mutex;
   static std::vector<std::string> uuids;
   static std::optional<std::chrono::steady_clock::time_point> asked;

@@ -557,9 +557,13 @@ json EvalService::Impl::health() const {
 EvalService::EvalService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EvalService::~EvalService() { stop(); }
 
-Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& eval, const ServiceOptions& options) {
+Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& requested, const ServiceOptions& options) {
   if (options.prebuild != "gpu" && options.prebuild != "always" && options.prebuild != "never")
     return invalid_argument(fmt::format("service prebuild \"{}\": expected gpu, always or never", options.prebuild));
+  // The evaluation threads on each device (Impl's workers) and the spare servers: each may hold a
+  // CUDA context on its GPU, which every worker's memory reservation leaves room for.
+  EvalOptions eval = requested;
+  set_gpu_memory_processes(eval, options.workers > 0 ? options.workers : default_jobs(eval));
   auto base = Evaluator::create(eval);
   if (!base.ok()) return base.status();
   auto pools = DevicePools::create(*base, options.devices);

@@ -110,6 +110,10 @@ int default_jobs(const EvalOptions& options) {
 
 int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.worker.spare_servers; }
 
+void set_gpu_memory_processes(EvalOptions& options, int jobs) {
+  options.worker.gpu_memory_processes = std::max(1, jobs + spare_servers(options));
+}
+
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found(fmt::format("candidate directory {} does not exist", dir.string()));
@@ -240,9 +244,14 @@ SuiteSummary summarize(const std::vector<Verdict>& verdicts, int tasks) {
   for (const auto& v : verdicts) {
     tasks_seen[v.task_id]++;
     counts[v.status]++;
+    s.unchecked += !v.unchecked.empty();
+    s.retried_alone += v.retried_alone;
+    if (v.has_check(Check::exceeds_gpu_memory)) {  // the card's limit, not the candidate's failure: out of the rates
+      s.exceeds_gpu_memory++;
+      continue;
+    }
     s.compiled += v.compiled;
     s.correct += v.correct;
-    s.unchecked += !v.unchecked.empty();
     if (v.correct && v.speedup && *v.speedup > 0) {
       s.timed++;
       s.faster += *v.speedup > 1.0;
@@ -269,7 +278,9 @@ nlohmann::json summary_json(const SuiteSummary& s) {
           {"fast_1", s.fast_1()},
           {"geomean_speedup", s.timed ? nlohmann::json(s.geomean_speedup) : nlohmann::json(nullptr)},
           {"status_counts", counts},
-          {"unchecked", s.unchecked}};
+          {"unchecked", s.unchecked},
+          {"exceeds_gpu_memory", s.exceeds_gpu_memory},
+          {"retried_alone", s.retried_alone}};
 }
 
 std::string render_summary(const SuiteSummary& s) {
@@ -280,9 +291,15 @@ std::string render_summary(const SuiteSummary& s) {
                  s.timed ? fmt::format("{:.1f}%", 100 * s.fast_1()) : "n/a"});
   std::string statuses;
   for (const auto& [name, count] : s.status_counts) statuses += fmt::format("  {}: {}", name, count);
-  std::string unchecked =
-      s.unchecked ? fmt::format("\n{} verdict(s) with a check that could not run (their `unchecked`)", s.unchecked) : "";
-  return table.render() + "statuses:" + statuses + unchecked + "\n";
+  std::string notes;
+  if (s.unchecked) notes += fmt::format("\n{} verdict(s) with a check that could not run (their `unchecked`)", s.unchecked);
+  if (s.exceeds_gpu_memory)
+    notes += fmt::format("\n{} tasks need more GPU memory than the card has: not counted as candidate failures",
+                         s.exceeds_gpu_memory);
+  if (s.retried_alone)
+    notes += fmt::format("\n{} evaluation(s) ran out of GPU memory beside others and were run again alone",
+                         s.retried_alone);
+  return table.render() + "statuses:" + statuses + notes + "\n";
 }
 
 std::string render_verdict_table(const std::vector<Verdict>& verdicts) {

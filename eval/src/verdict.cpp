@@ -52,7 +52,10 @@ double number_or_zero(const nlohmann::json& j, const char* key) {
 
 // Where a stage comes in a worker's run; unknown names go last.
 size_t stage_rank(const std::string& stage) {
-  static constexpr std::array kOrder = {"startup", "load_reference", "compile", "correctness", "timing", "recheck"};
+  // await_memory: the wait for the GPU memory reservation, entered from load_reference (the reference
+  // imported and its need estimated, nothing of it on the device yet), which goes on after it.
+  static constexpr std::array kOrder = {"startup", "load_reference", "await_memory", "compile", "correctness", "timing",
+                                        "recheck"};
   auto it = std::find(kOrder.begin(), kOrder.end(), stage);
   return static_cast<size_t>(it - kOrder.begin());
 }
@@ -68,6 +71,37 @@ void read_parts(const nlohmann::json& j, const char* key, std::vector<std::pair<
   if (!j.contains(key) || !j[key].is_object()) return;
   for (const auto& [part, seconds] : j[key].items())
     if (seconds.is_number()) parts.emplace_back(part, seconds.get<double>());
+}
+
+// The memory report's figures, by key: one table for both directions.
+template <class Report>
+auto memory_numbers(Report& m) {
+  return std::array{std::pair{"reference_peak_mb", &m.reference_peak_mb}, std::pair{"budget_mb", &m.budget_mb},
+                    std::pair{"slot_mb", &m.slot_mb},     std::pair{"capacity_mb", &m.capacity_mb},
+                    std::pair{"card_mb", &m.card_mb},     std::pair{"peak_mb", &m.peak_mb},
+                    std::pair{"wait_s", &m.wait_s}};
+}
+
+// Only the fields the worker reported: an absent figure stays absent, not 0.
+nlohmann::json memory_json(const MemoryReport& m) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, field] : memory_numbers(m))
+    if (*field) j[key] = **field;
+  if (m.slots) j["slots"] = *m.slots;
+  if (m.alone) j["alone"] = *m.alone;
+  if (!m.estimate.empty()) j["estimate"] = m.estimate;
+  return j;
+}
+
+// Diagnostics: a field of the wrong type is left out, never the verdict's failure.
+MemoryReport memory_from_json(const nlohmann::json& j) {
+  MemoryReport m;
+  for (const auto& [key, field] : memory_numbers(m))
+    if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
+  if (j.contains("slots") && j["slots"].is_number()) m.slots = static_cast<int>(j["slots"].get<double>());
+  if (j.contains("alone") && j["alone"].is_boolean()) m.alone = j["alone"].get<bool>();
+  if (j.contains("estimate") && j["estimate"].is_string()) m.estimate = j["estimate"].get<std::string>();
+  return m;
 }
 
 }  // namespace
@@ -122,6 +156,8 @@ nlohmann::json to_json(const Verdict& v) {
   if (v.prebuild_cpu_s) j["prebuild_cpu_s"] = *v.prebuild_cpu_s;
   if (v.started_s) j["started_s"] = *v.started_s;                                  // optional: eval-suite
   if (v.prebuild_started_s) j["prebuild_started_s"] = *v.prebuild_started_s;
+  if (v.memory) j["memory"] = memory_json(*v.memory);                              // optional: GPU memory reserved
+  if (v.retried_alone) j["retried_alone"] = true;                                  // optional: out_of_memory_shared, run again alone
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
   if (v.candidate_timing && v.reference_timing) {
@@ -196,6 +232,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
                             std::pair{"started_s", &v.started_s},
                             std::pair{"prebuild_started_s", &v.prebuild_started_s}})
     if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
+  if (j.contains("memory") && j["memory"].is_object()) v.memory = memory_from_json(j["memory"]);
+  v.retried_alone = j.contains("retried_alone") && j["retried_alone"].is_boolean() && j["retried_alone"].get<bool>();
   if (j.contains("timing") && j["timing"].is_object()) {
     const auto& t = j["timing"];
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);

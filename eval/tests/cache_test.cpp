@@ -102,6 +102,22 @@ TEST_F(CacheTest, AReplayCarriesNoCpuSeconds) {
   EXPECT_FALSE((*hit)->prebuild_cpu_s);
 }
 
+// The stored run's memory report stays (diagnostics, as its stage seconds); its retry does not: a
+// replay ran no worker at all.
+TEST_F(CacheTest, AReplayKeepsTheMemoryReportNotTheRetry) {
+  VerdictCache cache = open(db());
+  Verdict v = sample_verdict();
+  v.memory = MemoryReport{};
+  v.memory->budget_mb = 2048;
+  v.retried_alone = true;
+  ASSERT_TRUE(cache.store("key-1", v).is_ok());
+  auto hit = cache.lookup("key-1");
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  ASSERT_TRUE((*hit)->memory);
+  EXPECT_EQ((*hit)->memory->budget_mb, 2048);
+  EXPECT_FALSE((*hit)->retried_alone);
+}
+
 TEST_F(CacheTest, UnknownKeyIsAMiss) {
   VerdictCache cache = open(db());
   ASSERT_TRUE(cache.store("key-1", sample_verdict()).is_ok());
@@ -304,6 +320,12 @@ TEST(CacheKey, OnlyRepeatableVerdictsAreCacheable) {
   EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::infra_error, {Check::reference_failed}, "")));
   EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::timeout, {Check::stage_timeout}, "")));
   EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::runtime_error, {Check::worker_crashed}, "")));
+  // Memory other evaluations held on the GPU says nothing of the candidate, whatever the status.
+  EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::infra_error, {Check::out_of_memory_shared}, "")));
+  EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::runtime_error, {Check::out_of_memory_shared}, "")));
+  EXPECT_FALSE(is_cacheable(make_verdict(EvalStatus::infra_error, {Check::exceeds_gpu_memory}, "")));
+  EXPECT_TRUE(is_cacheable(make_verdict(EvalStatus::runtime_error, {Check::memory_limit}, "")))
+      << "the candidate's own out-of-memory, the GPU to itself";
 }
 
 // ---- through the Evaluator (real worker on the CPU) --------------------------------------------

@@ -586,6 +586,123 @@ TEST_F(EvaluatorTest, CudaRtcThatCompilesNothingIsFormatError) {
   expect_verdict(v, EvalStatus::format_error, {Check::no_kernel_compiled});
 }
 
+// ---- GPU memory: the retry alone after out_of_memory_shared -----------------------------------
+
+// A stand-in worker (kz_worker/__main__.py, a worker started per request) that logs each request's
+// gpu_alone and answers by it: infra_error / out_of_memory_shared beside other evaluations, ok once
+// alone, unless the candidate's source says `always_out_of_memory`. No GPU needed: the retry is the
+// supervisor's, whatever the device.
+constexpr const char* kMemoryStandIn = R"(import json, os, sys
+request = json.loads(sys.stdin.read())
+alone = request.get("gpu_alone", False)
+with open(sys.argv[0].replace("__main__.py", "requests.jsonl"), "a") as log:
+    log.write(json.dumps({"gpu_alone": alone, "seed": request["seed"]}) + "\n")
+def send(message):
+    message["token"] = request["message_token"]
+    os.write(3, (json.dumps(message) + "\n").encode())
+for stage in ("load_reference", "await_memory", "load_reference"):  # as the harness waits for its slots
+    send({"type": "stage", "name": stage})
+if alone and "always_out_of_memory" not in request["candidate_source"]:
+    send({"type": "result", "status": "ok", "compiled": True, "correct": True, "trials_passed": request["trials"],
+          "memory": {"alone": True, "slots": 16, "budget_mb": 4096.0, "estimate": "meta"}})
+else:
+    send({"type": "result", "status": "infra_error", "checks": ["out_of_memory_shared"], "stage": "correctness",
+          "message": "CUDA out of memory while other evaluations held 60000 MB on the GPU",
+          "memory": {"alone": alone, "slots": 16 if alone else 2, "budget_mb": 4096.0}})
+)";
+
+class MemoryRetryTest : public EvaluatorTest {
+ protected:
+  void SetUp() override {
+    EvaluatorTest::SetUp();
+    auto dir = make_unique_dir(fs::temp_directory_path(), "kz-memory-retry-test-");
+    ASSERT_TRUE(dir.ok()) << dir.status().to_string();
+    root_ = *dir;
+    fs::create_directories(root_ / "worker" / "kz_worker");
+    fs::create_directories(root_ / "worker" / "kz_rtc");  // the worker code's other package (worker_code_version)
+    ASSERT_TRUE(write_file_atomic(root_ / "worker" / "kz_worker" / "__init__.py", "").is_ok());
+    ASSERT_TRUE(write_file_atomic(root_ / "worker" / "kz_worker" / "__main__.py", kMemoryStandIn).is_ok());
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(root_, ignored);
+  }
+
+  // The stand-in, started per request, unsandboxed (it logs outside its scratch dir), the verdict
+  // cache in the test's own folder.
+  Evaluator stand_in_evaluator() const {
+    EvalOptions o = options();
+    o.worker.python = "python3";
+    o.worker.worker_dir = root_ / "worker";
+    o.worker.cache_dir = root_ / "cache";
+    o.worker.fork_server = "never";
+    o.worker.syntax_check = false;  // the stand-in has no syntax_check.py
+    o.sandbox.enabled = false;
+    return make_evaluator(o);
+  }
+
+  // Each request's gpu_alone, in order.
+  std::vector<bool> requests_alone() const {
+    std::vector<bool> alone;
+    auto log = read_file(root_ / "worker" / "kz_worker" / "requests.jsonl");
+    if (!log.ok()) return alone;
+    std::istringstream lines(*log);
+    for (std::string line; std::getline(lines, line);) alone.push_back(nlohmann::json::parse(line)["gpu_alone"].get<bool>());
+    return alone;
+  }
+
+  Verdict evaluate_source(const Evaluator& evaluator, const std::string& extra) const {
+    Candidate c = candidate(kTritonRelu);
+    c.source += extra;
+    auto verdict = evaluator.evaluate(reference(kRelu), c);
+    if (!verdict.ok()) {
+      ADD_FAILURE() << verdict.status().to_string();
+      return make_verdict(EvalStatus::infra_error, {}, verdict.status().message());
+    }
+    return *verdict;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(MemoryRetryTest, OutOfMemoryBesideOthersRunsOnceMoreAloneAndThatVerdictStands) {
+  Evaluator evaluator = stand_in_evaluator();
+  Verdict v = evaluate_source(evaluator, "");
+  EXPECT_EQ(requests_alone(), (std::vector<bool>{false, true})) << "once shared, once alone";
+  EXPECT_EQ(status_name(v.status), std::string("ok")) << dump(v);
+  EXPECT_TRUE(v.checks.empty()) << dump(v);
+  EXPECT_TRUE(v.retried_alone) << dump(v);
+  EXPECT_TRUE(to_json(v)["retried_alone"].get<bool>());
+  ASSERT_TRUE(v.memory) << dump(v);
+  EXPECT_EQ(v.memory->alone, true) << "the second run's report";
+  EXPECT_EQ(v.memory->slots, 16);
+  std::vector<std::string> stages;
+  for (const auto& [stage, seconds] : v.stage_s) stages.push_back(stage);
+  EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "await_memory"}))
+      << "load_reference once, its two parts summed around the wait\n" << dump(v);
+  EXPECT_EQ(verdict_from_json(to_json(v))->stage_s, v.stage_s) << "the same through JSON";
+
+  // The retried verdict is cached as any other: the next evaluation runs no worker, and says nothing
+  // of a retry of its own.
+  Verdict again = evaluate_source(evaluator, "");
+  EXPECT_TRUE(again.cached) << dump(again);
+  EXPECT_FALSE(again.retried_alone) << dump(again);
+  EXPECT_EQ(requests_alone().size(), 2u) << "a cache hit";
+}
+
+TEST_F(MemoryRetryTest, ASecondOutOfMemoryStandsWithoutAThirdRunAndIsNeverCached) {
+  Evaluator evaluator = stand_in_evaluator();
+  Verdict v = evaluate_source(evaluator, "\n# always_out_of_memory\n");
+  EXPECT_EQ(requests_alone(), (std::vector<bool>{false, true})) << "no third run";
+  expect_verdict(v, EvalStatus::infra_error, {Check::out_of_memory_shared});
+  EXPECT_TRUE(v.retried_alone) << dump(v);
+  EXPECT_TRUE(contains(v.message, "CUDA out of memory")) << v.message;
+
+  Verdict again = evaluate_source(evaluator, "\n# always_out_of_memory\n");
+  EXPECT_FALSE(again.cached) << "out_of_memory_shared is never stored\n" << dump(again);
+  EXPECT_EQ(requests_alone(), (std::vector<bool>{false, true, false, true}));
+}
+
 #else  // KZ_CUDA_COMPILE_TESTS: eval_cuda_compile_test, slow (nvcc through load_inline)
 
 // A fresh compile cache, so load_inline really runs nvcc instead of loading an earlier build.

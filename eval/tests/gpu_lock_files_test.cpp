@@ -1,10 +1,11 @@
 // The GPU lock files the supervisor makes for its workers (kz/eval/sandbox.h): named as
-// worker/kz_worker/gpu_lock.py names them, made once, never truncated.
+// worker/kz_worker/gpu_lock.py and gpu_memory.py name them, made once, never truncated.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -45,17 +46,32 @@ TEST(GpuLockFilesTest, UuidsFromTheDriversProcFiles) {
   fs::remove_all(gpus);
 }
 
-TEST(GpuLockFilesTest, MakesBothFilesOfEachGpuAndKeepsExistingOnes) {
+// Every file of one GPU: the timing lock's two (gpu_lock.py) and the memory reservation's turnstile
+// and kGpuMemorySlots slots (gpu_memory.py), named as the workers open them.
+std::vector<std::string> lock_file_names(const std::string& stem) {
+  std::vector<std::string> names = {stem + ".lock", stem + ".turnstile", stem + ".memory-turnstile"};
+  for (int slot = 0; slot < kGpuMemorySlots; ++slot) names.push_back(stem + ".memory-slot-" + std::to_string(slot));
+  return names;
+}
+
+TEST(GpuLockFilesTest, MakesEveryFileOfEachGpuAndKeepsExistingOnes) {
   fs::path dir = fs::temp_directory_path() / ("kz_gpu_locks_test_" + std::to_string(::getpid())) / "locks";
   fs::remove_all(dir.parent_path());
   ASSERT_TRUE(make_gpu_lock_files(dir, {"GPU-aaaa"}).is_ok());
   ASSERT_TRUE(write_file_atomic(dir / "gpu-aaaa.lock", "in use").is_ok());
+  ASSERT_TRUE(write_file_atomic(dir / "gpu-aaaa.memory-slot-3", "held").is_ok());
   ASSERT_TRUE(make_gpu_lock_files(dir, {"GPU-aaaa", "GPU-bbbb"}).is_ok());
-  for (const char* name : {"gpu-aaaa.lock", "gpu-aaaa.turnstile", "gpu-bbbb.lock", "gpu-bbbb.turnstile"})
-    EXPECT_TRUE(fs::is_regular_file(dir / name)) << name;
-  auto kept = read_file(dir / "gpu-aaaa.lock");
-  ASSERT_TRUE(kept.ok());
-  EXPECT_EQ(*kept, "in use");
+  for (const char* stem : {"gpu-aaaa", "gpu-bbbb"})
+    for (const std::string& name : lock_file_names(stem)) EXPECT_TRUE(fs::is_regular_file(dir / name)) << name;
+  EXPECT_EQ(kGpuMemorySlots, 16) << "worker/kz_worker/gpu_memory.py's SLOTS";
+  EXPECT_FALSE(fs::exists(dir / ("gpu-aaaa.memory-slot-" + std::to_string(kGpuMemorySlots)))) << "no slot beyond them";
+  size_t files = std::distance(fs::directory_iterator(dir), fs::directory_iterator());
+  EXPECT_EQ(files, 2 * lock_file_names("gpu-aaaa").size()) << "nothing else in the lock dir";
+  for (const auto& [name, text] : {std::pair{"gpu-aaaa.lock", "in use"}, std::pair{"gpu-aaaa.memory-slot-3", "held"}}) {
+    auto kept = read_file(dir / name);
+    ASSERT_TRUE(kept.ok()) << name;
+    EXPECT_EQ(*kept, text) << name << " was truncated";
+  }
   fs::remove_all(dir.parent_path());
 }
 
@@ -68,9 +84,11 @@ TEST(GpuLockFilesTest, ASymlinkOrFifoInALockFilesPlaceIsReplaced) {
   fs::create_directories(dir);
   ASSERT_TRUE(write_file_atomic(root / "elsewhere", "theirs").is_ok());
   fs::create_symlink(root / "elsewhere", dir / "gpu-aaaa.lock");
+  fs::create_symlink(root / "elsewhere", dir / "gpu-aaaa.memory-slot-0");
   ASSERT_EQ(::mkfifo((dir / "gpu-aaaa.turnstile").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo((dir / "gpu-aaaa.memory-turnstile").c_str(), 0644), 0);
   ASSERT_TRUE(make_gpu_lock_files(dir, {"GPU-aaaa"}).is_ok());
-  for (const char* name : {"gpu-aaaa.lock", "gpu-aaaa.turnstile"})
+  for (const char* name : {"gpu-aaaa.lock", "gpu-aaaa.turnstile", "gpu-aaaa.memory-turnstile", "gpu-aaaa.memory-slot-0"})
     EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / name))) << name;
   auto untouched = read_file(root / "elsewhere");
   ASSERT_TRUE(untouched.ok());

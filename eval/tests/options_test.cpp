@@ -118,6 +118,18 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(off.worker.syntax_check);
 }
 
+// The wait for GPU memory other evaluations hold has a deadline of its own (stage await_memory).
+TEST(Options, TheMemoryWaitHasATimeoutOfItsOwn) {
+  EvalOptions o;
+  EXPECT_EQ(o.timeouts.await_memory_s, 3600) << "the default";
+  ASSERT_TRUE(apply_toml_text("[timeouts]\nawait_memory_s = 60.0\n", "t", o).is_ok());
+  EXPECT_EQ(o.timeouts.await_memory_s, 60);
+  EXPECT_EQ(o.timeouts.load_reference_s, 120) << "the evaluation's own stages are timed apart";
+  EXPECT_NE(to_toml(o).find("await_memory_s = 60"), std::string::npos) << "kz config show prints it";
+  EvalOptions zero;
+  EXPECT_FALSE(apply_toml_text("[timeouts]\nawait_memory_s = 0.0\n", "t", zero).is_ok());
+}
+
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   EvalOptions o;
   o.trials = 9;

@@ -50,6 +50,40 @@ TEST(SuiteSummary, VerdictsWithACheckThatCouldNotRunAreCountedAndMarked) {
   EXPECT_EQ(render_summary(summarize({timed("b", 2.0)}, 1)).find("could not run"), std::string::npos);
 }
 
+// A task the card cannot hold is counted apart: out of the rates, said in the summary; a retry
+// alone is counted too.
+TEST(SuiteSummary, TasksTooBigForTheGpuAreCountedApartAndRetriesCounted) {
+  Verdict too_big = make_verdict(EvalStatus::infra_error, {Check::exceeds_gpu_memory},
+                                 "the task needs 90000 MB; the card gives one evaluation 72000 MB");
+  too_big.task_id = "big";
+  Verdict wrong = make_verdict(EvalStatus::incorrect, {Check::output_mismatch}, "");
+  wrong.task_id = "c";
+  wrong.compiled = true;
+  Verdict retried = timed("b", 2.0);
+  retried.retried_alone = true;
+  auto s = summarize({timed("a", 1.5), retried, wrong, too_big}, 4);
+  EXPECT_EQ(s.candidates, 4);
+  EXPECT_EQ(s.exceeds_gpu_memory, 1);
+  EXPECT_EQ(s.retried_alone, 1);
+  EXPECT_DOUBLE_EQ(s.pass_rate(), 2.0 / 3) << "over the candidates that could run";
+  EXPECT_DOUBLE_EQ(s.compile_rate(), 1.0);
+  EXPECT_DOUBLE_EQ(s.fast_1(), 2.0 / 3);
+  auto json = summary_json(s);
+  EXPECT_EQ(json["exceeds_gpu_memory"], 1);
+  EXPECT_EQ(json["retried_alone"], 1);
+  EXPECT_EQ(json["status_counts"]["infra_error"], 1) << "still an infra_error among the statuses";
+  std::string text = render_summary(s);
+  EXPECT_NE(text.find("1 tasks need more GPU memory than the card has: not counted as candidate failures"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("run again alone"), std::string::npos) << text;
+
+  auto plain = summarize({timed("a", 1.5), wrong}, 2);
+  EXPECT_EQ(plain.exceeds_gpu_memory, 0);
+  EXPECT_EQ(summary_json(plain)["exceeds_gpu_memory"], 0);
+  EXPECT_EQ(render_summary(plain).find("GPU memory"), std::string::npos) << "no line where none";
+  EXPECT_EQ(render_summary(plain).find("alone"), std::string::npos);
+}
+
 TEST(SuiteSummary, UntimedRunsHaveNoSpeedup) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "");
   v.correct = v.compiled = true;
@@ -97,6 +131,22 @@ TEST(SuiteDevices, GpuJobsFollowTheTimingLock) {
   EXPECT_EQ(default_jobs(o), 1);
   o.jobs = 3;
   EXPECT_EQ(default_jobs(o), 3);
+}
+
+// Every worker that may hold a CUDA context on the GPU: the evaluations at once and the spare fork
+// servers; on the CPU, none spare.
+TEST(SuiteDevices, GpuMemoryProcessesCountTheJobsAndTheSpareServers) {
+  EvalOptions o;
+  EXPECT_EQ(o.worker.gpu_memory_processes, 1) << "a single kz eval";
+  o.device = "cuda:0";
+  o.worker.spare_servers = 2;
+  set_gpu_memory_processes(o, 8);
+  EXPECT_EQ(o.worker.gpu_memory_processes, 10);
+  o.device = "cpu";
+  set_gpu_memory_processes(o, 4);
+  EXPECT_EQ(o.worker.gpu_memory_processes, 4);
+  o.worker.gpu_memory_processes = 0;
+  EXPECT_FALSE(o.validate().is_ok()) << "at least the evaluation's own worker";
 }
 
 // Each evaluation leases the device with the fewest in flight; a lease's end frees its place. (Two

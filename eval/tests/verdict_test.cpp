@@ -1,6 +1,12 @@
 // Verdict names and JSON round trips; unknown names from the worker are refused.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
 #include "kz/eval/verdict.h"
 
 namespace kz {
@@ -13,6 +19,101 @@ TEST(Verdict, StatusAndCheckNamesRoundTrip) {
     EXPECT_EQ(parse_check(check_name(c)), c);
   EXPECT_FALSE(parse_status("great"));
   EXPECT_FALSE(parse_check("looks_fine"));
+}
+
+// The GPU memory checks, as the worker sends them: infra_error, never the candidate's.
+TEST(Verdict, TheGpuMemoryChecksParse) {
+  EXPECT_EQ(parse_check("out_of_memory_shared"), Check::out_of_memory_shared);
+  EXPECT_EQ(parse_check("exceeds_gpu_memory"), Check::exceeds_gpu_memory);
+  auto v = verdict_from_json({{"status", "infra_error"}, {"checks", {"exceeds_gpu_memory"}}});
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->has_check(Check::exceeds_gpu_memory));
+}
+
+// Every status and check constant of worker/kz_worker/verdict.py is a name this side knows: one
+// the C++ lists lack would turn the worker's verdict into a worker_protocol infra_error.
+TEST(Verdict, EveryNameInTheWorkersListParses) {
+  const char* source_dir = std::getenv("KZ_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "KZ_SOURCE_DIR is not set (run through ctest)";
+  std::ifstream file(std::filesystem::path(source_dir) / "worker" / "kz_worker" / "verdict.py");
+  ASSERT_TRUE(file) << "worker/kz_worker/verdict.py";
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string source = text.str();
+  const std::regex constant(R"re((?:^|\n)[A-Z][A-Z0-9_]* = "([a-z0-9_]+)")re");
+  int names = 0;
+  for (auto it = std::sregex_iterator(source.begin(), source.end(), constant); it != std::sregex_iterator(); ++it) {
+    std::string name = (*it)[1];
+    EXPECT_TRUE(parse_status(name) || parse_check(name)) << name << " is in verdict.py, not in verdict.h";
+    ++names;
+  }
+  EXPECT_GT(names, 40) << "the constants were found";
+}
+
+TEST(Verdict, JsonRoundTripKeepsTheMemoryReportAndTheRetry) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  auto bare = to_json(v);
+  EXPECT_FALSE(bare.contains("memory")) << "absent where the worker reported none";
+  EXPECT_FALSE(bare.contains("retried_alone")) << "written only when true";
+  EXPECT_FALSE(verdict_from_json(bare)->memory);
+  MemoryReport m;
+  m.reference_peak_mb = 1536.5;
+  m.budget_mb = 4096;
+  m.slots = 3;
+  m.slot_mb = 1500;
+  m.capacity_mb = 24000;
+  m.card_mb = 81559;
+  m.peak_mb = 3100.25;
+  m.wait_s = 2.5;
+  m.alone = false;
+  m.estimate = "meta";
+  v.memory = m;
+  v.retried_alone = true;
+  auto json = to_json(v);
+  EXPECT_EQ(json["memory"]["slots"], 3);
+  EXPECT_EQ(json["memory"]["estimate"], "meta");
+  EXPECT_EQ(json["memory"]["alone"], false);
+  EXPECT_EQ(json["retried_alone"], true);
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_TRUE(back->memory);
+  EXPECT_EQ(back->memory->reference_peak_mb, 1536.5);
+  EXPECT_EQ(back->memory->budget_mb, 4096);
+  EXPECT_EQ(back->memory->slots, 3);
+  EXPECT_EQ(back->memory->slot_mb, 1500);
+  EXPECT_EQ(back->memory->capacity_mb, 24000);
+  EXPECT_EQ(back->memory->card_mb, 81559);
+  EXPECT_EQ(back->memory->peak_mb, 3100.25);
+  EXPECT_EQ(back->memory->wait_s, 2.5);
+  EXPECT_EQ(back->memory->alone, false);
+  EXPECT_EQ(back->memory->estimate, "meta");
+  EXPECT_TRUE(back->retried_alone);
+}
+
+// As the worker sends it: only what it knew; an absent figure stays absent (not 0), and one of the
+// wrong type is left out rather than failing the verdict (diagnostics).
+TEST(Verdict, AMemoryReportKeepsOnlyTheFieldsTheWorkerSent) {
+  auto v = verdict_from_json({{"status", "infra_error"},
+                              {"checks", {"exceeds_gpu_memory"}},
+                              {"memory", {{"reference_peak_mb", 90000.0}, {"capacity_mb", 72000}, {"slots", "many"}}}});
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  ASSERT_TRUE(v->memory);
+  EXPECT_EQ(v->memory->reference_peak_mb, 90000.0);
+  EXPECT_EQ(v->memory->capacity_mb, 72000);
+  EXPECT_FALSE(v->memory->slots) << "not a number";
+  EXPECT_FALSE(v->memory->budget_mb);
+  EXPECT_FALSE(v->memory->alone);
+  EXPECT_EQ(to_json(*v)["memory"], (nlohmann::json{{"reference_peak_mb", 90000.0}, {"capacity_mb", 72000.0}}));
+  EXPECT_FALSE(v->retried_alone);
+}
+
+// The wait for GPU memory is entered from load_reference, and comes after it in stage_s.
+TEST(Verdict, AwaitMemoryComesAfterTheReferenceInStageSeconds) {
+  auto v = verdict_from_json(
+      {{"status", "ok"}, {"stage_s", {{"compile", 3.0}, {"load_reference", 1.0}, {"await_memory", 2.0}, {"startup", 0.5}}}});
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->stage_s, (std::vector<std::pair<std::string, double>>{
+                            {"startup", 0.5}, {"load_reference", 1.0}, {"await_memory", 2.0}, {"compile", 3.0}}));
 }
 
 TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {

@@ -24,12 +24,19 @@ int sample_of(const Verdict& v) {
   }
 }
 
+// A sample whose task needs more GPU memory than the card gives one evaluation (infra_error,
+// exceeds_gpu_memory): it never ran, so it is no failure of the model's. Other infra_errors count as
+// failures, as before.
+bool exceeds_gpu_memory(const Verdict& v) { return v.has_check(Check::exceeds_gpu_memory); }
+
+// Per task, its samples' outcomes, those that exceeded the GPU's memory left out: a task with none
+// left is in no denominator of pass@k or fast_p.
 std::vector<TaskOutcomes> outcomes_by_task(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
   std::map<std::string, TaskOutcomes> by_task;
   for (const auto& task : tasks) by_task[task.id] = TaskOutcomes{task.id, task.level, {}};
   for (const auto& v : verdicts) {
     auto it = by_task.find(v.task_id);
-    if (it == by_task.end()) continue;
+    if (it == by_task.end() || exceeds_gpu_memory(v)) continue;
     it->second.samples.push_back(
         SampleOutcome{v.correct, v.speedup, v.compiled, v.status == EvalStatus::cheat_detected});
   }
@@ -176,6 +183,7 @@ nlohmann::json bench_summary(const RunInfo& info, const std::vector<Task>& tasks
   summary["fast_p"] = summary["overall"]["fast_p"];
   summary["levels"] = nlohmann::json::object();
   for (const auto& [level, metrics] : metrics_by_level(outcomes)) summary["levels"][std::to_string(level)] = to_json(metrics);
+  summary["exceeds_gpu_memory"] = std::count_if(verdicts.begin(), verdicts.end(), exceeds_gpu_memory);
   return summary;
 }
 
@@ -194,7 +202,10 @@ std::string render_bench_table(const nlohmann::json& summary) {
   };
   for (const auto& [level, metrics] : summary["levels"].items()) row(level, metrics);
   row("all", summary["overall"]);
-  return table.render();
+  int too_big = summary.value("exceeds_gpu_memory", 0);  // absent from summaries written before it
+  if (too_big == 0) return table.render();
+  return table.render() + fmt::format("{} sample(s) of tasks that need more GPU memory than the card has: left "
+                                      "out of pass@k and fast_p\n", too_big);
 }
 
 std::string render_bench_html(const RunInfo& info, const nlohmann::json& summary, const std::vector<Task>& tasks,

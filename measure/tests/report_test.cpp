@@ -38,6 +38,37 @@ TEST_F(ReportTest, SummaryHasPassAtKAndFastPKeyedAndPerLevel) {
   EXPECT_NEAR(s["overall"]["geomean_speedup"].get<double>(), 1.0, 1e-12);
 }
 
+// A sample whose task the card cannot hold never ran: out of pass@k and fast_p (a task with only
+// such samples in no denominator), counted apart; other infra_errors stay failures.
+TEST_F(ReportTest, SamplesTooBigForTheGpuAreLeftOutOfTheMetricsAndCounted) {
+  std::vector<Task> three = {{"a", "", "", 1, {}}, {"b", "", "", 2, {}}, {"big", "", "", 1, {}}};
+  std::vector<Verdict> with_big = verdicts;
+  for (int i : {0, 1}) {
+    Verdict v = sample("big", i, EvalStatus::infra_error);
+    v.checks = {Check::exceeds_gpu_memory};
+    with_big.push_back(v);
+  }
+  auto s = bench_summary(info, three, with_big);
+  auto without = bench_summary(info, tasks, verdicts);
+  EXPECT_EQ(s["exceeds_gpu_memory"], 2);
+  EXPECT_EQ(without["exceeds_gpu_memory"], 0);
+  EXPECT_EQ(s["pass_at_k"], without["pass_at_k"]);
+  EXPECT_EQ(s["fast_p"], without["fast_p"]);
+  EXPECT_EQ(s["levels"]["1"]["pass_at_k"], without["levels"]["1"]["pass_at_k"]);
+  EXPECT_EQ(s["overall"]["samples"], 4);
+  EXPECT_EQ(s["overall"]["tasks"], 2);
+  EXPECT_EQ(s["evaluated_samples"], 6) << "the existing keys keep their meaning";
+  EXPECT_NE(render_bench_table(s).find("2 sample(s) of tasks that need more GPU memory"), std::string::npos);
+  EXPECT_EQ(render_bench_table(without).find("GPU memory"), std::string::npos);
+
+  Verdict other = sample("big", 0, EvalStatus::infra_error);  // any other infra_error: a failure, as before
+  other.checks = {Check::reference_failed};
+  auto failed = bench_summary(info, three, {verdicts[0], verdicts[1], verdicts[2], verdicts[3], other});
+  EXPECT_EQ(failed["exceeds_gpu_memory"], 0);
+  EXPECT_EQ(failed["overall"]["tasks"], 3);
+  EXPECT_DOUBLE_EQ(failed["pass_at_k"]["1"].get<double>(), 1.0 / 3);
+}
+
 TEST_F(ReportTest, TableAndHtmlShowTheRun) {
   auto s = bench_summary(info, tasks, verdicts);
   std::string table = render_bench_table(s);

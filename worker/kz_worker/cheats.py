@@ -51,7 +51,7 @@ import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import gpu_lock, sandbox
+from . import fingerprint, gpu_lock, sandbox
 from . import verdict as v
 
 # ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
@@ -749,32 +749,6 @@ def check_aliases_reference(out, reference_outputs) -> None:
                         [v.OUTPUT_ALIASES_REFERENCE])
 
 
-def bitwise_equal(a, b) -> bool:
-    la, lb = leaves(a), leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if not isinstance(x, torch.Tensor):
-            if x != y:
-                return False
-            continue
-        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-            return False
-        if x.numel() == 0:
-            continue
-        if x.dtype.is_floating_point or x.dtype.is_complex:
-            # Bits, so NaN payloads and -0.0 count too.
-            xb = x.detach().contiguous().view(-1).view(torch.uint8)
-            yb = y.detach().contiguous().view(-1).view(torch.uint8)
-            if not torch.equal(xb, yb):
-                return False
-        elif not torch.equal(x, y):
-            return False
-    return True
-
-
 def clone_output(out):
     if isinstance(out, torch.Tensor):
         return out.detach().clone()
@@ -784,22 +758,23 @@ def clone_output(out):
 
 
 class ReplayDetector:
-    """Remembers the candidate's first output per input set; an output bitwise equal to the one of a
-    different set, where the two references differ beyond tolerance, is a replay."""
+    """Remembers the digest of the candidate's first output per input set (fingerprint.digest: its
+    bytes, not a copy); an output bitwise equal to the one of a different set, where the two
+    references differ beyond tolerance, is a replay."""
 
     def __init__(self, references_differ):
         self.references_differ = references_differ  # (set_a, set_b) -> bool
         self.outputs = {}
 
     def check(self, set_id, out) -> None:
+        digest = fingerprint.digest(out)
         for other, previous in self.outputs.items():
-            if other != set_id and bitwise_equal(out, previous) and self.references_differ(set_id, other):
+            if other != set_id and previous == digest and self.references_differ(set_id, other):
                 raise v.Failure(v.CHEAT_DETECTED,
                                 f"the output for input set {set_id} is bit for bit the output for input set "
                                 f"{other}, whose reference differs (results cached by shape or by pointer, "
                                 "or replayed)", [v.REPLAYED_OUTPUT])
-        if set_id not in self.outputs:
-            self.outputs[set_id] = clone_output(out)
+        self.outputs.setdefault(set_id, digest)
 
 
 def poison(values, keep=()) -> None:

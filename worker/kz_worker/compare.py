@@ -1,9 +1,18 @@
 """Output comparison: exact structure, then values by dtype tolerance and relative norm.
 
-Elementwise: |out - ref| <= atol + rtol * |ref| (torch.allclose semantics).
+Floating point, in this order: NaN/Inf where the reference has them and nowhere else (over the
+whole tensor), then elementwise over the reference's finite elements, then the norm over them.
+Elementwise: |out - ref| <= atol + rtol * |ref| (torch.allclose semantics), in float64.
 Norm: ||out - ref|| / ||ref|| <= norm_tol, which stops a near-zero reference from being matched
 by an all-zero (or constant) output that the elementwise atol alone would let through.
+Integers and bools: exactly equal.
+
+Values are read in chunks of at most CHUNK_ELEMENTS elements (in row-major order), accumulating the
+counts, the max and the sums of squares, so that the comparison's peak memory is bounded by a few
+float64 chunks, independent of the output's size (KernelBench outputs reach 8 GB: full float64 copies
+would not fit beside them).
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,26 +77,22 @@ def compare_tensor(o, r, settings: dict, what: str) -> dict:
     if o.device != r.device:
         raise v.Failure(v.INCORRECT, f"{what}: on {o.device}, expected {r.device}", [v.OUTPUT_DEVICE])
     if not o.dtype.is_floating_point:
-        if not torch.equal(o, r):
+        if not all(torch.equal(a, b) for a, b in _chunks(o, r)):
             raise v.Failure(v.INCORRECT, f"{what}: integer/bool values differ", [v.OUTPUT_MISMATCH])
         return {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
-    ref_finite = torch.isfinite(r)
-    if not torch.equal(torch.isfinite(o), ref_finite):
-        bad = int((torch.isfinite(o) != ref_finite).sum())
-        raise v.Failure(v.INCORRECT, f"{what}: {bad} elements are NaN/Inf where the reference is finite (or vice versa)",
-                        [v.OUTPUT_NOT_FINITE])
     tol = tolerance_for(r.dtype, settings)
-    o64, r64 = o.double()[ref_finite], r.double()[ref_finite]
-    diff = (o64 - r64).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    allowed = tol.atol + tol.rtol * r64.abs()
-    if diff.numel() and bool((diff > allowed).any()):
-        count = int((diff > allowed).sum())
+    sums = _float_sums(o, r, tol)
+    if sums["not_finite"]:
+        raise v.Failure(v.INCORRECT, f"{what}: {sums['not_finite']} elements are NaN/Inf where the reference is "
+                        "finite (or vice versa)", [v.OUTPUT_NOT_FINITE])
+    finite = sums["finite"]  # the reference's finite elements: the only ones compared below
+    max_abs = sums["max_abs"] if finite else 0.0
+    if finite and sums["outside"]:
         raise v.Failure(v.INCORRECT,
-                        f"{what}: {count}/{diff.numel()} elements outside atol={tol.atol:g} rtol={tol.rtol:g} "
+                        f"{what}: {sums['outside']}/{finite} elements outside atol={tol.atol:g} rtol={tol.rtol:g} "
                         f"(max abs error {max_abs:.3g})", [v.OUTPUT_MISMATCH])
-    ref_norm = float(r64.norm()) if r64.numel() else 0.0
-    err_norm = float((o64 - r64).norm()) if r64.numel() else 0.0
+    ref_norm = math.sqrt(sums["ref_squares"]) if finite else 0.0
+    err_norm = math.sqrt(sums["error_squares"]) if finite else 0.0
     rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     if rel_norm > tol.norm_tol:
         raise v.Failure(v.INCORRECT,
@@ -108,10 +113,20 @@ def check_aliasing(out, inputs, ref_out, ref_inputs) -> None:
 
 
 def check_inputs_unchanged(inputs, originals) -> None:
+    """Each tensor input equal to its original: the same shape, dtype and device, and the same values,
+    NaN matching NaN (chunk by chunk, as compare_tensor)."""
     for index, (x, original) in enumerate(zip(inputs, originals)):
-        if isinstance(x, torch.Tensor) and not torch.equal(x, original) and not (
-                x.dtype.is_floating_point and torch.allclose(x, original, equal_nan=True, rtol=0, atol=0)):
+        if isinstance(x, torch.Tensor) and not _unchanged(x, original):
             raise v.Failure(v.INCORRECT, f"candidate modified input {index}", [v.INPUT_MUTATED])
+
+
+def _unchanged(x, original) -> bool:
+    if (not isinstance(original, torch.Tensor) or x.shape != original.shape or x.dtype != original.dtype
+            or x.device != original.device):
+        return False
+    return all(torch.equal(a, b) or (a.dtype.is_floating_point
+                                     and torch.allclose(a, b, equal_nan=True, rtol=0, atol=0))
+               for a, b in _chunks(x, original))
 
 
 def _describe(value):
@@ -120,3 +135,79 @@ def _describe(value):
     if isinstance(value, (tuple, list)):
         return f"{type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+# Elements per chunk: the comparisons hold a few float64 temporaries of at most this many elements
+# (32 MiB each) at a time, whatever the tensors' size.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def _chunks(*tensors):
+    """Yields, for tensors of one shape, 1-D pieces at the same positions, in row-major order, each of
+    at most CHUNK_ELEMENTS elements: views where a tensor's layout allows, else a copy of that piece
+    alone (a non-contiguous tensor is never copied whole, as reshape(-1) would)."""
+    limit = max(1, int(CHUNK_ELEMENTS))
+    tensors = [t.detach() for t in tensors]  # no autograd graph keeps a chunk's temporaries alive
+    yield from _pieces(tensors, limit)
+
+
+def _pieces(tensors, limit):
+    numel = tensors[0].numel()
+    if numel <= limit:
+        yield [t.reshape(-1) for t in tensors]
+        return
+    flat = [_flat_view(t) for t in tensors]
+    if all(f is not None for f in flat):
+        for start in range(0, numel, limit):
+            yield [f[start:start + limit] for f in flat]
+        return
+    # numel > limit >= 1, so the tensor has at least one dimension and no zero one.
+    rows, row = tensors[0].shape[0], numel // tensors[0].shape[0]
+    step = max(1, limit // row)  # whole rows per piece; a row longer than the limit is split itself
+    for start in range(0, rows, step):
+        if step == 1:
+            yield from _pieces([t[start] for t in tensors], limit)
+        else:
+            yield from _pieces([t[start:start + step] for t in tensors], limit)
+
+
+def _flat_view(t):
+    try:
+        return t.view(-1)
+    except RuntimeError:  # not viewable as one dimension (transposed, expanded, sliced)
+        return None
+
+
+def _float_sums(o, r, tol: Tolerance) -> dict:
+    """One pass over floating-point o and r: the count of NaN/Inf placement mismatches, and over the
+    reference's finite elements their count, the max abs error, the count outside atol + rtol*|ref|
+    and the sums of squares of the error and of the reference (float64, accumulated on the device:
+    one synchronisation at the end)."""
+    zero = r.new_zeros((), dtype=torch.float64)
+    not_finite = finite = outside = max_abs = error_squares = ref_squares = zero
+    for a, b in _chunks(o, r):
+        if not b.numel():
+            continue
+        part = _chunk_sums(a, b, tol, zero)  # its temporaries are freed before the next chunk
+        not_finite, finite, outside = not_finite + part[0], finite + part[1], outside + part[2]
+        max_abs = torch.maximum(max_abs, part[3])
+        error_squares, ref_squares = error_squares + part[4], ref_squares + part[5]
+    totals = torch.stack([not_finite, finite, outside, max_abs, error_squares, ref_squares]).tolist()
+    # The counts are exact in float64 (below 2**53).
+    return {"not_finite": int(totals[0]), "finite": int(totals[1]), "outside": int(totals[2]),
+            "max_abs": totals[3], "error_squares": totals[4], "ref_squares": totals[5]}
+
+
+def _chunk_sums(a, b, tol: Tolerance, zero):
+    """_float_sums' parts for one chunk, as 0-dim float64 tensors in the order of its totals."""
+    mask = torch.isfinite(b)
+    not_finite = (torch.isfinite(a) != mask).sum()
+    o64, r64 = a.double(), b.double()
+    error = torch.where(mask, o64 - r64, zero)
+    error_squares = (error * error).sum()
+    diff = error.abs()
+    del error, o64
+    outside = ((diff > tol.atol + tol.rtol * r64.abs()) & mask).sum()
+    finite_ref = torch.where(mask, r64, zero)
+    return (not_finite.double(), mask.sum().double(), outside.double(), diff.max(), error_squares,
+            (finite_ref * finite_ref).sum())

@@ -719,7 +719,8 @@ def _chain_has(exc: BaseException, test) -> bool:
 
 
 _OUT_OF_MEMORY = ("DefaultCPUAllocator: not enough memory", "DefaultCPUAllocator: can't allocate memory",
-                  "CUDA out of memory", "Cannot allocate memory")
+                  "CUDA out of memory", "Cannot allocate memory", "CUDA error: out of memory",
+                  "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
 def is_memory_exception(exc: BaseException) -> bool:
@@ -748,13 +749,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# The poison must not be the evaluation's peak on a large task (KernelBench outputs reach 8 GB);
+# 1 GiB is enough, as what the allocator hands out next is at the front of its free lists.
+_POISON_MAX_BYTES = 1 << 30
+
+
 def poison_free_memory(device: torch.device, inputs) -> None:
     """Fills memory the caching allocator will hand out next with NaN, so a candidate that
     returns uninitialised memory (which might hold an earlier, correct output) is caught."""
     if device.type != "cuda":
         return
     input_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
-    size = min(max(4 * input_bytes, 1 << 20), 4 << 30)
+    size = min(max(4 * input_bytes, 1 << 20), _POISON_MAX_BYTES)
     poison = torch.empty(size // 4, dtype=torch.float32, device=device)
     poison.fill_(float("nan"))
     del poison

@@ -169,6 +169,16 @@ class NoLock:
         yield
 
 
+def gpu_name(device: torch.device) -> str:
+    """What names `device`'s lock files: its UUID (see lock_file_stem)."""
+    props = torch.cuda.get_device_properties(device)
+    return str(getattr(props, "uuid", "")) or f"index{device.index or 0}"
+
+
+def gpu_stem(device: torch.device) -> str:
+    return lock_file_stem(gpu_name(device))
+
+
 def for_request(request: dict, device: torch.device):
     """The request's lock, which also becomes this process's (released() below)."""
     global _process_lock
@@ -176,8 +186,7 @@ def for_request(request: dict, device: torch.device):
     if device.type != "cuda" or not lock_dir:
         _process_lock = NoLock()
     else:
-        props = torch.cuda.get_device_properties(device)
-        _process_lock = GpuLock(lock_dir, str(getattr(props, "uuid", "")) or f"index{device.index or 0}", device)
+        _process_lock = GpuLock(lock_dir, gpu_name(device), device)
     return _process_lock
 
 

@@ -1,6 +1,8 @@
 """The correctness rules of compare.py: exact structure, dtype tolerances, the norm check."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from kz_worker import compare
 from kz_worker import verdict as v
@@ -69,3 +71,200 @@ def test_input_mutation_and_aliasing():
     with pytest.raises(v.Failure) as caught:
         compare.check_aliasing(x, [x], torch.randn(5), [torch.randn(5)])
     assert caught.value.checks == [v.OUTPUT_ALIASES_INPUT]
+
+
+# ---- chunked comparison: the same verdicts as the whole-tensor rules, in bounded memory -----------
+
+
+def whole_tensor_compare(o, r, settings, what="output"):
+    """The rules on whole float64 copies (compare_tensor before it was chunked): the expected results."""
+    if not o.dtype.is_floating_point:
+        if not torch.equal(o, r):
+            raise v.Failure(v.INCORRECT, f"{what}: integer/bool values differ", [v.OUTPUT_MISMATCH])
+        return {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
+    ref_finite = torch.isfinite(r)
+    if not torch.equal(torch.isfinite(o), ref_finite):
+        bad = int((torch.isfinite(o) != ref_finite).sum())
+        raise v.Failure(v.INCORRECT, f"{what}: {bad} elements are NaN/Inf where the reference is finite (or vice versa)",
+                        [v.OUTPUT_NOT_FINITE])
+    tol = compare.tolerance_for(r.dtype, settings)
+    o64, r64 = o.double()[ref_finite], r.double()[ref_finite]
+    diff = (o64 - r64).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    allowed = tol.atol + tol.rtol * r64.abs()
+    if diff.numel() and bool((diff > allowed).any()):
+        count = int((diff > allowed).sum())
+        raise v.Failure(v.INCORRECT,
+                        f"{what}: {count}/{diff.numel()} elements outside atol={tol.atol:g} rtol={tol.rtol:g} "
+                        f"(max abs error {max_abs:.3g})", [v.OUTPUT_MISMATCH])
+    ref_norm = float(r64.norm()) if r64.numel() else 0.0
+    err_norm = float((o64 - r64).norm()) if r64.numel() else 0.0
+    rel_norm = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    if rel_norm > tol.norm_tol:
+        raise v.Failure(v.INCORRECT,
+                        f"{what}: relative error norm {rel_norm:.3g} > {tol.norm_tol:g} "
+                        f"(reference norm {ref_norm:.3g})", [v.OUTPUT_NORM_MISMATCH])
+    return {"max_abs_error": max_abs, "max_rel_norm_error": rel_norm}
+
+
+def outcome(function, *args, approx=False):
+    """("failed", checks, message) or ("passed", max abs error, relative norm error); approx: the norm
+    error to within rounding (a sum of squares, not torch's norm)."""
+    try:
+        stats = function(*args)
+    except v.Failure as failure:
+        return ("failed", failure.checks, failure.message)
+    rel_norm = stats["max_rel_norm_error"]
+    return ("passed", stats["max_abs_error"], pytest.approx(rel_norm, rel=1e-9) if approx else rel_norm)
+
+
+def non_contiguous(t):
+    """The same values in another layout (reversed dimension order in memory)."""
+    dims = list(range(t.dim()))[::-1]
+    return t.permute(dims).contiguous().permute(dims)
+
+
+def cases(dtype):
+    """(name, out, ref) for one dtype: passing and failing outputs, with NaN/Inf around chunk boundaries
+    of 7 elements (indices 6, 7, 13, 14) and in the last chunk."""
+    g = torch.Generator().manual_seed(1234)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    for shape in ((70,), (6, 13), (3, 4, 5)):
+        ref = randn(*shape)
+        flat = ref.reshape(-1)
+        n = flat.numel()
+        out = ref.clone()
+        yield f"{shape} equal", out, ref
+        noise = (ref.double() * (1 + 1e-6 * torch.randn(shape, generator=g, dtype=torch.float64))).to(dtype)
+        yield f"{shape} within tolerance", noise, ref
+        outside = ref.clone().reshape(-1)
+        outside[[6, 7, 14, n - 1]] += 1
+        yield f"{shape} outside across chunks", outside.reshape(shape), ref
+        ref_nan = ref.clone().reshape(-1)
+        ref_nan[[6, 7, 13, n - 1]] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")]).to(dtype)
+        ref_nan = ref_nan.reshape(shape)
+        matched = torch.where(torch.isfinite(ref_nan), noise, ref_nan)
+        yield f"{shape} NaN/Inf in the same places", matched, ref_nan
+        yield f"{shape} NaN/Inf in the same places, elements outside", torch.where(
+            torch.isfinite(ref_nan), outside.reshape(shape), ref_nan), ref_nan
+        flipped = matched.clone().reshape(-1)
+        flipped[7] = -flipped[7]  # -inf for inf: the finite masks agree, only finite elements are compared
+        yield f"{shape} Inf of the other sign", flipped.reshape(shape), ref_nan
+        moved = matched.clone().reshape(-1)
+        moved[[6, 8]] = moved[[8, 6]]  # a NaN one place over, into the next chunk
+        moved[n - 2] = float("inf")
+        yield f"{shape} NaN/Inf moved across a chunk boundary", moved.reshape(shape), ref_nan
+        yield f"{shape} NaN where the reference is finite", torch.full_like(ref, float("nan")), ref
+        yield f"{shape} finite where the reference is NaN", ref, torch.full_like(ref, float("nan"))
+        yield f"{shape} all NaN", torch.full_like(ref, float("nan")), torch.full_like(ref, float("nan"))
+        tiny = (torch.randn(shape, generator=g) * 1e-6).to(dtype)
+        yield f"{shape} zeros for a near-zero reference", torch.zeros_like(tiny), tiny
+        yield f"{shape} near-zero reference matched", tiny.clone(), tiny
+    yield "empty", torch.empty(0, 3, dtype=dtype), torch.empty(0, 3, dtype=dtype)
+    yield "0-dim", torch.tensor(1.5, dtype=dtype), torch.tensor(1.25, dtype=dtype)
+    row = randn(1, 13)
+    yield "expanded (stride 0) output", row.expand(6, 13), row.expand(6, 13).clone()
+    yield "expanded output, one row off", row.expand(6, 13), torch.cat([row.expand(5, 13), row + 1])
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 22])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_chunked_comparison_matches_the_whole_tensor_rules(monkeypatch, chunk, dtype):
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", chunk)
+    seen = set()
+    for name, out, ref in cases(dtype):
+        for layout, o in (("contiguous", out), ("non-contiguous", non_contiguous(out))):
+            expected = outcome(whole_tensor_compare, o, ref, SETTINGS, approx=True)
+            assert outcome(compare.compare_outputs, o, ref, SETTINGS) == expected, (name, layout)
+            seen.add(expected[0] if expected[0] == "passed" else expected[1][0])
+    assert seen == {"passed", v.OUTPUT_MISMATCH, v.OUTPUT_NOT_FINITE, v.OUTPUT_NORM_MISMATCH}, "every rule fires"
+
+
+def test_the_first_rule_broken_is_named_over_the_whole_tensor(monkeypatch):
+    """A NaN in the last chunk outranks elements outside the tolerance in the first chunks."""
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    ref = torch.randn(70)
+    out = ref + 1
+    out[69] = float("nan")
+    assert fired(out, ref) == [v.OUTPUT_NOT_FINITE]
+    out[69] = ref[69]
+    with pytest.raises(v.Failure) as caught:
+        compare.compare_outputs(out, ref, SETTINGS)
+    assert caught.value.message.startswith("output: 69/70 elements outside")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_integers_and_bools_compared_exactly_chunk_by_chunk(monkeypatch, dtype):
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    ref = torch.randint(0, 2, (6, 13)).to(dtype)
+    assert compare.compare_outputs(non_contiguous(ref), ref, SETTINGS) == {"max_abs_error": 0.0,
+                                                                         "max_rel_norm_error": 0.0}
+    for index in (0, 7, 77):  # the first chunk, the second, the last element
+        out = ref.clone().reshape(-1)
+        out[index] = 1 - out[index] if dtype != torch.bool else ~out[index]
+        for o in (out.reshape(6, 13), non_contiguous(out.reshape(6, 13))):
+            with pytest.raises(v.Failure) as caught:
+                compare.compare_outputs(o, ref, SETTINGS)
+            assert (caught.value.checks, caught.value.message) == (
+                [v.OUTPUT_MISMATCH], "output: integer/bool values differ")
+
+
+def test_inputs_unchanged_chunk_by_chunk(monkeypatch):
+    """NaN matches NaN and -0.0 matches 0.0 (as before); a change in any chunk, in any layout, is caught."""
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    original = torch.randn(6, 13)
+    original[0, 6] = float("nan")
+    original[5, 12] = 0.0
+    for layout in (lambda t: t.clone(), non_contiguous):
+        x = layout(original)
+        x[5, 12] = -0.0
+        compare.check_inputs_unchanged([x, 3], [original, 3])
+        for index in ((0, 6), (0, 7), (5, 12)):
+            changed = layout(original)
+            changed[index] = 1.0
+            with pytest.raises(v.Failure) as caught:
+                compare.check_inputs_unchanged([original.clone(), changed], [original, original])
+            assert caught.value.checks == [v.INPUT_MUTATED] and caught.value.message == "candidate modified input 1"
+    integers = torch.arange(78).reshape(6, 13)
+    compare.check_inputs_unchanged([non_contiguous(integers)], [integers])
+    changed = non_contiguous(integers)
+    changed[5, 12] = 0
+    with pytest.raises(v.Failure):
+        compare.check_inputs_unchanged([changed], [integers])
+    with pytest.raises(v.Failure):  # resized in place
+        compare.check_inputs_unchanged([original.clone().resize_(1)], [original])
+
+
+class FreshTensors(TorchDispatchMode):
+    """(dtype, elements) of every tensor an op creates with storage of its own (views and in-place
+    results share their input's storage and are left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.created = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(result):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.created.append((t.dtype, t.untyped_storage().nbytes() // t.element_size()))
+        return result
+
+
+def test_no_temporary_larger_than_a_chunk(monkeypatch):
+    chunk = 1000
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", chunk)
+    ref = torch.randn(100, 10 * chunk // 100)
+    ref[3, 4] = float("nan")
+    for out in (ref + 1e-6, non_contiguous(ref + 1e-6), ref + 1):
+        original = out.clone()
+        with FreshTensors() as fresh:
+            outcome(compare.compare_outputs, out, ref, SETTINGS)
+            compare.check_inputs_unchanged([out], [original])
+        float64 = [n for dtype, n in fresh.created if dtype == torch.float64]
+        assert float64 and max(float64) <= chunk, max(float64)
+        assert max(n for _, n in fresh.created) <= chunk, "no whole copy in any dtype (non-contiguous output)"

@@ -10,8 +10,10 @@
 // timeout is never stored; job counts, scratch and cache folders).
 //
 // Only verdicts that would come out the same again are stored: not infra_error or timeout
-// (transient: a busy machine, a broken install), not worker_crashed (a crash may come from outside:
-// the OOM killer, a kill -9), and never compile-only pre-build verdicts.
+// (transient: a busy machine, a broken install), not out_of_memory_shared (memory that other
+// evaluations held on the GPU), not worker_crashed (a crash may come from outside: the OOM killer,
+// a kill -9), and never compile-only pre-build verdicts. A replay says nothing of the stored run's
+// retry (retried_alone): it ran no worker.
 //
 // Seed 0 ("a fresh secret seed per evaluation") is cached too: such a verdict is a valid sample of
 // the same inputs' verdict distribution, so a hit replays that sample (with its seed) instead of

@@ -46,6 +46,9 @@ class Evaluator {
   // a non-ok Result means KernelZero itself could not run (e.g. spawning Python failed).
   // With the cache enabled, a full evaluation seen before returns the stored verdict (cached =
   // true) without a worker, and a new cacheable verdict is stored; compile_only never touches it.
+  // A full evaluation that ran out of GPU memory while other evaluations held some
+  // (out_of_memory_shared) runs once more with the GPU's memory to itself: that verdict is the
+  // result, with retried_alone and both runs' wall_s.
   Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
 
   // Whether evaluate(task, candidate) would be a cache hit (false with the cache off): no point in
@@ -73,8 +76,10 @@ class Evaluator {
   std::string extension_build_key(const Candidate& candidate) const;
   // Keeps the kept builds within [worker] kept_builds_max_mb (prune_kept_builds), now and then.
   void prune_now_and_then() const;
+  // One worker run. `gpu_alone`: it reserves every memory slot of its GPU (request "gpu_alone"), the
+  // run again after an out_of_memory_shared.
   Result<Verdict> run_worker(const Task& task, const Candidate& candidate, Format format, uint64_t seed,
-                             EvalMode mode) const;
+                             EvalMode mode, bool gpu_alone) const;
   WorkerSetup worker_setup(EvalMode mode) const;
   // Environment and sandbox of this evaluator's workers for `mode`: compile-only requests (the `cuda`
   // pre-builds) run on fork servers of their own kind (KZ_WORKER_ROLE=build), which skip what only

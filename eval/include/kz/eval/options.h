@@ -50,6 +50,9 @@ struct StageTimeouts {
   double correctness_s = 300;    // all trials (the Triton interpreter is slow)
   double timing_s = 300;
   double recheck_s = 120;
+  // Waiting for other evaluations on the GPU to free memory (the worker's reservation,
+  // worker/kz_worker/gpu_memory.py); the evaluation's own stages are timed apart.
+  double await_memory_s = 3600;
 };
 
 struct WorkerOptions {
@@ -144,6 +147,12 @@ struct WorkerOptions {
   // a worker's start-up. The verdict is the worker's own (same status, check and message). false:
   // the worker finds it.
   bool syntax_check = true;
+  // Worker processes that may hold a CUDA context on one GPU at once: its evaluations at once and
+  // the spare fork servers (each prepares its next child's context ahead: default_jobs +
+  // spare_servers, kz/eval/suite.h). Sent to GPU workers (request gpu_memory_processes), whose
+  // memory reservation leaves room for every context. Not a TOML key: kz eval-suite, serve-eval and
+  // bench set it from their job counts; a single `kz eval` runs one.
+  int gpu_memory_processes = 1;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the

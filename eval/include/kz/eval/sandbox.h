@@ -29,9 +29,17 @@ std::filesystem::path gpu_lock_dir(const std::filesystem::path& cache_dir);
 // "MIG-" prefix dropped (torch's UUIDs have none), any character but alphanumerics and '-' made '_'.
 std::string gpu_lock_file_stem(const std::string& gpu_uuid);
 
-// Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files: existing regular files are
-// kept as they are, anything else in their place (a symlink, a FIFO) is replaced. Workers cannot write in the lock dir under the sandbox: a lock file a candidate could
-// unlink would split the lock, and timings would overlap.
+// GPU memory slots per GPU: a worker locks ceil(budget / slot) of the ".memory-slot-N" files before
+// it allocates (worker/kz_worker/gpu_memory.py). worker/kz_worker/gpu_memory.py's SLOTS must be the
+// same: a slot file the supervisor did not make is one a sandboxed worker cannot make.
+inline constexpr int kGpuMemorySlots = 16;
+
+// Makes `lock_dir` and, for each GPU, its ".lock" and ".turnstile" files (the timing lock,
+// gpu_lock.py), and its ".memory-turnstile" and ".memory-slot-0" .. ".memory-slot-15" files (the
+// memory reservation, gpu_memory.py): existing regular files are kept as they are, anything else in
+// their place (a symlink, a FIFO) is replaced. Workers cannot write in the lock dir under the
+// sandbox: a lock file a candidate could unlink would split the lock, and timings would overlap (or
+// evaluations allocate past the card).
 Status make_gpu_lock_files(const std::filesystem::path& lock_dir, const std::vector<std::string>& gpu_uuids);
 
 // gpu_lock_dir(cache_dir), with the lock files of every GPU and MIG instance (gpu_uuids: asked once

@@ -36,10 +36,16 @@ struct SuiteSummary {
   double geomean_speedup = 0;   // over correct, timed candidates; 0 when none
   std::vector<std::pair<std::string, int>> status_counts;  // status name -> count, non-zero only
   int unchecked = 0;            // verdicts where a check could not run (Verdict::unchecked)
+  // Verdicts whose task needs more GPU memory than the card gives one evaluation (infra_error,
+  // check exceeds_gpu_memory): the candidate could not run, so the rates leave them out.
+  int exceeds_gpu_memory = 0;
+  int retried_alone = 0;        // run again alone on the GPU after an out_of_memory_shared (Verdict::retried_alone)
 
-  double pass_rate() const { return candidates ? double(correct) / candidates : 0; }
-  double compile_rate() const { return candidates ? double(compiled) / candidates : 0; }
-  double fast_1() const { return candidates ? double(faster) / candidates : 0; }
+  // The candidates the rates are over: every one that could run on this card.
+  int rated() const { return candidates - exceeds_gpu_memory; }
+  double pass_rate() const { return rated() ? double(correct) / rated() : 0; }
+  double compile_rate() const { return rated() ? double(compiled) / rated() : 0; }
+  double fast_1() const { return rated() ? double(faster) / rated() : 0; }
 };
 
 SuiteSummary summarize(const std::vector<Verdict>& verdicts, int tasks);
@@ -53,6 +59,9 @@ nlohmann::json summary_json(const SuiteSummary& summary);
 int default_jobs(const EvalOptions& options);
 // Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
 int spare_servers(const EvalOptions& options);
+// Sets [worker] gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
+// fork servers, each of which may hold a CUDA context on the GPU.
+void set_gpu_memory_processes(EvalOptions& options, int jobs);
 
 // "cuda:0,cuda:1" -> {"cuda:0", "cuda:1"}; "cuda:all" -> every GPU nvidia-smi lists.
 Result<std::vector<std::string>> parse_devices(const std::string& devices);

@@ -41,6 +41,8 @@ namespace kz {
   /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
   X(cpu_limit) X(file_size_limit) X(scratch_limit) X(process_limit) X(memory_limit) \
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
+  /* GPU memory (infra_error: the GPU's, not the candidate's; worker/kz_worker/gpu_memory.py) */ \
+  X(out_of_memory_shared) X(exceeds_gpu_memory)                                 \
   X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 
 enum class EvalStatus {
@@ -59,6 +61,22 @@ const char* status_name(EvalStatus status);
 std::optional<EvalStatus> parse_status(std::string_view name);
 const char* check_name(Check check);
 std::optional<Check> parse_check(std::string_view name);
+
+// How the worker reserved and used GPU memory (worker/kz_worker/gpu_memory.py), in MB; every field
+// optional, as the worker reports it. Diagnostics, and the figures an exceeds_gpu_memory or
+// out_of_memory_shared verdict's message names.
+struct MemoryReport {
+  std::optional<double> reference_peak_mb;  // the reference's inputs + forward peak, estimated
+  std::optional<double> budget_mb;          // GPU memory the evaluation reserved
+  std::optional<int> slots;                 // memory slots held
+  std::optional<double> slot_mb;            // one slot's share of capacity_mb
+  std::optional<double> capacity_mb;        // what the evaluations on this GPU may share
+  std::optional<double> card_mb;            // the card's memory
+  std::optional<double> peak_mb;            // the worker's measured peak allocation
+  std::optional<double> wait_s;             // seconds waiting for the reservation (stage await_memory)
+  std::optional<bool> alone;                // held every slot (a retry alone: request gpu_alone)
+  std::string estimate;                     // how reference_peak_mb was had: "meta" or "measured"; "" unsaid
+};
 
 // Median and spread of one model's timed runs, in milliseconds.
 struct TimingStats {
@@ -167,6 +185,12 @@ struct Verdict {
   std::vector<std::pair<std::string, double>> cpu_s;
   // A pre-built `cuda` candidate: its pre-build's CPU seconds (the sum of that verdict's cpu_s).
   std::optional<double> prebuild_cpu_s;
+  // GPU memory reserved and used, where the worker reported it (on a GPU, from the worker that
+  // reserves memory); nullopt otherwise.
+  std::optional<MemoryReport> memory;
+  // Run a second time with every memory slot of its GPU held (request gpu_alone), after the first
+  // run's out_of_memory_shared: this verdict is the second run's, its wall_s both runs'.
+  bool retried_alone = false;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
 
   bool has_check(Check check) const;
