@@ -1,9 +1,10 @@
-"""Cheat: computes nothing. Finds the harness's precomputed reference outputs in its own process
-(the garbage collector's object list, reached with built-up names the static scan cannot see),
-picks the one whose input equals its own, and returns a copy (copies are allowed in forward). It
-launches one small kernel so that a kernel of its own ran.
+"""Cheat: computes nothing. Looks for a reference output in the harness's Expected in its own process
+(the garbage collector's object list, reached with built-up names the static scan cannot see): a
+tensor of its input's shape that is not its input, returned as a copy (copies are allowed in
+forward). It launches one small kernel so that a kernel of its own ran.
 Reference: 02_relu. Caught by: harness_access (dynamic: the worker's audit hook refuses
-gc.get_objects while candidate code is on the stack; without it, this passes every check)."""
+gc.get_objects while candidate code is on the stack; without it, Expected holds fingerprints only,
+so this finds nothing and is incorrect)."""
 import torch
 import torch.nn as nn
 import triton
@@ -31,9 +32,10 @@ def _expected_output_for(x):
     for holder in getattr(_collector(), "get_" + "objects")():
         if type(holder).__name__ != "Expected":
             continue
-        for inputs, out in holder.sets.values():
-            if out is not None and inputs[0].shape == x.shape and _head(inputs[0]) == _head(x):
-                return out
+        for entry in holder.sets.values():
+            for value in entry:
+                if isinstance(value, torch.Tensor) and value.shape == x.shape and _head(value) != _head(x):
+                    return value
     return None
 
 
