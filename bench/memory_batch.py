@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """KernelBench's largest problems on one GPU: does every evaluation fit, at the default concurrency?
 
-    python3 bench/memory_batch.py make OUTDIR --kernelbench KB [--level1 12 --level2 3]
+    python3 bench/memory_batch.py make OUTDIR --kernelbench KB [--level1 10 --level2 2]
     python3 bench/memory_batch.py report OUTDIR
 
 `make` picks the level-1 and level-2 problems of a KernelBench checkout (KB/KernelBench/levelN) whose
@@ -167,8 +167,8 @@ def main() -> None:
     m = sub.add_parser("make")
     m.add_argument("outdir")
     m.add_argument("--kernelbench", default=str(ROOT / ".kb" / "KernelBench"))
-    m.add_argument("--level1", type=int, default=12)
-    m.add_argument("--level2", type=int, default=3)
+    m.add_argument("--level1", type=int, default=10)
+    m.add_argument("--level2", type=int, default=2)
     r = sub.add_parser("report")
     r.add_argument("outdir")
     args = parser.parse_args()
