@@ -57,7 +57,8 @@
 #   PART = memory:  build kz only; bench/memory_batch.py: KernelBench's largest level-1 and level-2
 #                   problems (a checkout at $KERNELBENCH, carried along), each reference as its own
 #                   candidate plus cuda-rtc kernels for the elementwise ones, through `kz eval-suite`
-#                   at the default concurrency and then one at a time (--jobs 1); KZ_MEMORY_RUNS picks
+#                   at the default concurrency and then one at a time (--jobs 1); KZ_MEMORY_LEVEL1,
+#                   KZ_MEMORY_LEVEL2 and KZ_MEMORY_RTC size the batch (10, 2, 6); KZ_MEMORY_RUNS picks
 #                   "default", "alone" or both (the default), so the two fit separate calls: the batch,
 #                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
@@ -220,7 +221,8 @@ elif [[ $PART == memory ]]; then
   # join the "default" ones of an earlier call on the same machine.
   MEMORY_DIR=${MEMORY_DIR:-runs/memory}
   mkdir -p "$MEMORY_DIR"
-  [[ -d "$MEMORY_DIR/suite" ]] || python3 bench/memory_batch.py make "$MEMORY_DIR" --kernelbench "$KERNELBENCH" 2>&1 | tail -3
+  [[ -d "$MEMORY_DIR/suite" ]] || python3 bench/memory_batch.py make "$MEMORY_DIR" --kernelbench "$KERNELBENCH" \
+    --level1 "${KZ_MEMORY_LEVEL1:-10}" --level2 "${KZ_MEMORY_LEVEL2:-2}" --rtc "${KZ_MEMORY_RTC:-6}" 2>&1 | tail -3
   for mode in ${KZ_MEMORY_RUNS:-default alone}; do
     jobs=(); [[ $mode == alone ]] && jobs=(--jobs 1)
     for format in torch cuda-rtc; do
@@ -231,11 +233,11 @@ elif [[ $PART == memory ]]; then
       step_done "kz eval-suite ($name)" $?
       echo "$name $((SECONDS - start))" >> "$MEMORY_DIR/walls.txt"
       tail -12 "$MEMORY_DIR/$name.txt"
+      tar -C "$MEMORY_DIR" -czf "$FINAL/results-$PART.tgz" .  # after each run: a cut-off call keeps what ran
     done
   done
   python3 bench/memory_batch.py report "$MEMORY_DIR" | tee "$MEMORY_DIR/report.txt"
-  cp -r "$MEMORY_DIR" "$OUT/memory"
-  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  tar -C "$MEMORY_DIR" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
   start=$SECONDS

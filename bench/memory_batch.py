@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """KernelBench's largest problems on one GPU: does every evaluation fit, at the default concurrency?
 
-    python3 bench/memory_batch.py make OUTDIR --kernelbench KB [--level1 10 --level2 2]
+    python3 bench/memory_batch.py make OUTDIR --kernelbench KB [--level1 10 --level2 2 --rtc 6]
     python3 bench/memory_batch.py report OUTDIR
 
 `make` picks the level-1 and level-2 problems of a KernelBench checkout (KB/KernelBench/levelN) whose
@@ -99,7 +99,7 @@ def make(args) -> None:
     for path in picked:
         (out / "suite" / path.name).write_text(path.read_text())
         (out / "torch" / path.name).write_text(path.read_text())
-    for task, expression in ELEMENTWISE.items():
+    for task, expression in list(ELEMENTWISE.items())[:args.rtc]:
         source = levels / "level1" / f"{task}.py"
         if source.exists():
             (out / "suite" / source.name).write_text(source.read_text())
@@ -169,6 +169,7 @@ def main() -> None:
     m.add_argument("--kernelbench", default=str(ROOT / ".kb" / "KernelBench"))
     m.add_argument("--level1", type=int, default=10)
     m.add_argument("--level2", type=int, default=2)
+    m.add_argument("--rtc", type=int, default=len(ELEMENTWISE), help="cuda-rtc kernels, at most %(default)s")
     r = sub.add_parser("report")
     r.add_argument("outdir")
     args = parser.parse_args()

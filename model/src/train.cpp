@@ -146,14 +146,17 @@ const char* loss_reduction_name(LossReduction reduction) {
     case LossReduction::token_mean: return "token_mean";
     case LossReduction::sequence_mean: return "sequence_mean";
     case LossReduction::sum: return "sum";
+    case LossReduction::seq_mean_token_sum: return "seq_mean_token_sum";
   }
   return "?";
 }
 
 Result<LossReduction> parse_loss_reduction(const std::string& name) {
-  for (LossReduction r : {LossReduction::token_mean, LossReduction::sequence_mean, LossReduction::sum})
+  for (LossReduction r : {LossReduction::token_mean, LossReduction::sequence_mean, LossReduction::sum,
+                          LossReduction::seq_mean_token_sum})
     if (name == loss_reduction_name(r)) return r;
-  return invalid_argument(fmt::format("unknown loss reduction '{}' (token_mean, sequence_mean, sum)", name));
+  return invalid_argument(
+      fmt::format("unknown loss reduction '{}' (token_mean, sequence_mean, sum, seq_mean_token_sum)", name));
 }
 
 Status LossOptions::validate() const {
@@ -257,26 +260,91 @@ double step_denominator(const std::vector<MicroBatch>& batches, const LossOption
   double total = 0;
   for (const auto& b : batches) {
     if (loss.reduction == LossReduction::token_mean) total += target_mask(b).sum().item<double>();
-    if (loss.reduction == LossReduction::sequence_mean) total += static_cast<double>(b.input_ids.size(0));
+    if (loss.reduction == LossReduction::sequence_mean || loss.reduction == LossReduction::seq_mean_token_sum)
+      total += static_cast<double>(b.input_ids.size(0));
   }
   if (loss.reduction == LossReduction::sum) return loss.sum_denominator;
   return std::max(total, 1.0);  // an all-masked step has loss 0, not NaN
 }
 
+// ---- statistics ----
+
+void LossStats::add(const LossStats& o) {
+  tokens += o.tokens;
+  clipped += o.clipped;
+  kl += o.kl;
+  kl_tokens += o.kl_tokens;
+  entropy += o.entropy;
+}
+double LossStats::clip_fraction() const { return tokens > 0 ? clipped / tokens : 0.0; }
+double LossStats::approx_kl() const { return kl_tokens > 0 ? kl / kl_tokens : 0.0; }
+double LossStats::mean_entropy() const { return tokens > 0 ? entropy / tokens : 0.0; }
+
+at::Tensor token_entropy(const at::Tensor& logits, int64_t chunk_elements) {
+  c10::NoGradGuard no_grad;
+  const int64_t v = logits.size(-1);
+  at::Tensor rows = logits.detach().reshape({-1, v});
+  at::Tensor out = at::empty({rows.size(0)}, rows.options().dtype(at::kFloat));
+  const int64_t chunk = std::max<int64_t>(1, chunk_elements / std::max<int64_t>(v, 1));
+  for (int64_t begin = 0; begin < rows.size(0); begin += chunk) {
+    const int64_t n = std::min(chunk, rows.size(0) - begin);
+    // -sum p log p with 0 log 0 = 0 (entr), from a float32 softmax: two chunk-sized temporaries.
+    at::Tensor p = at::softmax(rows.narrow(0, begin, n), -1, at::kFloat);
+    out.narrow(0, begin, n).copy_(at::special_entr(p).sum(-1));
+  }
+  std::vector<int64_t> shape = logits.sizes().vec();
+  shape.pop_back();
+  return out.view(shape);
+}
+
+at::Tensor reduce_token_losses(const at::Tensor& lp, const at::Tensor& entropy, const MicroBatch& batch,
+                               const LossOptions& loss, double denominator, LossStats* stats) {
+  at::Tensor m = target_mask(batch).to(lp.device());
+  at::Tensor weighted = token_losses(lp, batch, loss) * m;
+  if (loss.reduction == LossReduction::sequence_mean) weighted = weighted / m.sum(1, /*keepdim=*/true).clamp_min(1.0);
+  at::Tensor value = weighted.sum() / denominator;
+  if (stats) {
+    c10::NoGradGuard no_grad;
+    LossStats s;
+    s.tokens = m.sum().item<double>();
+    if (batch.old_logprobs.defined()) {
+      at::Tensor log_r = lp.detach() - batch.old_logprobs.to(lp.device(), at::kFloat);
+      at::Tensor r = at::exp(log_r);
+      s.kl = ((r - 1.0 - log_r) * m).sum().item<double>();
+      s.kl_tokens = s.tokens;
+      if (loss.kind == TokenLoss::clipped_policy) {
+        at::Tensor adv = batch.advantages.to(lp.device(), at::kFloat);
+        if (adv.dim() == 1) adv = adv.unsqueeze(1);
+        at::Tensor taken = (r.clamp(1.0 - loss.clip_low, 1.0 + loss.clip_high) * adv).lt(r * adv);
+        s.clipped = (taken.to(at::kFloat) * m).sum().item<double>();
+      }
+    }
+    if (entropy.defined()) s.entropy = (entropy.to(m.device(), at::kFloat) * m).sum().item<double>();
+    stats->add(s);
+  }
+  return value;
+}
+
 Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, const LossOptions& loss,
-                                    double denominator) {
+                                    double denominator, LossStats* stats) {
   KZ_RETURN_IF_ERROR(loss.validate());
   KZ_RETURN_IF_ERROR(validate_micro_batch(batch, loss));
-  auto lp = token_logprobs(model, batch.input_ids, batch.attention_mask, /*keep_graph=*/true);
-  if (!lp.ok()) return lp.status().with_context("loss");
-  try {
-    at::Tensor m = target_mask(batch).to(lp->device());
-    at::Tensor weighted = token_losses(*lp, batch, loss) * m;
-    if (loss.reduction == LossReduction::sequence_mean) weighted = weighted / m.sum(1, /*keepdim=*/true).clamp_min(1.0);
-    return weighted.sum() / denominator;
-  } catch (const std::exception& e) {
-    return internal_error(std::string("loss: ") + e.what());
-  }
+  return guarded("loss", [&]() -> Result<at::Tensor> {
+    // token_logprobs' arithmetic on the logits (so the ratio against its log-probs is exactly 1
+    // for an unchanged model), keeping the logits for the entropy.
+    auto logits = model.logits(batch.input_ids, batch.attention_mask);
+    if (!logits.ok()) return logits.status().with_context("loss");
+    const int64_t t = batch.input_ids.size(1);
+    at::Tensor lf = logits->narrow(1, 0, t - 1).to(at::kFloat);
+    at::Tensor targets = batch.input_ids.narrow(1, 1, t - 1).to(lf.device());
+    at::Tensor lp = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
+    if (batch.attention_mask.defined()) {
+      at::Tensor pad = batch.attention_mask.narrow(1, 1, t - 1).to(lp.device()).eq(0);
+      lp = lp.masked_fill(pad, 0.0);
+    }
+    at::Tensor entropy = stats ? token_entropy(lf) : at::Tensor();
+    return reduce_token_losses(lp, entropy, batch, loss, denominator, stats);
+  });
 }
 
 // ---- the trainer ----
@@ -360,9 +428,10 @@ class TrainingMode {
 
 }  // namespace
 
-Result<double> Trainer::backward(const MicroBatch& batch, const LossOptions& loss, double denominator) {
+Result<double> Trainer::backward(const MicroBatch& batch, const LossOptions& loss, double denominator,
+                                 LossStats* stats) {
   TrainingMode mode(*model_);
-  auto value = micro_batch_loss(*model_, batch, loss, denominator);
+  auto value = micro_batch_loss(*model_, batch, loss, denominator, stats);
   if (!value.ok()) return value.status();
   return guarded("backward", [&]() -> Result<double> {
     value->backward();
@@ -503,19 +572,32 @@ Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const Lo
   KZ_RETURN_IF_ERROR(loss.validate());
   for (size_t i = 0; i < batches.size(); ++i)
     KZ_RETURN_IF_ERROR(validate_micro_batch(batches[i], loss).with_context(fmt::format("micro-batch {}", i)));
+  return step(batches, loss, step_denominator(batches, loss));
+}
+
+Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const LossOptions& loss, double denominator) {
+  if (batches.empty()) return invalid_argument("train step: no micro-batches");
+  if (!(denominator > 0) || !std::isfinite(denominator))
+    return invalid_argument(fmt::format("train step: loss denominator {} must be finite and > 0", denominator));
+  KZ_RETURN_IF_ERROR(loss.validate());
+  for (size_t i = 0; i < batches.size(); ++i)
+    KZ_RETURN_IF_ERROR(validate_micro_batch(batches[i], loss).with_context(fmt::format("micro-batch {}", i)));
   StepStats stats;
   stats.lr = learning_rate(options_, step_);
-  const double denominator = step_denominator(batches, loss);
+  LossStats sums;
   zero_grad();
   for (size_t i = 0; i < batches.size(); ++i) {
-    auto share = backward(batches[i], loss, denominator);
+    auto share = backward(batches[i], loss, denominator, &sums);
     if (!share.ok()) {
       zero_grad();
       return share.status().with_context(fmt::format("train step {}, micro-batch {}", step_, i));
     }
     stats.loss += *share;
-    stats.tokens += target_mask(batches[i]).sum().item<double>();
   }
+  stats.tokens = sums.tokens;
+  stats.clip_fraction = sums.clip_fraction();
+  stats.approx_kl = sums.approx_kl();
+  stats.entropy = sums.mean_entropy();
   stats.grad_norm = clip_gradients();
   if (!std::isfinite(stats.grad_norm)) {  // one bad batch must not poison the weights and moments
     zero_grad();

@@ -625,6 +625,141 @@ TEST_F(StepTest, NonFiniteGradientsSkipTheUpdate) {
   EXPECT_EQ(trainer->steps_done(), 0);
 }
 
+// seq_mean_token_sum: each sequence's token losses summed, then the mean over sequences.
+TEST_F(StepTest, SeqMeanTokenSumSumsEachSequenceThenAverages) {
+  MicroBatch b = batch();
+  LossOptions seq;
+  seq.reduction = LossReduction::seq_mean_token_sum;
+  ASSERT_EQ(*parse_loss_reduction("seq_mean_token_sum"), LossReduction::seq_mean_token_sum);
+  EXPECT_STREQ(loss_reduction_name(LossReduction::seq_mean_token_sum), "seq_mean_token_sum");
+  EXPECT_EQ(step_denominator({b, b}, seq), 4.0);
+  auto value = micro_batch_loss(*model_, b, seq, step_denominator({b}, seq));
+  ASSERT_TRUE(value.ok()) << value.status().to_string();
+  c10::NoGradGuard no_grad;
+  at::Tensor lp = *token_logprobs(*model_, b.input_ids, b.attention_mask, false);
+  double want = 0.5 * (-lp[0].sum().item<double>() - lp[1].narrow(0, 0, 6).sum().item<double>());
+  EXPECT_NEAR(value->item<double>(), want, 1e-5);
+}
+
+// The statistics of a step on the fixture model: on-policy (old = current log-probs) nothing is
+// clipped and the KL is 0; the entropy is the masked mean of token_entropy over the logits.
+TEST_F(StepTest, StepStatisticsOnPolicy) {
+  MicroBatch b = batch();
+  b.loss_mask = at::ones({2, 7});
+  b.loss_mask[0][0] = 0;  // 12 trained targets: 6 in row 0, 6 in row 1 (its last is a pad)
+  b.advantages = at::tensor(std::vector<float>{1.0f, -1.0f});
+  at::Tensor want_entropy;
+  {
+    c10::NoGradGuard no_grad;
+    b.old_logprobs = *token_logprobs(*model_, b.input_ids, b.attention_mask, false);
+    at::Tensor h = token_entropy(model_->logits(b.input_ids, b.attention_mask)->narrow(1, 0, 7));
+    want_entropy = (h * target_mask(b)).sum() / 12.0;
+  }
+  LossOptions clipped;
+  clipped.kind = TokenLoss::clipped_policy;
+  TrainOptions options;
+  options.lr = 1e-2;
+  auto trainer = make_trainer(model_, options);
+  auto s = trainer->step({b}, clipped);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->tokens, 12);
+  EXPECT_EQ(s->clip_fraction, 0.0);
+  EXPECT_LT(s->approx_kl, 1e-10);
+  EXPECT_NEAR(s->entropy, want_entropy.item<double>(), 1e-5);
+  EXPECT_GT(s->entropy, 0.1);
+  // After an update with a large learning rate, the same batch sees moved ratios.
+  auto again = trainer->step({b}, clipped);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_GT(again->approx_kl, 1e-6);
+  EXPECT_GT(again->clip_fraction, 0.0);
+}
+
+// Two sequences, three targets each, with made-up log-probs so every ratio is known.
+//   row 0, A = +1: targets r = 1 (loss-masked: a prompt token), 1.5, 0.5
+//   row 1, A = -2: targets r = 0.7, 1.1, and a pad
+// Clip range [0.8, 1.28]. The clipped term is taken where clip(r) A < r A:
+//   r = 1.5, A > 0: 1.28 < 1.5   -> clipped, loss -1.28
+//   r = 0.5, A > 0: 0.8 > 0.5    -> not,     loss -0.5
+//   r = 0.7, A < 0: -1.6 < -1.4  -> clipped, loss  1.6
+//   r = 1.1, A < 0: inside       -> not,     loss  2.2
+// clip_fraction 2/4; losses sum 2.02: token_mean 2.02 / 4, seq_mean_token_sum 2.02 / 2;
+// approx_kl = mean of (r - 1) - ln r = (0.0945349 + 0.1931472 + 0.0566749 + 0.0046898) / 4.
+TEST(LossStatistics, ClipFractionKlAndEntropyByHand) {
+  MicroBatch b;
+  b.input_ids = at::tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 0}).view({2, 4});
+  b.attention_mask = at::tensor(std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 0}).view({2, 4});
+  b.loss_mask = at::tensor(std::vector<float>{0, 1, 1, 1, 1, 1}).view({2, 3});
+  b.advantages = at::tensor(std::vector<float>{1.0f, -2.0f});
+  at::Tensor lp = at::tensor(std::vector<float>{-1.0f, -1.0f, -2.0f, -0.5f, -1.5f, 0.0f}).view({2, 3});
+  const std::vector<double> ratios = {1.0, 1.5, 0.5, 0.7, 1.1, 1.0};
+  std::vector<float> log_r;
+  for (double r : ratios) log_r.push_back(static_cast<float>(std::log(r)));
+  b.old_logprobs = lp - at::tensor(log_r).view({2, 3});
+  at::Tensor entropy = at::tensor(std::vector<float>{9, 1, 2, 3, 5, 100}).view({2, 3});
+  LossOptions clipped;
+  clipped.kind = TokenLoss::clipped_policy;
+  ASSERT_TRUE(validate_micro_batch(b, clipped).is_ok());
+
+  LossStats stats;
+  at::Tensor value = reduce_token_losses(lp, entropy, b, clipped, step_denominator({b}, clipped), &stats);
+  EXPECT_NEAR(value.item<double>(), 2.02 / 4, 1e-6);
+  EXPECT_EQ(stats.tokens, 4);
+  EXPECT_EQ(stats.clipped, 2);
+  EXPECT_DOUBLE_EQ(stats.clip_fraction(), 0.5);
+  double kl = 0;
+  for (double r : {1.5, 0.5, 0.7, 1.1}) kl += (r - 1) - std::log(r);
+  EXPECT_NEAR(kl / 4, (0.0945349 + 0.1931472 + 0.0566749 + 0.0046898) / 4, 1e-6);
+  EXPECT_NEAR(stats.approx_kl(), kl / 4, 1e-6);
+  EXPECT_NEAR(stats.mean_entropy(), (1 + 2 + 3 + 5) / 4.0, 1e-6);
+
+  LossOptions seq = clipped;
+  seq.reduction = LossReduction::seq_mean_token_sum;
+  EXPECT_EQ(step_denominator({b}, seq), 2.0);
+  EXPECT_NEAR(reduce_token_losses(lp, {}, b, seq, 2.0).item<double>(), 2.02 / 2, 1e-6);
+
+  // Zero advantages never clip.
+  b.advantages = at::zeros({2});
+  LossStats none;
+  reduce_token_losses(lp, entropy, b, clipped, 4.0, &none);
+  EXPECT_EQ(none.clipped, 0);
+  EXPECT_NEAR(none.approx_kl(), kl / 4, 1e-6);  // the KL does not depend on advantages
+
+  // Per-token advantages: only row 1's first target keeps a negative advantage.
+  b.advantages = at::tensor(std::vector<float>{0, 0, 0, -1, 0, 0}).view({2, 3});
+  LossStats one;
+  reduce_token_losses(lp, {}, b, clipped, 4.0, &one);
+  EXPECT_EQ(one.clipped, 1);
+  EXPECT_EQ(one.entropy, 0);  // no entropies given
+
+  // Without old log-probs (nll, policy_gradient) there is no ratio: no KL and nothing clipped.
+  b.old_logprobs = at::Tensor();
+  LossStats nll;
+  reduce_token_losses(lp, entropy, b, LossOptions{}, 4.0, &nll);
+  EXPECT_EQ(nll.clipped, 0);
+  EXPECT_EQ(nll.kl_tokens, 0);
+  EXPECT_EQ(nll.approx_kl(), 0);
+  EXPECT_NEAR(nll.mean_entropy(), 2.75, 1e-6);
+}
+
+TEST(LossStatistics, TokenEntropy) {
+  // Uniform over 8: ln 8. p = (1/4, 3/4): 0.5623351. A -inf logit adds nothing (0 log 0 = 0).
+  EXPECT_NEAR(token_entropy(at::zeros({1, 8})).item<double>(), std::log(8.0), 1e-6);
+  at::Tensor two = at::tensor(std::vector<float>{0.0f, std::log(3.0f)});
+  EXPECT_NEAR(token_entropy(two).item<double>(), 0.5623351, 1e-6);
+  at::Tensor masked = at::tensor(std::vector<float>{0.0f, std::log(3.0f), -INFINITY});
+  EXPECT_NEAR(token_entropy(masked).item<double>(), 0.5623351, 1e-6);
+  // Chunked (one row at a time) equals one chunk, and keeps the leading shape; bf16 logits work.
+  at::manual_seed(3);
+  at::Tensor logits = at::randn({3, 5, 7}) * 3;
+  at::Tensor whole = token_entropy(logits);
+  EXPECT_EQ(whole.sizes().vec(), (std::vector<int64_t>{3, 5}));
+  EXPECT_LT(max_abs_diff(token_entropy(logits, 1), whole), 1e-6);
+  at::Tensor direct = -(at::softmax(logits, -1) * at::log_softmax(logits, -1)).sum(-1);
+  EXPECT_LT(max_abs_diff(whole, direct), 1e-5);
+  EXPECT_LT(max_abs_diff(token_entropy(logits.to(at::kBFloat16)), whole), 0.05);
+  EXPECT_FALSE(token_entropy(logits.requires_grad_()).requires_grad());
+}
+
 TEST(Schedule, WarmupThenCosine) {
   TrainOptions o;
   o.lr = 1.0;

@@ -23,7 +23,20 @@
 //   token_mean     sum(m * l) / (sum of m over every micro-batch of the step)
 //   sequence_mean  mean over the step's sequences of (sum_t m l / sum_t m)
 //   sum            sum(m * l) / sum_denominator (e.g. a fixed max length, as Dr. GRPO)
+//   seq_mean_token_sum  mean over the step's sequences of sum_t m l (verl's name: each
+//                  sequence's token losses summed, then averaged over sequences)
 // Accumulating micro-batches therefore gives the same gradient as one batch holding them all.
+//
+// Statistics (LossStats, StepStats), all over the trained tokens (weights m), computed under
+// no_grad from the same forward as the loss:
+//   clip_fraction  share of tokens where clipped_policy took the clipped term: clip(r) A < r A
+//                  strictly (so never at r = 1 or A = 0); 0 for the other losses
+//   approx_kl      mean of (r - 1) - log r, r = exp(lp - old_lp): the k3 estimator of
+//                  KL(old || current) on tokens sampled from the old policy (PPO's approx_kl);
+//                  0 when the micro-batch has no old_logprobs
+//   entropy        mean of -sum_v p_v log p_v of the current policy's next-token distribution,
+//                  computed from the logits in chunks of rows (token_entropy) so the extra
+//                  memory is a chunk, not another [B, T-1, V] tensor
 //
 // Precision: float32 parameters are updated in place. bf16/fp16 parameters get float32 master
 // copies, float32 gradient accumulators and float32 Adam moments (fp32_master_weights, default
@@ -50,10 +63,11 @@
 namespace kz::model {
 
 enum class TokenLoss { nll, policy_gradient, clipped_policy };
-enum class LossReduction { token_mean, sequence_mean, sum };
+enum class LossReduction { token_mean, sequence_mean, sum, seq_mean_token_sum };
 const char* token_loss_name(TokenLoss loss);             // "nll", "policy_gradient", "clipped_policy"
 Result<TokenLoss> parse_token_loss(const std::string& name);
-const char* loss_reduction_name(LossReduction reduction);  // "token_mean", "sequence_mean", "sum"
+// "token_mean", "sequence_mean", "sum", "seq_mean_token_sum"
+const char* loss_reduction_name(LossReduction reduction);
 Result<LossReduction> parse_loss_reduction(const std::string& name);
 
 struct LossOptions {
@@ -87,10 +101,36 @@ at::Tensor target_mask(const MicroBatch& batch);
 // The reduction's divisor for a step made of `batches` (token count, sequence count or the constant).
 double step_denominator(const std::vector<MicroBatch>& batches, const LossOptions& loss);
 
+// Mask-weighted sums over trained tokens, added up over micro-batches and steps; the means are
+// the statistics of the header comment (0 when there are no tokens).
+struct LossStats {
+  double tokens = 0;       // sum of the target mask
+  double clipped = 0;      // sum of m where the clipped term was taken
+  double kl = 0;           // sum of m * ((r - 1) - log r) against old_logprobs
+  double kl_tokens = 0;    // sum of m over micro-batches that had old_logprobs
+  double entropy = 0;      // sum of m * entropy
+  void add(const LossStats& other);
+  double clip_fraction() const;
+  double approx_kl() const;
+  double mean_entropy() const;
+};
+
+// Entropy of softmax(logits) along the last dimension, float32 [...] (logits [..., V], any
+// float dtype), computed without a graph over chunks of about chunk_elements logits at a time.
+at::Tensor token_entropy(const at::Tensor& logits, int64_t chunk_elements = int64_t(1) << 24);
+
+// The loss share and statistics of a micro-batch from its log-probs lp [B, T-1] (with a graph,
+// or not) and, optionally, its per-target entropies [B, T-1] (undefined: entropy not counted):
+// what micro_batch_loss does after the forward. Pure tensor arithmetic (tests give it made-up
+// log-probs).
+at::Tensor reduce_token_losses(const at::Tensor& lp, const at::Tensor& entropy, const MicroBatch& batch,
+                               const LossOptions& loss, double denominator, LossStats* stats = nullptr);
+
 // This micro-batch's share of the step loss (a scalar with the autograd graph): summing it over
-// the step's micro-batches gives the loss of the header comment.
+// the step's micro-batches gives the loss of the header comment. With `stats`, adds the
+// micro-batch's statistics to it.
 Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, const LossOptions& loss,
-                                    double denominator);
+                                    double denominator, LossStats* stats = nullptr);
 
 enum class LrSchedule { constant, warmup_cosine };
 
@@ -124,6 +164,9 @@ struct StepStats {
   double grad_norm = 0;    // global L2 norm before clipping
   double lr = 0;           // the learning rate this step used
   double tokens = 0;       // trained tokens (sum of target masks)
+  double clip_fraction = 0;  // the step's statistics (header comment), over its trained tokens
+  double approx_kl = 0;
+  double entropy = 0;
 };
 
 class Trainer {
@@ -134,10 +177,16 @@ class Trainer {
   // One optimiser step over `batches`: backward on each, clip, AdamW, zero gradients. A
   // non-finite gradient norm is an error and skips the update (weights and moments untouched).
   Result<StepStats> step(const std::vector<MicroBatch>& batches, const LossOptions& loss);
+  // The same with the reduction's divisor given instead of step_denominator(batches): for callers
+  // that leave out sequences adding no gradient (zero advantages, no KL) but count them in the
+  // normaliser, so the gradient is the one with them in. tokens and the statistics then cover
+  // the batches given.
+  Result<StepStats> step(const std::vector<MicroBatch>& batches, const LossOptions& loss, double denominator);
 
   // Forward + backward of one micro-batch, adding into the accumulated gradients; returns its
-  // loss share (denominator: step_denominator of the whole step).
-  Result<double> backward(const MicroBatch& batch, const LossOptions& loss, double denominator);
+  // loss share (denominator: step_denominator of the whole step) and adds to `stats` if given.
+  Result<double> backward(const MicroBatch& batch, const LossOptions& loss, double denominator,
+                          LossStats* stats = nullptr);
   // Global L2 norm of the accumulated gradients.
   double grad_norm() const;
   // Scales the gradients to max_grad_norm when above it; returns the norm before clipping.
