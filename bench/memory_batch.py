@@ -3,6 +3,7 @@
 
     python3 bench/memory_batch.py make OUTDIR --kernelbench KB [--level1 10 --level2 2 --rtc 6]
     python3 bench/memory_batch.py report OUTDIR
+    python3 bench/memory_batch.py budgets --kernelbench KB [--card-gib 79.2]
 
 `make` picks the level-1 and level-2 problems of a KernelBench checkout (KB/KernelBench/levelN) whose
 reference holds the most memory (weights, one input set and its forward's peak, on the meta device:
@@ -12,6 +13,10 @@ kz_worker.gpu_memory.estimate_on_meta) and writes two batches for `kz eval-suite
   OUTDIR/torch/<task>.py          each reference as its own candidate (`--format torch`): an honest
                                   candidate whose memory is exactly the reference's
   OUTDIR/cuda-rtc/<task>.py       hand-written cuda-rtc kernels for the elementwise problems among them
+
+`budgets` needs no GPU: every level-1 and level-2 problem's meta estimate and the budget the harness
+reserves for it (gpu_memory.budget_bytes), the largest first, against what one evaluation alone may
+use on a card of --card-gib (an H100's 79.2 GiB by default, the fraction 0.9, --processes contexts).
 
 `report` reads OUTDIR/<run>.jsonl (one eval-suite run each: `default-torch`, `default-rtc` at the
 default concurrency, `alone-torch`, `alone-rtc` with --jobs 1) and OUTDIR/walls.txt (`<run> <seconds>`),
@@ -70,21 +75,46 @@ class ModelNew(nn.Module):
 '''
 
 
-def reference_peak(path: pathlib.Path) -> int:
+def footprint(path: pathlib.Path):
     sys.path.insert(0, str(ROOT / "worker"))
     from kz_worker import gpu_memory, loading
     spec = importlib.util.spec_from_file_location(f"kb_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     reference = loading.Reference(module, {})
-    return gpu_memory.estimate_on_meta(reference, reference.init_inputs(), seed=0).reference_peak
+    return gpu_memory.estimate_on_meta(reference, reference.init_inputs(), seed=0)
+
+
+def budgets(args) -> None:
+    sys.path.insert(0, str(ROOT / "worker"))
+    from kz_worker import gpu_memory
+    capacity = gpu_memory.capacity_bytes(int(args.card_gib * 2**30), 0.9, args.processes)
+    rows, failed = [], []
+    for level in ("level1", "level2"):
+        for path in sorted((pathlib.Path(args.kernelbench) / "KernelBench" / level).glob("*.py")):
+            try:
+                fp = footprint(path)
+            except Exception as exc:
+                failed.append(f"{level}/{path.name} ({type(exc).__name__})")
+                continue
+            sets = gpu_memory.timing_sets(4, fp.inputs)
+            rows.append((gpu_memory.budget_bytes(fp, sets), fp.reference_peak, f"{level}/{path.stem}"))
+    rows.sort(reverse=True)
+    gib = 2**30
+    print(f"{len(rows)} problems estimated; capacity alone on a {args.card_gib:g} GiB card: {capacity / gib:.1f} GiB")
+    print(f"{'problem':50s} {'reference GiB':>13s} {'budget GiB':>10s} {'budget/ref':>10s}")
+    for budget, peak, name in rows[:args.top]:
+        print(f"{name[:50]:50s} {peak / gib:13.2f} {budget / gib:10.2f} {budget / max(peak, 1):10.2f}")
+    over = [name for budget, _, name in rows if budget > capacity]
+    print(f"over the capacity: {len(over)} {over}")
+    print(f"no meta estimate (measured on the GPU instead): {len(failed)} {failed}")
 
 
 def largest(level_dir: pathlib.Path, count: int) -> list:
     sized = []
     for path in sorted(level_dir.glob("*.py")):
         try:
-            sized.append((reference_peak(path), path))
+            sized.append((footprint(path).reference_peak, path))
         except Exception as exc:  # no meta estimate: the harness measures it; not picked here
             print(f"  {path.name}: no meta estimate ({type(exc).__name__})", file=sys.stderr)
     return [path for _, path in sorted(sized, key=lambda x: -x[0])[:count]]
@@ -172,8 +202,13 @@ def main() -> None:
     m.add_argument("--rtc", type=int, default=len(ELEMENTWISE), help="cuda-rtc kernels, at most %(default)s")
     r = sub.add_parser("report")
     r.add_argument("outdir")
+    b = sub.add_parser("budgets")
+    b.add_argument("--kernelbench", default=str(ROOT / ".kb" / "KernelBench"))
+    b.add_argument("--card-gib", type=float, default=79.2)
+    b.add_argument("--top", type=int, default=12)
+    b.add_argument("--processes", type=int, default=10, help="CUDA contexts on the card (8 jobs, 2 spares)")
     args = parser.parse_args()
-    make(args) if args.command == "make" else report(args)
+    {"make": make, "report": report, "budgets": budgets}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ compares in chunks (compare.py). Where the meta run fails (an op without a meta 
 data-dependent shape), the evaluation reserves the whole GPU, measures the reference for real and
 gives back what it does not need.
 
-The reservation: the share of the card that evaluations may use (`capacity_bytes`: the card less
-the CUDA contexts of every worker process that may live on it) is cut into SLOTS slots, each a lock
+The reservation: the share of the card that evaluations may use (`capacity_bytes`: the per-process
+limit, within what the CUDA contexts of every worker process that may live on it leave) is cut into SLOTS slots, each a lock
 file that the supervisor makes per GPU (eval/src/sandbox.cpp; read-only to workers, as flock needs no
 write access). An evaluation takes ceil(need / slot) of them, exclusive, and holds them until its
 process ends (the kernel drops a dead process's locks, so a killed worker frees its memory). Slots
@@ -82,8 +82,9 @@ def budget_bytes(fp: Footprint, timing_buffers: int) -> int:
 
 def capacity_bytes(card_bytes: int, memory_fraction: float, processes: int) -> int:
     """The part of the card that evaluations share: the per-process limit the harness sets
-    (set_per_process_memory_fraction) less the CUDA contexts of every process that may live on it."""
-    return max(0, int(card_bytes * memory_fraction) - max(1, processes) * CONTEXT_BYTES)
+    (set_per_process_memory_fraction), and no more than the card leaves beside the CUDA contexts of
+    every process that may live on it."""
+    return max(0, min(int(card_bytes * memory_fraction), card_bytes - max(1, processes) * CONTEXT_BYTES))
 
 
 # ---- the estimate ------------------------------------------------------------------------------------

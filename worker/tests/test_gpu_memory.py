@@ -73,8 +73,9 @@ def test_the_budget_is_a_small_multiple_of_the_references_peak():
     assert gpu_memory.timing_sets(4, 600 * MIB) == 3 and gpu_memory.timing_sets(1, 8 * GIB) == 1
 
 
-def test_capacity_is_the_fraction_less_every_processs_context():
-    assert gpu_memory.capacity_bytes(80 * GIB, 0.9, 10) == int(72 * GIB) - 10 * gpu_memory.CONTEXT_BYTES
+def test_capacity_is_the_fraction_within_what_the_contexts_leave():
+    assert gpu_memory.capacity_bytes(80 * GIB, 0.9, 10) == int(72 * GIB), "7.5 GiB of contexts fit in the other 8"
+    assert gpu_memory.capacity_bytes(80 * GIB, 0.9, 20) == 80 * GIB - 20 * gpu_memory.CONTEXT_BYTES
     assert gpu_memory.capacity_bytes(GIB, 0.5, 4) == 0
 
 
