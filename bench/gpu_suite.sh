@@ -58,7 +58,9 @@
 #                   problems (a checkout at $KERNELBENCH, carried along), each reference as its own
 #                   candidate plus cuda-rtc kernels for the elementwise ones, through `kz eval-suite`
 #                   at the default concurrency and then one at a time (--jobs 1); KZ_MEMORY_LEVEL1,
-#                   KZ_MEMORY_LEVEL2 and KZ_MEMORY_RTC size the batch (10, 2, 6); KZ_MEMORY_RUNS picks
+#                   KZ_MEMORY_LEVEL2 and KZ_MEMORY_RTC size the batch (10, 2, 6); KZ_MEMORY_CONFIG: a
+#                   TOML for kz (on an H200, [sandbox] gpu_memory_fraction = 0.51 gives each worker and
+#                   the slots an H100's 71 GiB); KZ_MEMORY_RUNS picks
 #                   "default", "alone" or both (the default), so the two fit separate calls: the batch,
 #                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
@@ -229,7 +231,7 @@ elif [[ $PART == memory ]]; then
       name=$mode-${format/cuda-/}
       start=$SECONDS
       build/kz eval-suite --suite "$MEMORY_DIR/suite" --candidates "$MEMORY_DIR/$format" --format "$format" \
-        --device cuda:0 --no-cache "${jobs[@]}" --out "$MEMORY_DIR/$name.jsonl" > "$MEMORY_DIR/$name.txt" 2> "$MEMORY_DIR/$name.err"
+        --device cuda:0 --no-cache "${jobs[@]}" ${KZ_MEMORY_CONFIG:+--config "$KZ_MEMORY_CONFIG"} --out "$MEMORY_DIR/$name.jsonl" > "$MEMORY_DIR/$name.txt" 2> "$MEMORY_DIR/$name.err"
       step_done "kz eval-suite ($name)" $?
       echo "$name $((SECONDS - start))" >> "$MEMORY_DIR/walls.txt"
       tail -12 "$MEMORY_DIR/$name.txt"
