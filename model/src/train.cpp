@@ -303,23 +303,31 @@ at::Tensor reduce_token_losses(const at::Tensor& lp, const at::Tensor& entropy, 
   at::Tensor weighted = token_losses(lp, batch, loss) * m;
   if (loss.reduction == LossReduction::sequence_mean) weighted = weighted / m.sum(1, /*keepdim=*/true).clamp_min(1.0);
   at::Tensor value = weighted.sum() / denominator;
-  if (stats) {
+  if (stats) {  // one device-to-host copy for the four sums
     c10::NoGradGuard no_grad;
-    LossStats s;
-    s.tokens = m.sum().item<double>();
-    if (batch.old_logprobs.defined()) {
+    at::Tensor zero = at::zeros({}, m.options());
+    at::Tensor clipped = zero, kl = zero, ent = zero;
+    const bool has_old = batch.old_logprobs.defined();
+    if (has_old) {
       at::Tensor log_r = lp.detach() - batch.old_logprobs.to(lp.device(), at::kFloat);
       at::Tensor r = at::exp(log_r);
-      s.kl = ((r - 1.0 - log_r) * m).sum().item<double>();
-      s.kl_tokens = s.tokens;
+      kl = ((r - 1.0 - log_r) * m).sum();
       if (loss.kind == TokenLoss::clipped_policy) {
         at::Tensor adv = batch.advantages.to(lp.device(), at::kFloat);
         if (adv.dim() == 1) adv = adv.unsqueeze(1);
         at::Tensor taken = (r.clamp(1.0 - loss.clip_low, 1.0 + loss.clip_high) * adv).lt(r * adv);
-        s.clipped = (taken.to(at::kFloat) * m).sum().item<double>();
+        clipped = (taken.to(at::kFloat) * m).sum();
       }
     }
-    if (entropy.defined()) s.entropy = (entropy.to(m.device(), at::kFloat) * m).sum().item<double>();
+    if (entropy.defined()) ent = (entropy.to(m.device(), at::kFloat) * m).sum();
+    at::Tensor host = at::stack({m.sum(), clipped, kl, ent}).to(at::kCPU, at::kDouble);
+    const double* v = host.data_ptr<double>();
+    LossStats s;
+    s.tokens = v[0];
+    s.clipped = v[1];
+    s.kl = v[2];
+    s.kl_tokens = has_old ? v[0] : 0.0;
+    s.entropy = v[3];
     stats->add(s);
   }
   return value;
