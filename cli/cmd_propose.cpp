@@ -1,32 +1,24 @@
-// `kz propose`: the Proposer's side of the curriculum. A model is asked n times for a
-// KernelBench-format module that uses a set of PyTorch APIs (named, or sampled from the API
-// catalogue); each reply's code is validated in a worker (kz/curriculum/validation.h) and checked
-// against the modules already kept (kz/curriculum/dedup.h, including those an earlier run left in
-// --out); one JSON line per module is appended to --out, kept or rejected with the reason.
-// Kept rows are tasks: load_task_jsonl reads their py_code, ops and level.
+// `kz propose`: the Proposer's side of the curriculum, as a command. The pipeline (prompt,
+// generate, extract, validate, dedup, decision) is kz/curriculum/proposer.h; this file parses the
+// flags, applies the evaluation config, picks the API set (named, or sampled from the API
+// catalogue), makes the HTTP generator, feeds the pipeline the rows an earlier run left in --out
+// (so dedup sees them), appends one JSON line per module to --out, kept or rejected with the
+// reason, and prints the table. Kept rows are tasks: load_task_jsonl reads their py_code, ops and level.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <fstream>
 #include <iostream>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <random>
-#include <set>
 
 #include "commands.h"
 #include "kz/core/files.h"
 #include "kz/core/jsonl.h"
-#include "kz/core/parallel.h"
-#include "kz/core/hash.h"
 #include "kz/core/terminal.h"
-#include "kz/curriculum/dedup.h"
-#include "kz/curriculum/validation.h"
-#include "kz/llm/extract.h"
+#include "kz/curriculum/proposer.h"
 #include "kz/llm/http_generator.h"
-#include "kz/llm/prompt.h"
 #include "kz/task/catalogue.h"
 
 #ifndef KZ_DEFAULT_PROMPTS_DIR
@@ -54,16 +46,6 @@ struct ProposeArgs {
   ModuleValidationOptions validation;
 };
 
-// One reply of the model and what became of it.
-struct Proposal {
-  std::string id;
-  std::optional<std::string> code;  // nullopt: the reply held no code block
-  ModuleVerdict verdict;
-  bool kept = false;
-  std::string reason;               // why rejected ("valid" for kept)
-  std::string failed_check;         // the reason's category, for the summary
-};
-
 Result<std::vector<ApiEntry>> select_apis(const ProposeArgs& args) {
   fs::path path = args.catalogue.empty() ? default_api_catalogue_path() : fs::path(args.catalogue);
   auto catalogue = load_api_catalogue(path);
@@ -73,128 +55,43 @@ Result<std::vector<ApiEntry>> select_apis(const ProposeArgs& args) {
   return sample_apis(*catalogue, args.random_apis, rng);
 }
 
-Result<std::vector<ChatMessage>> proposer_messages(const ProposeArgs& args, const std::vector<ApiEntry>& apis) {
-  auto prompt = load_prompt_template(fs::path(args.prompts) / "proposer.toml");
-  if (!prompt.ok()) return prompt.status();
-  std::string list;
-  for (const auto& api : apis) list += (list.empty() ? "- " : "\n- ") + api.name;
-  return build_messages(*prompt, {{"apis", list}, {"level", std::to_string(args.level)}});
-}
-
 // The logs (every HTTP request and response) go next to --out: modules.jsonl -> modules-logs/.
 fs::path log_dir_for(const fs::path& out) { return out.parent_path() / (out.stem().string() + "-logs"); }
 
-Result<std::vector<Completion>> generate_replies(const ProposeArgs& args, std::vector<ChatMessage> messages) {
+Result<std::unique_ptr<Generator>> make_generator(const ProposeArgs& args) {
   auto http = parse_model_spec(args.model);
   if (!http.ok()) return http.status();
   http->api_key_env = args.api_key_env;
   http->log_dir = log_dir_for(args.out);
-  auto generator = make_http_generator(*http);
-  if (!generator.ok()) return generator.status();
-  GenerationRequest request;
-  request.id = "propose";
-  request.messages = std::move(messages);
-  request.params.n = args.n;
-  request.params.temperature = args.temperature;
-  request.params.max_tokens = args.max_tokens;
-  if (args.seed) request.params.seed = args.seed;
-  auto results = (*generator)->generate({request});
-  if (results.empty()) return internal_error("the generator returned no result");
-  if (!results[0].ok()) return results[0].status().with_context("generating proposals with " + args.model);
-  return std::move(results[0]).value();
+  return make_http_generator(*http);
+}
+
+ProposerOptions proposer_options(const ProposeArgs& args) {
+  ProposerOptions options;
+  options.n = args.n;
+  options.level = args.level;
+  options.temperature = args.temperature;
+  options.max_tokens = args.max_tokens;
+  if (args.seed) options.seed = args.seed;
+  options.prompts_dir = args.prompts;
+  options.validation = args.validation;
+  options.jobs = args.jobs;
+  return options;
 }
 
 // Kept modules of earlier runs join the dedup index; every id already used is reserved.
-Status load_existing(const fs::path& out, NearDuplicateIndex& index, std::set<std::string>& ids) {
+Status load_existing(const fs::path& out, ProposerPipeline& pipeline) {
   auto rows = read_jsonl_log(out);
   if (!rows.ok()) return rows.status();
   for (const auto& row : *rows) {
     if (!row.contains("id") || !row["id"].is_string())
       return parse_error(fmt::format("{}: a row without a string id is not a kz propose row: {}", out.string(),
                                      row.dump().substr(0, 200)));
-    ids.insert(row["id"].get<std::string>());
+    pipeline.reserve_id(row["id"].get<std::string>());
     if (row.value("status", "") == "kept" && row.contains("py_code") && row["py_code"].is_string())
-      index.add(row["id"].get<std::string>(), row["py_code"].get<std::string>(), row.value("fingerprint", ""));
+      pipeline.add_kept(row["id"].get<std::string>(), row["py_code"].get<std::string>(), row.value("fingerprint", ""));
   }
   return Status::ok();
-}
-
-// A stable id from the content; a clash with an id already used (the same code twice) gets a suffix.
-std::string unique_id(const std::string& content, std::set<std::string>& ids) {
-  std::string base = "prop-" + content_hash({content}).substr(0, 12);
-  std::string id = base;
-  for (int k = 2; ids.count(id); ++k) id = fmt::format("{}-{}", base, k);
-  ids.insert(id);
-  return id;
-}
-
-int default_jobs(const ProposeArgs& args, size_t modules) {
-  if (args.jobs > 0) return args.jobs;
-  // On a GPU, validations share it through the GPU lock (their time bands run alone), as
-  // evaluations do: as many at once as [timing] gpu_jobs, capped by the cores.
-  if (args.validation.device != "cpu") return std::min(TimingOptions{}.gpu_jobs, cpu_cores());
-  return std::clamp(cpu_cores(), 1, std::max(1, static_cast<int>(modules)));
-}
-
-// Validates every proposal that has code, `jobs` worker processes at a time.
-Status validate_all(std::vector<Proposal>& proposals, const std::vector<ApiEntry>& apis, const ProposeArgs& args) {
-  std::vector<Status> errors(proposals.size());
-  ProgressBar progress("validating", proposals.size(), std::cerr);
-  std::mutex progress_mutex;
-  // Every proposal is validated; a failure is kept per module and reported after all ran.
-  parallel_for(proposals.size(), default_jobs(args, proposals.size()), [&](size_t i) {
-    if (proposals[i].code) {
-      auto verdict = validate_module(*proposals[i].code, apis, args.validation);
-      if (verdict.ok()) proposals[i].verdict = std::move(*verdict);
-      else errors[i] = verdict.status().with_context("module " + proposals[i].id);
-    }
-    std::lock_guard lock(progress_mutex);
-    progress.advance(proposals[i].id);
-    return Status::ok();
-  });
-  progress.finish();
-  for (const auto& error : errors) KZ_RETURN_IF_ERROR(error);
-  return Status::ok();
-}
-
-// In reply order: no code, invalid, duplicate of a kept module, or kept (and indexed).
-void decide(std::vector<Proposal>& proposals, NearDuplicateIndex& index) {
-  for (auto& p : proposals) {
-    if (!p.code) {
-      p.failed_check = "no_code";
-      p.reason = "no_code: the reply holds no code block";
-    } else if (!p.verdict.valid) {
-      p.failed_check = p.verdict.failed_check.empty() ? "invalid" : p.verdict.failed_check;
-      p.reason = p.verdict.reason;
-    } else if (auto match = index.match(*p.code, p.verdict.fingerprint)) {
-      p.failed_check = "duplicate";
-      p.reason = match->same_fingerprint
-                     ? fmt::format("duplicate: same ATen ops and output shapes as {}", match->id)
-                     : fmt::format("duplicate: {:.0f}% similar to {} (normalised source)", 100 * match->similarity,
-                                   match->id);
-    } else {
-      p.kept = true;
-      p.reason = "valid";
-      index.add(p.id, *p.code, p.verdict.fingerprint);
-    }
-  }
-}
-
-nlohmann::json row_json(const Proposal& p, const std::vector<ApiEntry>& apis, const ProposeArgs& args) {
-  nlohmann::json ops = nlohmann::json::array();
-  for (const auto& api : apis) ops.push_back(api.name);
-  nlohmann::json runtime = p.verdict.runtime_ms > 0 ? nlohmann::json(p.verdict.runtime_ms) : nlohmann::json();
-  return {{"id", p.id},
-          {"py_code", p.code.value_or("")},
-          {"ops", ops},
-          {"level", args.level},
-          {"status", p.kept ? "kept" : "rejected"},
-          {"reason", p.reason},
-          {"failed_check", p.kept ? "" : p.failed_check},
-          {"aten_ops", p.verdict.aten_ops},
-          {"fingerprint", p.verdict.fingerprint},
-          {"runtime_ms", runtime},
-          {"model", args.model}};
 }
 
 std::string shorten(const std::string& text, size_t max_chars) {
@@ -241,34 +138,33 @@ int run(ProposeArgs args) {
   auto apis = select_apis(args);
   if (!apis.ok()) return report_error(apis.status());
   if (apis->empty()) return report_error(invalid_argument("no APIs selected"));
-  auto messages = proposer_messages(args, *apis);
-  if (!messages.ok()) return report_error(messages.status());
+
+  auto generator = make_generator(args);
+  if (!generator.ok()) return report_error(generator.status());
+  auto pipeline = ProposerPipeline::create(**generator, proposer_options(args));
+  if (!pipeline.ok()) return report_error(pipeline.status());
 
   fs::path out(args.out);
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-  NearDuplicateIndex index(args.validation.dedup_threshold);
-  std::set<std::string> ids;
-  if (auto status = load_existing(out, index, ids); !status.is_ok()) return report_error(status);
+  if (auto status = load_existing(out, *pipeline); !status.is_ok()) return report_error(status);
 
   std::string api_names;
   for (const auto& api : *apis) api_names += (api_names.empty() ? "" : ", ") + api.name;
   std::cerr << fmt::format("kz: proposing {} level-{} modules with {} from {}\n", args.n, args.level, api_names,
                            args.model);
-  auto replies = generate_replies(args, std::move(*messages));
-  if (!replies.ok()) return report_error(replies.status());
+  std::optional<ProgressBar> progress;
+  auto batches = pipeline->propose({*apis}, [&](size_t done, size_t total, const std::string& id) {
+    if (!progress) progress.emplace("validating", total, std::cerr);
+    if (done > 0) progress->advance(id);
+  });
+  if (progress) progress->finish();
+  if (!batches.ok()) return report_error(batches.status());
 
-  std::vector<Proposal> proposals;
-  for (const auto& reply : *replies) {
-    Proposal p;
-    p.code = extract_code(reply.text);
-    p.id = unique_id(p.code.value_or(reply.text), ids);
-    proposals.push_back(std::move(p));
-  }
-  if (auto status = validate_all(proposals, *apis, args); !status.is_ok()) return report_error(status);
-  decide(proposals, index);
-  for (const auto& p : proposals)
-    if (auto status = append_line(out, row_json(p, *apis, args).dump()); !status.is_ok()) return report_error(status);
-  print_report(proposals, args);
+  const ProposalBatch& batch = batches->front();
+  for (const auto& p : batch.proposals)
+    if (auto status = append_line(out, pipeline->to_row(p, batch, args.model).dump()); !status.is_ok())
+      return report_error(status);
+  print_report(batch.proposals, args);
   return kExitOk;
 }
 
