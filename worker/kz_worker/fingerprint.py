@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from . import compare
+
 # Elements per chunk: the hash's and the sums' temporaries (float64 / int64: 32 MiB each).
 CHUNK = 1 << 22
 SAMPLES = 4096
@@ -25,10 +27,6 @@ _SECRET = int.from_bytes(os.urandom(7), "little")
 _MASK = (1 << 64) - 1
 _weights = {}  # (device, CHUNK) -> int64 hash weights, CHUNK of them
 _positions = {}  # (numel, device) -> sampled flat indices
-
-
-def _leaves(value):
-    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def _hash_weights(device: torch.device) -> torch.Tensor:
@@ -66,7 +64,7 @@ def bits_hash(t: torch.Tensor) -> int:
 def digest(values) -> tuple:
     """Exact: the type, shape, dtype and bytes of every tensor, the value of everything else."""
     parts = []
-    for x in _leaves(values):
+    for x in compare.flatten(values):
         if isinstance(x, torch.Tensor):
             parts.append((type(x).__name__, tuple(x.shape), str(x.dtype), bits_hash(x)))
         else:
@@ -136,7 +134,7 @@ class Sketch:
     def __init__(self, output):
         self.skeleton = skeleton(output)
         self.parts = []
-        for x in _leaves(output):
+        for x in compare.flatten(output):
             if isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
                 real = torch.view_as_real(x) if x.dtype.is_complex else x
                 self.parts.append(("float", type(x), tuple(x.shape), x.dtype, _FloatSketch(real)))

@@ -19,7 +19,6 @@ what the other waits for: the one at the turnstile waits for slots, which only e
 and the others queue behind it in order. Small tasks share the GPU, a task that needs every slot
 runs alone.
 """
-import contextlib
 import dataclasses
 import fcntl
 import math
@@ -114,11 +113,12 @@ class _LiveBytes(TorchDispatchMode):
         self.live -= size
 
 
-def _nbytes(values) -> int:
+def nbytes(values) -> int:
+    """The bytes of values' tensors (nested in tuples and lists)."""
     if isinstance(values, torch.Tensor):
         return values.numel() * values.element_size()
     if isinstance(values, (tuple, list)):
-        return sum(_nbytes(x) for x in values)
+        return sum(nbytes(x) for x in values)
     return 0
 
 
@@ -129,11 +129,11 @@ def estimate_on_meta(reference, init_inputs, seed: int) -> Footprint:
     with torch.device(meta):
         model = reference.build(init_inputs, seed, meta)
         inputs = reference.inputs(seed, meta)
-    weights = sum(_nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
+    weights = sum(nbytes(t) for t in list(model.parameters()) + list(model.buffers()))
     counter = _LiveBytes()
     with torch.no_grad(), counter:
         out = model(*inputs)
-    return Footprint(weights=weights, inputs=_nbytes(inputs), forward_peak=max(counter.peak, _nbytes(out)),
+    return Footprint(weights=weights, inputs=nbytes(inputs), forward_peak=max(counter.peak, nbytes(out)),
                      estimate="meta")
 
 
@@ -254,9 +254,7 @@ def exceeds_failure(need: int, capacity: int, card: int, fp: Footprint) -> v.Fai
                      [v.EXCEEDS_GPU_MEMORY])
 
 
-@contextlib.contextmanager
-def peak_measured(device: torch.device):
-    """Resets the allocator's peak; the block reads torch.cuda.max_memory_allocated after it."""
+def reset_peak(device: torch.device) -> None:
+    """Starts the allocator's peak (torch.cuda.max_memory_allocated) afresh, once queued work is done."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    yield

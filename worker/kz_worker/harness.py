@@ -51,13 +51,15 @@ class Expected:
         self.sets = {}  # key -> (seed, digest of the inputs, sketch of the reference output)
         self._differ = {}
 
-    def add(self, key: str, seed: int) -> None:
+    def add(self, key: str, seed: int) -> int:
+        """Input set `key`'s fingerprints; returns the set's bytes."""
         inputs = self.reference.inputs(seed, self.device)
         digest = fingerprint.digest(inputs)
-        out = self._run_reference(inputs, "reference Model failed to run:\n")
+        out = self._run_reference(inputs)
         self.sets[key] = (seed, digest, fingerprint.Sketch(out))
+        return gpu_memory.nbytes(inputs)
 
-    def _run_reference(self, inputs, failed: str):
+    def _run_reference(self, inputs):
         try:
             with torch.no_grad():
                 out = self.model(*loading.clone_all(inputs))
@@ -66,7 +68,8 @@ class Expected:
         except Exception as exc:
             if formats.is_memory_exception(exc):
                 raise  # gpu_memory's to judge: the harness's, the task's or another evaluation's
-            raise v.Failure(v.INFRA_ERROR, failed + v.describe_exception(exc), [v.REFERENCE_FAILED])
+            raise v.Failure(v.INFRA_ERROR, "reference Model failed to run:\n" + v.describe_exception(exc),
+                            [v.REFERENCE_FAILED])
 
     def inputs(self, key: str):
         """Input set `key`, generated anew on the device: bit for bit the one the reference saw."""
@@ -91,7 +94,7 @@ class Expected:
     def output(self, key: str, inputs):
         """The live reference's output for `inputs` (input set `key`'s), which must still match what
         it gave before the candidate was imported."""
-        live = self._run_reference(inputs, "reference Model failed to run:\n")
+        live = self._run_reference(inputs)
         self.verify(key, live)
         return live
 
@@ -338,38 +341,37 @@ class Evaluation:
             self.footprint = gpu_memory.estimate_on_meta(reference, init_inputs, self.seed)
         except Exception:
             self.footprint = None  # measured on the device, alone (_measure_reference)
-        need = 0
-        if self.footprint is not None:
-            self.timing_sets = gpu_memory.timing_sets(self.timing_sets, self.footprint.inputs)
-            need = gpu_memory.budget_bytes(self.footprint, self.timing_sets)
-            if need > capacity:
-                raise gpu_memory.exceeds_failure(need, capacity, card, self.footprint)
+        need = 0 if self.footprint is None else self._budget(capacity)
         self.memory = gpu_memory.Reservation(self.request["gpu_memory_dir"], gpu_lock.gpu_stem(self.device), capacity)
         stage = self.stage
         alone = bool(self.request.get("gpu_alone")) or self.footprint is None
         self.memory.reserve(need, alone, on_wait=lambda: self.enter("await_memory"))
         if self.stage != stage:
             self.enter(stage)
-        self.memory_report["need_mb"] = need / 2**20
+
+    def _budget(self, capacity: int) -> int:
+        """The budget of self.footprint, the timing's buffers cut to fit (gpu_memory); exceeds_gpu_memory
+        where the capacity cannot give it."""
+        self.timing_sets = gpu_memory.timing_sets(self.timing_sets, self.footprint.inputs)
+        need = gpu_memory.budget_bytes(self.footprint, self.timing_sets)
+        if need > capacity:
+            card = torch.cuda.get_device_properties(self.device).total_memory
+            raise gpu_memory.exceeds_failure(need, capacity, card, self.footprint)
+        return need
 
     def _measure_reference(self, reference, first_set) -> None:
         """The first input set and its reference output, measured on the device with every slot held:
         the footprint the meta estimate could not give; the slots beyond its budget go back."""
         weights = torch.cuda.memory_allocated(self.device)  # the reference Model, just built
-        with gpu_memory.peak_measured(self.device):
-            self.expected.add(*first_set)
-            peak = torch.cuda.max_memory_allocated(self.device) - weights
-        inputs = sum(_nbytes(x) for x in self.expected.inputs(first_set[0]))
+        gpu_memory.reset_peak(self.device)
+        inputs = self.expected.add(*first_set)
+        peak = torch.cuda.max_memory_allocated(self.device) - weights
+        # The set and its clone for the reference were alive at the peak, beside the forward's tensors.
         self.footprint = gpu_memory.Footprint(weights=weights, inputs=inputs,
                                               forward_peak=max(0, peak - 2 * inputs), estimate="measured")
-        self.timing_sets = gpu_memory.timing_sets(self.timing_sets, inputs)
-        need = gpu_memory.budget_bytes(self.footprint, self.timing_sets)
-        if need > self.memory.capacity:
-            card = torch.cuda.get_device_properties(self.device).total_memory
-            raise gpu_memory.exceeds_failure(need, self.memory.capacity, card, self.footprint)
+        need = self._budget(self.memory.capacity)
         if not self.request.get("gpu_alone"):
             self.memory.shrink_to(need)
-        self.memory_report["need_mb"] = need / 2**20
 
     def _out_of_memory(self, exc):
         """(status, message, checks) for a CUDA out-of-memory error: another evaluation's doing where
@@ -398,7 +400,6 @@ class Evaluation:
                           slot_mb=self.memory.slot_bytes / 2**20, wait_s=self.memory.waited_s, alone=self.memory.alone)
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             report["peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        report.pop("need_mb", None)
         if report:
             self.result["memory"] = report
 
@@ -640,7 +641,7 @@ class Snapshots:
         """Before the exclusive hold: has the caching allocator keep the memory `count` copies of an
         output like `out` and inputs like `inputs` take (one block, allocated and freed at once, which
         the copies then split), so taking them in the hold costs no cudaMalloc of hundreds of MiB."""
-        size = min(count * (_nbytes(out) + _nbytes(inputs)), self.budget_bytes)
+        size = min(count * (gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)), self.budget_bytes)
         if self.device.type != "cuda" or size == 0:
             return
         try:
@@ -652,7 +653,7 @@ class Snapshots:
         del block
 
     def take(self, run, key, out, inputs) -> bool:
-        size = _nbytes(out) + _nbytes(inputs)
+        size = gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)
         if self.used_bytes + size > self.budget_bytes:
             return False
         try:
@@ -666,15 +667,6 @@ class Snapshots:
         formats.synchronize(self.device)
         self.used_bytes += size
         return True
-
-
-def _nbytes(value) -> int:
-    """The bytes a copy of value's tensors takes (nested as clone_output walks them)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(x) for x in value)
-    return 0
 
 
 @contextlib.contextmanager
