@@ -14,11 +14,13 @@ tensors are hashed exactly. Two outputs within the elementwise tolerance (|a - b
 always match; an output that differs beyond it anywhere sampled, or in any chunk's sum, does not.
 Work is chunked: a few chunk-sized temporaries whatever the tensor's size.
 """
+import hashlib
 import os
 
 import torch
 
 from . import compare
+from . import verdict as v
 
 # Elements per chunk: the hash's and the sums' temporaries (float64 / int64: 32 MiB each).
 CHUNK = 1 << 22
@@ -38,26 +40,44 @@ def _hash_weights(device: torch.device) -> torch.Tensor:
     return _weights[key]
 
 
+_WORDS = {1: torch.uint8, 2: torch.int16}  # else int32: the tensor's bytes as words of at most 4 bytes
+_block_keys = {}  # block -> its secret odd multiplier
+
+
+def _block_key(block: int) -> int:
+    if block not in _block_keys:
+        digest_bytes = hashlib.blake2b(block.to_bytes(8, "little"), digest_size=8,
+                                       key=_SECRET.to_bytes(8, "little")).digest()
+        _block_keys[block] = int.from_bytes(digest_bytes, "little") | 1
+    return _block_keys[block]
+
+
 def bits_hash(t: torch.Tensor) -> int:
-    """A hash of the tensor's bytes (a weighted sum of its words with secret odd weights, wrapping,
-    chunk by chunk): equal bytes give equal hashes; any change gives another hash but with
-    probability ~2^-63, as the weights are not known outside this process."""
-    flat = t.detach().reshape(-1)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
-    try:
-        words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-    except RuntimeError:  # an offset that is no multiple of 4 bytes
-        words = raw
-    weights = _hash_weights(t.device)
-    # Each chunk's weighted sum stays on the device until all are done: one synchronisation, not one
-    # per chunk (a 16 GB input has 4096 chunks).
-    sums = [(words[start:start + CHUNK].to(torch.int64) * weights[:min(CHUNK, words.numel() - start)]).sum()
-            for start in range(0, words.numel(), CHUNK)]
+    """A hash of the tensor's bytes in row-major order, whatever its layout: the sum of its words
+    (at most 4 bytes each), word k weighted by a secret odd number, wrapping at 2^64. Word k's
+    weight is the k mod CHUNK-th of CHUNK secret weights times a secret odd key of block k // CHUNK,
+    so that no change in two blocks cancels out without the secret. Equal bytes give equal hashes;
+    any change gives another but with probability ~2^-63. Work goes chunk by chunk (compare._chunks:
+    a non-contiguous tensor is never copied whole), with one synchronisation for all chunks."""
+    x = t.detach()
+    if x.numel() == 0:
+        return 0
+    word = _WORDS.get(x.element_size(), torch.int32)
+    weights = _hash_weights(x.device)
+    sums, blocks, position = [], [], 0
+    for (piece,) in compare._chunks(x):
+        words = piece.contiguous().view(word)
+        done = 0
+        while done < words.numel():
+            block, inner = divmod(position, CHUNK)
+            take = min(words.numel() - done, CHUNK - inner)
+            sums.append((words[done:done + take].to(torch.int64) * weights[inner:inner + take]).sum())
+            blocks.append(block)
+            done += take
+            position += take
     h = 0
-    for value in (torch.stack(sums).tolist() if sums else []):
-        h = (h * 1_000_003 + value) & _MASK
+    for block, value in zip(blocks, torch.stack(sums).tolist()):
+        h = (h + _block_key(block) * (value & _MASK)) & _MASK
     return h
 
 
@@ -70,6 +90,18 @@ def digest(values) -> tuple:
         else:
             parts.append(repr(x))
     return tuple(parts)
+
+
+def check_unchanged(inputs, expected: tuple) -> None:
+    """The candidate left `inputs` bit for bit as they were generated: their digest is `expected`
+    (the input set's, taken before any candidate code ran). Nothing is generated to compare with:
+    inside Guard.comparing, where this runs, torch function modes are off, the torch.device context
+    that makes get_inputs allocate on the GPU among them, and inputs made there would come from the
+    CPU's random generator."""
+    now = digest(inputs)
+    if now != expected:
+        changed = [index for index, (a, b) in enumerate(zip(now, expected)) if a != b] or [0]
+        raise v.Failure(v.INCORRECT, f"candidate modified input {changed[0]}", [v.INPUT_MUTATED])
 
 
 def skeleton(value):

@@ -524,11 +524,11 @@ def recorded_evaluation(tmp_path, monkeypatch):
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     events = []
     evaluation.gpu = RecordingLock(events)
-    for name in ("compare_outputs", "check_inputs_unchanged"):
-        def recording(*args, original=getattr(compare, name), name=name):
+    for module, name in ((compare, "compare_outputs"), (fingerprint, "check_unchanged")):
+        def recording(*args, original=getattr(module, name), name=name):
             events.append(name)
             return original(*args)
-        monkeypatch.setattr(compare, name, recording)
+        monkeypatch.setattr(module, name, recording)
     evaluation.guard = cheats.Guard("torch")  # the stand-ins are no candidate's patches
     return evaluation, ref_model, events
 
@@ -669,12 +669,11 @@ def test_the_checks_kernels_are_loaded_by_running_the_checks_once(monkeypatch):
     """process.prepare_device runs this on a GPU; on the CPU it runs the same checks, which must pass on
     a tensor and its copy (a failure here would be an infra_error in every prepared child)."""
     ran = []
-    for module, name in ((compare, "compare_outputs"), (compare, "check_inputs_unchanged"),
-                         (fingerprint, "digest"), (cheats, "poison")):
+    for module, name in ((compare, "compare_outputs"), (fingerprint, "check_unchanged"), (cheats, "poison")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: ran.append(_n) or _f(*a, **k))
     harness.load_check_kernels(torch.device("cpu"))
-    assert ran == ["compare_outputs", "check_inputs_unchanged", "digest", "poison"]
+    assert ran == ["compare_outputs", "check_unchanged", "poison"]
 
 
 def during(events: list, mode: str) -> list:
@@ -708,8 +707,8 @@ def test_sampled_outputs_are_compared_after_the_exclusive_hold(tmp_path, monkeyp
     evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
     evaluation._time(ref_model, Relu())
     assert "compare_outputs" not in during(events, "exclusive")
-    assert "check_inputs_unchanged" not in during(events, "exclusive")
-    assert after_the_hold(events) == ["check_inputs_unchanged", "compare_outputs"] * SAMPLED
+    assert "check_unchanged" not in during(events, "exclusive")
+    assert after_the_hold(events) == ["check_unchanged", "compare_outputs"] * SAMPLED
 
 
 def timed_cheat(tmp_path, monkeypatch, candidate):
@@ -732,7 +731,7 @@ def test_a_result_cached_by_pointer_is_wrong_during_timing(tmp_path, monkeypatch
 def test_an_input_mutated_in_a_timed_run_is_caught_after_the_hold(tmp_path, monkeypatch):
     failure, events = timed_cheat(tmp_path, monkeypatch, MutatesItsInput())
     assert failure.checks == [v.INPUT_MUTATED, v.WRONG_DURING_TIMING]
-    assert after_the_hold(events) == ["check_inputs_unchanged"], "the first deferred check fails"
+    assert after_the_hold(events) == ["check_unchanged"], "the first deferred check fails"
 
 
 def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, monkeypatch):

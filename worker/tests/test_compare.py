@@ -4,7 +4,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kz_worker import compare
+from kz_worker import compare, fingerprint
 from kz_worker import verdict as v
 
 SETTINGS = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
@@ -62,11 +62,11 @@ def test_half_precision_uses_the_looser_tolerance():
 
 def test_input_mutation_and_aliasing():
     x = torch.randn(5)
-    original = x.clone()
-    compare.check_inputs_unchanged([x], [original])
+    generated = fingerprint.digest([x])
+    fingerprint.check_unchanged([x], generated)
     x[0] += 1
     with pytest.raises(v.Failure) as caught:
-        compare.check_inputs_unchanged([x], [original])
+        fingerprint.check_unchanged([x], generated)
     assert caught.value.checks == [v.INPUT_MUTATED]
     with pytest.raises(v.Failure) as caught:
         compare.check_aliasing(x, [x], torch.randn(5), [torch.randn(5)])
@@ -213,29 +213,29 @@ def test_integers_and_bools_compared_exactly_chunk_by_chunk(monkeypatch, dtype):
 
 
 def test_inputs_unchanged_chunk_by_chunk(monkeypatch):
-    """NaN matches NaN and -0.0 matches 0.0 (as before); a change in any chunk, in any layout, is caught."""
-    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    """Bit for bit: NaN left as NaN passes; a change in any chunk, in any layout, is caught, -0.0
+    written over 0.0 and an in-place resize too."""
+    monkeypatch.setattr(fingerprint, "CHUNK", 7)
     original = torch.randn(6, 13)
     original[0, 6] = float("nan")
     original[5, 12] = 0.0
+    generated = fingerprint.digest([original, 3])
     for layout in (lambda t: t.clone(), non_contiguous):
-        x = layout(original)
-        x[5, 12] = -0.0
-        compare.check_inputs_unchanged([x, 3], [original, 3])
-        for index in ((0, 6), (0, 7), (5, 12)):
+        fingerprint.check_unchanged([layout(original), 3], generated)
+        for index, value in (((0, 6), 1.0), ((0, 7), 1.0), ((5, 12), 1.0), ((5, 12), -0.0)):
             changed = layout(original)
-            changed[index] = 1.0
+            changed[index] = value
             with pytest.raises(v.Failure) as caught:
-                compare.check_inputs_unchanged([original.clone(), changed], [original, original])
+                fingerprint.check_unchanged([original.clone(), changed], fingerprint.digest([original, original]))
             assert caught.value.checks == [v.INPUT_MUTATED] and caught.value.message == "candidate modified input 1"
     integers = torch.arange(78).reshape(6, 13)
-    compare.check_inputs_unchanged([non_contiguous(integers)], [integers])
+    fingerprint.check_unchanged([non_contiguous(integers)], fingerprint.digest([integers]))
     changed = non_contiguous(integers)
     changed[5, 12] = 0
     with pytest.raises(v.Failure):
-        compare.check_inputs_unchanged([changed], [integers])
+        fingerprint.check_unchanged([changed], fingerprint.digest([integers]))
     with pytest.raises(v.Failure):  # resized in place
-        compare.check_inputs_unchanged([original.clone().resize_(1)], [original])
+        fingerprint.check_unchanged([original.clone().resize_(1)], fingerprint.digest([original]))
 
 
 class FreshTensors(TorchDispatchMode):
@@ -258,13 +258,14 @@ class FreshTensors(TorchDispatchMode):
 def test_no_temporary_larger_than_a_chunk(monkeypatch):
     chunk = 1000
     monkeypatch.setattr(compare, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(fingerprint, "CHUNK", chunk)
     ref = torch.randn(100, 10 * chunk // 100)
     ref[3, 4] = float("nan")
     for out in (ref + 1e-6, non_contiguous(ref + 1e-6), ref + 1):
-        original = out.clone()
+        generated = fingerprint.digest([out])
         with FreshTensors() as fresh:
             outcome(compare.compare_outputs, out, ref, SETTINGS)
-            compare.check_inputs_unchanged([out], [original])
+            fingerprint.check_unchanged([out], generated)
         float64 = [n for dtype, n in fresh.created if dtype == torch.float64]
         assert float64 and max(float64) <= chunk, max(float64)
         assert max(n for _, n in fresh.created) <= chunk, "no whole copy in any dtype (non-contiguous output)"
