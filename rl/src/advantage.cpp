@@ -26,21 +26,30 @@ std::vector<double> kept_values(const std::vector<std::optional<double>>& values
 
 // Fills g.advantages from g.rewards (g.kept >= 1).
 void set_advantages(GroupResult& g, const RewardOptions& options) {
-  std::vector<double> r = kept_values(g.rewards);
-  g.zero_variance = std::all_of(r.begin(), r.end(), [&](double x) { return x == r.front(); });
+  g.advantages = normalize_group(g.rewards, options.epsilon, options.scale_by_std, &g.zero_variance);
+}
+
+}  // namespace
+
+std::vector<std::optional<double>> normalize_group(const std::vector<std::optional<double>>& rewards, double epsilon,
+                                                   bool scale_by_std, bool* zero_variance) {
+  std::vector<std::optional<double>> advantages(rewards.size());
+  std::vector<double> r = kept_values(rewards);
+  bool equal = std::all_of(r.begin(), r.end(), [&](double x) { return x == r.front(); });
+  if (zero_variance) *zero_variance = !r.empty() && equal;
+  if (r.empty()) return advantages;
   double mean = 0, var = 0;
   for (double x : r) mean += x;
   mean /= static_cast<double>(r.size());
   for (double x : r) var += (x - mean) * (x - mean);
-  double scale = options.scale_by_std ? std::sqrt(var / static_cast<double>(r.size())) + options.epsilon : 1.0;
-  for (size_t i = 0; i < g.rewards.size(); ++i) {
-    if (!g.rewards[i]) continue;
+  double scale = scale_by_std ? std::sqrt(var / static_cast<double>(r.size())) + epsilon : 1.0;
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    if (!rewards[i]) continue;
     // Exactly 0 for equal rewards: the computed mean of equal values can differ from them by an ulp.
-    g.advantages[i] = g.zero_variance ? 0.0 : (*g.rewards[i] - mean) / scale;
+    advantages[i] = equal ? 0.0 : (*rewards[i] - mean) / scale;
   }
+  return advantages;
 }
-
-}  // namespace
 
 GroupResult compute_group(const std::vector<SampleVerdict>& group, const RewardOptions& options,
                           std::optional<double> previous_rho) {

@@ -41,6 +41,13 @@ struct GroupResult {
   bool zero_variance = false; // |K| >= 1 and every kept reward equal: every A_i = 0
 };
 
+// A_i of the kept rewards (nullopt: dropped) as the header defines them: (r_i − mean)/(std + ε),
+// or r_i − mean without scale_by_std; exactly 0 when the kept rewards are all equal (then
+// *zero_variance, when given, is set; it is false for a group with no kept reward). The Coder's
+// groups (compute_group) and the Proposer's (one API set's modules) share it.
+std::vector<std::optional<double>> normalize_group(const std::vector<std::optional<double>>& rewards, double epsilon,
+                                                   bool scale_by_std, bool* zero_variance = nullptr);
+
 // The rewards and advantages of one group. `options` must have passed validate();
 // `previous_rho` is the task's ρ from its previous visit (used only when gate_ema > 0).
 GroupResult compute_group(const std::vector<SampleVerdict>& group, const RewardOptions& options,
