@@ -1,4 +1,4 @@
-// UTF-8 repair for text bound for JSON.
+// UTF-8 repair for text bound for JSON; escaping for text bound for HTML.
 #include "kz/core/text.h"
 
 namespace kz {
@@ -34,6 +34,21 @@ std::string to_valid_utf8(std::string_view text) {
     } else {
       out.append(text.substr(i, length));
       i += length;
+    }
+  }
+  return out;
+}
+
+std::string html_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
     }
   }
   return out;

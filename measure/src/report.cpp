@@ -8,6 +8,7 @@
 #include <map>
 
 #include "kz/core/terminal.h"
+#include "kz/core/text.h"
 #include "kz/rl/metrics.h"
 
 namespace kz {
@@ -44,20 +45,6 @@ std::vector<TaskOutcomes> outcomes_by_task(const std::vector<Task>& tasks, const
   for (auto& [id, outcomes] : by_task)
     if (!outcomes.samples.empty()) result.push_back(std::move(outcomes));
   return result;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 std::string percent(const nlohmann::json& value) {
@@ -107,7 +94,7 @@ std::string pass_at_k_svg(const nlohmann::json& summary) {
     }
     svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>)", points, color);
     svg += fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", w - right + 10, top + 16 * index + 10, color,
-                       escape(name));
+                       html_escape(name));
     ++index;
   }
   return svg + "</svg>";
@@ -149,14 +136,16 @@ std::string task_grid_svg(const std::vector<Task>& tasks, const std::vector<Verd
   std::string svg = fmt::format(R"(<svg width="{}" height="{}" xmlns="http://www.w3.org/2000/svg" font-size="12">)", w, h);
   for (size_t t = 0; t < tasks.size(); ++t) {
     int y = static_cast<int>(t) * row_h + 4;
-    svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="end">{}</text>)", label_w - 6, y + 12, escape(tasks[t].id));
+    svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="end">{}</text>)", label_w - 6, y + 12,
+                       html_escape(tasks[t].id));
     for (int s = 0; s < samples; ++s) {
       const Verdict* v = cells[tasks[t].id].count(s) ? cells[tasks[t].id][s] : nullptr;
       std::string tip = v ? fmt::format("{} #{}: {}{}", tasks[t].id, s, status_name(v->status),
                                         v->speedup ? fmt::format(" {:.2f}x", *v->speedup) : "")
                           : "not evaluated";
       svg += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>)",
-                         label_w + s * cell, y, cell - 2, row_h - 4, v ? status_color(v->status) : "#eee", escape(tip));
+                         label_w + s * cell, y, cell - 2, row_h - 4, v ? status_color(v->status) : "#eee",
+                         html_escape(tip));
     }
   }
   return svg + "</svg>";
@@ -214,14 +203,15 @@ std::string render_bench_html(const RunInfo& info, const nlohmann::json& summary
 <style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}h2{margin-top:1.6em}
 pre{background:#f7f7f7;padding:8px}</style></head><body>)";
-  html += fmt::format("<h1>KernelZero bench: {}</h1>", escape(info.model));
+  html += fmt::format("<h1>KernelZero bench: {}</h1>", html_escape(info.model));
   html += fmt::format("<p>suite <b>{}</b>, format <b>{}</b>, device <b>{}</b>, {} samples per task, {}</p>",
-                      escape(info.suite), escape(info.format), escape(info.device), info.samples, escape(info.date));
-  html += "<h2>Summary</h2><pre>" + escape(render_bench_table(summary)) + "</pre>";
+                      html_escape(info.suite), html_escape(info.format), html_escape(info.device), info.samples,
+                      html_escape(info.date));
+  html += "<h2>Summary</h2><pre>" + html_escape(render_bench_table(summary)) + "</pre>";
   html += "<h2>pass@k</h2>" + pass_at_k_svg(summary);
   html += "<h2>Speedup distribution (correct samples)</h2>" + speedup_svg(verdicts);
   html += "<h2>Per task</h2>" + legend() + task_grid_svg(tasks, verdicts, info.samples);
-  html += "<h2>summary.json</h2><pre>" + escape(summary.dump(2)) + "</pre>";
+  html += "<h2>summary.json</h2><pre>" + html_escape(summary.dump(2)) + "</pre>";
   return html + "</body></html>\n";
 }
 
