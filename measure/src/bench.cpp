@@ -104,19 +104,6 @@ Status generate_missing(const std::vector<Task>& tasks, Generator& generator, co
   return Status::ok();
 }
 
-Verdict no_code_verdict(const Task& task, const Generation& g, const BenchOptions& options,
-                        const EvalOptions& eval_options) {
-  Verdict v = make_verdict(EvalStatus::format_error, {Check::no_code_block},
-                           g.finish_reason == "length" ? "the reply holds no code block (cut at max_tokens)"
-                                                       : "the reply holds no code block");
-  v.task_id = task.id;
-  v.candidate = sample_label(task.id, g.sample);
-  v.format = options.format;
-  v.device = eval_options.device;
-  v.stage = "extract";
-  return v;
-}
-
 // Extracts every generation's code, writes it under candidates/, and evaluates the samples that
 // have no verdict yet (results.jsonl is the record of what is done).
 Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Generation>& generations,
@@ -136,8 +123,9 @@ Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Genera
     if (it == task_index.end() || done.count(label)) continue;
     auto code = extract_code(g.text, options.extract);
     if (!code) {
-      KZ_RETURN_IF_ERROR(append_line(results, to_json(no_code_verdict(tasks[it->second], g, options,
-                                                                      evaluator.options())).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+      Verdict none = no_code_verdict(tasks[it->second], sample_label(g.task_id, g.sample), g.finish_reason,
+                                     options.format, evaluator.options().device);
+      KZ_RETURN_IF_ERROR(append_line(results, to_json(none).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
       ++evaluated;
       continue;
     }
@@ -174,6 +162,19 @@ std::string today() {
 }
 
 }  // namespace
+
+Verdict no_code_verdict(const Task& task, const std::string& label, const std::string& finish_reason,
+                        const std::string& format, const std::string& device) {
+  Verdict v = make_verdict(EvalStatus::format_error, {Check::no_code_block},
+                           finish_reason == "length" ? "the reply holds no code block (cut at max_tokens)"
+                                                     : "the reply holds no code block");
+  v.task_id = task.id;
+  v.candidate = label;
+  v.format = format;
+  v.device = device;
+  v.stage = "extract";
+  return v;
+}
 
 Status BenchOptions::validate() const {
   if (out_dir.empty()) return invalid_argument("bench: --out is required");

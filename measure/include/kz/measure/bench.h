@@ -50,6 +50,11 @@ struct BenchResult {
   std::vector<Verdict> verdicts;  // every sample's verdict, old and new
 };
 
+// The format_error verdict of a sample whose reply holds no code block (never evaluated):
+// `label` names the sample, finish_reason "length" says the reply was cut at max_tokens.
+Verdict no_code_verdict(const Task& task, const std::string& label, const std::string& finish_reason,
+                        const std::string& format, const std::string& device);
+
 // Generates, extracts, evaluates; then writes summary.json and report.html.
 Result<BenchResult> run_bench(const std::vector<Task>& tasks, Generator& generator, const Evaluator& evaluator,
                               const BenchOptions& options, std::ostream& progress_out);
