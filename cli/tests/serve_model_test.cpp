@@ -430,9 +430,9 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
   expect_error("/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "role");
   expect_error("/v1/nothing", "{}", 404, "no route");
-  // A prompt longer than the context (2,048 tokens) is the client's mistake too.
+  // A prompt longer than the context (16,384 tokens) is the client's mistake too.
   std::string long_prompt;
-  for (int i = 0; i < 3000; ++i) long_prompt += fmt::format("w{} ", i);
+  for (int i = 0; i < 5000; ++i) long_prompt += fmt::format("w{} ", i);
   expect_error("/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "context");
 
   // The HttpGenerator sees a 400 as a failed request, the others in the batch unaffected.

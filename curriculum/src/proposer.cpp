@@ -86,6 +86,7 @@ Result<std::vector<ProposalBatch>> ProposerPipeline::propose(const std::vector<s
     request.params.temperature = options_.temperature;
     request.params.max_tokens = options_.max_tokens;
     request.params.seed = options_.seed;
+    request.params.logprobs = options_.logprobs;
     requests.push_back(std::move(request));
   }
   if (requests.empty()) return std::vector<ProposalBatch>{};
@@ -108,6 +109,7 @@ Result<std::vector<ProposalBatch>> ProposerPipeline::propose(const std::vector<s
       Proposal p;
       p.code = extract_code(reply.text);
       p.id = unique_id(p.code.value_or(reply.text), ids);
+      p.reply = reply;
       batches[s].proposals.push_back(std::move(p));
     }
   }

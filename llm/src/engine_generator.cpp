@@ -21,7 +21,7 @@ class EngineGenerator final : public Generator {
 
  private:
   Result<std::vector<TokenId>> prompt_ids(const GenerationRequest& request) const;
-  Completion to_completion(const model::EngineCompletion& c, bool logprobs) const;
+  Completion to_completion(const model::EngineCompletion& c, const std::vector<TokenId>& prompt, bool logprobs) const;
 
   std::shared_ptr<model::Engine> engine_;
   EngineGeneratorOptions options_;
@@ -42,12 +42,15 @@ Result<std::vector<TokenId>> EngineGenerator::prompt_ids(const GenerationRequest
   return tokenizer.encode(render_chatml(turns, /*add_generation_prompt=*/true, chat), /*allow_special=*/true);
 }
 
-Completion EngineGenerator::to_completion(const model::EngineCompletion& c, bool logprobs) const {
+Completion EngineGenerator::to_completion(const model::EngineCompletion& c, const std::vector<TokenId>& prompt,
+                                          bool logprobs) const {
   Completion out;
   out.text = c.text;
   out.finish_reason = c.finish_reason;
   out.prompt_tokens = static_cast<int>(c.prompt_tokens);
   out.completion_tokens = static_cast<int>(c.token_ids.size());
+  out.token_ids = c.token_ids;
+  out.prompt_token_ids.assign(prompt.begin(), prompt.end());
   if (logprobs)
     for (size_t i = 0; i < c.token_ids.size(); ++i) {
       TokenId id = static_cast<TokenId>(c.token_ids[i]);
@@ -58,7 +61,7 @@ Completion EngineGenerator::to_completion(const model::EngineCompletion& c, bool
 
 std::vector<Result<std::vector<Completion>>> EngineGenerator::generate(const std::vector<GenerationRequest>& requests) {
   std::vector<Result<std::vector<Completion>>> out(requests.size(), std::vector<Completion>());
-  // Every completion becomes one engine row; rows[k] remembers its request.
+  // Every completion becomes one engine row; owner[k] remembers its request.
   std::vector<model::EngineRequest> rows;
   std::vector<size_t> owner;
   std::random_device entropy;
@@ -100,7 +103,7 @@ std::vector<Result<std::vector<Completion>>> EngineGenerator::generate(const std
       auto& result = results[k - begin];
       const GenerationRequest& r = requests[owner[k]];
       if (!result.ok()) slot = result.status().with_context(r.id.empty() ? "generate" : "request " + r.id);
-      else slot->push_back(to_completion(*result, r.params.logprobs));
+      else slot->push_back(to_completion(*result, rows[k].prompt_ids, r.params.logprobs));
     }
   }
   return out;

@@ -200,6 +200,8 @@ std::string Engine::dtype() const {
   return d.ok() ? weight_dtype_name(*d) : "?";
 }
 const fs::path& Engine::model_dir() const { return impl_->options.model_dir; }
+int64_t Engine::pad_token_id() const { return impl_->pad_id; }
+std::shared_ptr<CausalLM> Engine::model() const { return impl_->model; }
 std::string Engine::describe() const {
   return fmt::format("engine:{} ({}, {})", impl_->options.model_dir.string(), device(), dtype());
 }

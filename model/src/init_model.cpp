@@ -57,10 +57,12 @@ json qwen2_config(int64_t hidden, int64_t intermediate, int64_t layers, int64_t 
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> all = {
-      // For tests: 2 layers, GQA 4/2, tied like Qwen2.5-0.5B; ~100k parameters. Weights drawn
+      // For tests: 2 layers, GQA 4/2, tied like Qwen2.5-0.5B; ~100k parameters; a context of 16k
+      // tokens, which the Coder's and the Proposer's prompts need (its byte-level vocabulary makes
+      // them several thousand tokens; rotary positions cost no weights). Weights drawn
       // wider than 0.02 so the random model's next-token distribution is far from uniform and a
       // greedy continuation is varied (and its argmax margins large against rounding).
-      {"tiny", qwen2_config(64, 128, 2, 4, 2, 512, 2048, true, 0.5), "fp32", 512},
+      {"tiny", qwen2_config(64, 128, 2, 4, 2, 512, 16384, true, 0.5), "fp32", 512},
       // Qwen/Qwen2.5-0.5B's config.json shapes (494M parameters).
       {"qwen2.5-0.5b", qwen2_config(896, 4864, 24, 14, 2, 151936, 32768, true), "bf16", 2048},
       // Qwen/Qwen2.5-7B's config.json shapes (7.62B parameters, 15.2 GB in bf16).

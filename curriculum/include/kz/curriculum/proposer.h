@@ -41,6 +41,9 @@ struct ProposerOptions {
   // The generation seed, where the backend supports one; nullopt: none sent. Every API set's
   // request gets the same seed.
   std::optional<uint64_t> seed;
+  // Ask the backend for per-token log-probs: a trained Proposer's update needs them with the
+  // reply's token ids (Proposal::reply).
+  bool logprobs = false;
   // Folder holding proposer.toml (the prompt template). Default: "prompts" (relative to the
   // working directory); `kz propose` passes the source tree's prompts/.
   std::filesystem::path prompts_dir = "prompts";
@@ -64,6 +67,7 @@ struct Proposal {
   // The reason's category: no_code, duplicate, or the validation's failed_check (loads, runs,
   // apis, ...; "invalid" when it named none). Empty when kept.
   std::string failed_check;
+  Completion reply;                  // the model's reply itself (text, token ids, log-probs)
 };
 
 // The replies to one API set, in reply order.
@@ -89,6 +93,9 @@ class ProposerPipeline {
   // ids then keep only what earlier calls added.
   Result<std::vector<ProposalBatch>> propose(const std::vector<std::vector<ApiEntry>>& api_sets,
                                              const ProposerProgress& progress = {});
+
+  // The generation seed of the next propose() calls (a loop gives each iteration its own).
+  void set_seed(std::optional<uint64_t> seed) { options_.seed = seed; }
 
   // A module kept earlier (an earlier run, another pipeline): later proposals that duplicate it
   // are rejected, and its id is not given again.

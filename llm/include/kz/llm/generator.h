@@ -5,6 +5,7 @@
 // the co-evolution loop) only see this header.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,8 @@ struct Completion {
   int prompt_tokens = 0;              // usage, where reported (0 otherwise)
   int completion_tokens = 0;
   std::vector<TokenLogprob> logprobs; // empty unless requested and supported
+  std::vector<int64_t> token_ids;        // the completion's token ids, where the backend gives them (the in-process engine)
+  std::vector<int64_t> prompt_token_ids; // the rendered prompt's ids, idem
 };
 
 struct GenerationRequest {

@@ -22,6 +22,8 @@
 
 namespace kz::model {
 
+class CausalLM;  // transformer.h (libtorch); only named here
+
 struct EngineOptions {
   fs::path model_dir;           // config.json, safetensors, tokenizer.json (+ generation_config.json)
   std::string device = "cpu";   // "cpu", "cuda", "cuda:N"
@@ -72,6 +74,13 @@ class Engine {
   std::string dtype() const;                          // "float32", "bfloat16", "float16"
   std::string describe() const;                       // "engine:<dir> (<device>, <dtype>)"
   const fs::path& model_dir() const;
+  int64_t pad_token_id() const;                       // fills left padding: the generation config's, else the tokenizer's, else 0
+
+  // The model generate() runs, for callers that train it in place (the loop's trainable roles):
+  // weights changed through it show in the next generate(). generate() locks only against other
+  // generate() calls, so the caller must not train (or otherwise change the weights) while a
+  // generate() runs.
+  std::shared_ptr<CausalLM> model() const;
 
  private:
   struct Impl;
