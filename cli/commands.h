@@ -26,8 +26,10 @@ Action add_bench_command(CLI::App& app);
 Action add_serve_eval_command(CLI::App& app);
 Action add_propose_command(CLI::App& app);
 Action add_init_model_command(CLI::App& app);
+Action add_report_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);     // kz-engine only (libtorch)
-Action add_serve_model_command(CLI::App& app);  // kz-engine, with cpp-httplib (KZ_WITH_MODEL_SERVER)
+Action add_serve_model_command(CLI::App& app);
+Action add_evolve_command(CLI::App& app);       // kz-engine: the co-evolution loop (kz/loop/evolve.h)  // kz-engine, with cpp-httplib (KZ_WITH_MODEL_SERVER)
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {

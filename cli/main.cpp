@@ -33,13 +33,15 @@ int hand_over_to_engine(int argc, char** argv) {
   return kz::cli::kExitInfra;
 }
 
-bool is_engine_command(std::string_view name) { return name == "generate" || name == "serve-model"; }
+bool is_engine_command(std::string_view name) {
+  return name == "generate" || name == "serve-model" || name == "evolve";
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && is_engine_command(argv[1])) return hand_over_to_engine(argc, argv);
-  CLI::App app{"KernelZero: evaluate (and, later, train) kernel-writing models", "kz"};
+  CLI::App app{"KernelZero: train and evaluate kernel-writing models", "kz"};
   app.require_subcommand(1);
   std::map<CLI::App*, kz::cli::Action> actions;
   auto add = [&](kz::cli::Action action) { actions[app.get_subcommands({}).back()] = std::move(action); };
@@ -51,9 +53,11 @@ int main(int argc, char** argv) {
 #endif
   add(kz::cli::add_propose_command(app));
   add(kz::cli::add_init_model_command(app));
+  add(kz::cli::add_report_command(app));
   // Listed for --help only: main() hands these to kz-engine before parsing.
   app.add_subcommand("generate", "Raw-text continuation from a checkpoint (kz-engine; kz generate --help)");
   app.add_subcommand("serve-model", "A checkpoint as an OpenAI-compatible endpoint (kz-engine; kz serve-model --help)");
+  app.add_subcommand("evolve", "Co-evolve a Proposer and a Coder with CA-GRPO (kz-engine; kz evolve --help)");
   add(kz::cli::add_config_command(app));
   return kz::cli::run_subcommand(app, actions, argc, argv);
 }

@@ -1,0 +1,790 @@
+// The co-evolution loop (evolve.h). Evolution::run_iteration is one iteration, top to bottom;
+// the functions after it are its steps.
+#include "kz/loop/evolve.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <map>
+
+#include "kz/core/hash.h"
+#include "kz/core/jsonl.h"
+#include "kz/core/parallel.h"
+#include "kz/core/terminal.h"
+#include "kz/curriculum/proposer.h"
+#include "kz/eval/evaluator.h"
+#include "kz/eval/options.h"
+#include "kz/eval/suite.h"
+#include "kz/llm/extract.h"
+#include "kz/llm/prompt.h"
+#include "kz/loop/evolve_config.h"
+#include "kz/loop/run_dir.h"
+#include "kz/measure/bench.h"
+#include "kz/rl/advantage.h"
+#include "kz/task/catalogue.h"
+#include "kz/task/task.h"
+
+namespace kz::loop {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Seconds of one phase by stage.
+struct StageSeconds {
+  double generate = 0, evaluate = 0, train = 0;
+  json to_json() const { return {{"generate", generate}, {"evaluate", evaluate}, {"train", train}}; }
+};
+
+// Every seed of the run derives from the run's seed, the iteration, the phase and an index: a
+// resumed iteration samples exactly what the interrupted one did.
+uint64_t derive_seed(uint64_t run_seed, int64_t iteration, std::string_view what, size_t index = 0) {
+  return hash64(fmt::format("{}:{}:{}:{}", run_seed, iteration, what, index)) >> 1;
+}
+
+std::string now_utc() {
+  std::time_t now = std::time(nullptr);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buffer;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// One Coder sample (a judge attempt or a Coder-phase sample): the reply, its code and verdict.
+struct CoderSample {
+  size_t task = 0;   // index into the phase's tasks
+  int index = 0;     // within the task's group
+  Completion completion;
+  std::string file;  // the kernel, relative to the run dir; empty when the reply held no code
+  std::string prompt_hash;
+  Verdict verdict;
+};
+
+rl::SampleVerdict sample_verdict(const Verdict& v) {
+  auto status = rl::parse_sample_status(status_name(v.status));
+  return {status.ok() ? *status : rl::SampleStatus::infra_error, v.correct, v.speedup};
+}
+
+// One proposal with what the judge and the rewards made of it.
+struct JudgedProposal {
+  const Proposal* proposal = nullptr;
+  size_t batch = 0;                  // its API set
+  std::string file;                  // the module, relative to the run dir ("" without code)
+  std::optional<double> pass_rate;   // p̂: kept modules whose judge samples reached a verdict
+  int attempts = 0;                  // judge samples with a verdict
+  std::optional<double> reward, advantage;
+  std::string frontier;              // the frontier's decision ("" when not offered)
+};
+
+// The policy update's statistics as metrics fields (null when no update ran).
+json update_json(const std::optional<rl::PolicyUpdateStats>& stats) {
+  if (!stats) return {{"kl", nullptr}, {"entropy", nullptr}, {"clip_fraction", nullptr}, {"loss", nullptr},
+                      {"grad_norm", nullptr}, {"optimizer_steps", 0}};
+  return {{"kl", stats->approx_kl},       {"entropy", stats->entropy},     {"clip_fraction", stats->clip_fraction},
+          {"loss", stats->loss},          {"grad_norm", stats->grad_norm}, {"optimizer_steps", stats->steps}};
+}
+
+bool any_nonzero(const std::vector<rl::Rollout>& rollouts) {
+  for (const auto& r : rollouts)
+    if (r.advantage != 0) return true;
+  return false;
+}
+
+class Evolution {
+ public:
+  static Result<std::unique_ptr<Evolution>> open(const EvolveOptions& options, std::ostream& out);
+  // Iterations up to `target` (nullopt: the config's run.iterations).
+  Result<EvolveResult> run(std::optional<int64_t> target);
+
+ private:
+  Evolution(EvolveConfig config, fs::path run_dir, std::ostream& out)
+      : config_(std::move(config)), run_dir_(std::move(run_dir)), out_(out),
+        metrics_(run_dir_ / "metrics.jsonl"), provenance_(run_dir_ / "provenance.jsonl") {}
+
+  Status run_iteration(int64_t i, int64_t target);
+  // 1. Proposer phase
+  Result<std::vector<JudgedProposal>> propose_and_judge(int64_t i, StageSeconds& seconds);
+  Result<std::optional<rl::PolicyUpdateStats>> update_proposer(std::vector<JudgedProposal>& judged,
+                                                               StageSeconds& seconds);
+  // 2. Frontier
+  Status offer_to_frontier(std::vector<JudgedProposal>& judged);
+  // 3. Coder phase
+  Status coder_phase(int64_t i);
+  // 4. Held-out evaluation and checkpoint
+  Status heldout(int64_t i);
+  Status checkpoint(int64_t i);
+
+  Result<std::vector<CoderSample>> sample_coder(int64_t i, const std::string& phase, const std::vector<Task>& tasks,
+                                                int attempts, StageSeconds& seconds);
+  void count_api_outcomes(const std::vector<CoderSample>& samples, const std::vector<Task>& tasks);
+  Status log_metrics(int64_t i, const std::string& phase, json row, const StageSeconds& seconds);
+  Status log_module(int64_t i, const JudgedProposal& j);
+  Status log_kernel(int64_t i, const std::string& phase, const Task& task, const CoderSample& s,
+                    std::optional<double> reward, std::optional<double> advantage);
+  fs::path iteration_dir(int64_t i) const { return run_dir_ / "iterations" / checkpoint_name(i); }
+
+  Status open_models();
+  Status open_engine();
+  Status start_fresh();
+  Status restore(const fs::path& checkpoint);
+  Status write_run_info(int64_t iterations_done) const;
+
+  EvolveConfig config_;
+  fs::path run_dir_;
+  std::ostream& out_;
+  fs::path prompts_dir_;
+  AppendLog metrics_, provenance_;
+
+  std::unique_ptr<Policy> proposer_, coder_own_;
+  Policy* coder_ = nullptr;  // coder_own_, or proposer_ with shared_policy
+  EvalOptions eval_options_;
+  std::optional<Evaluator> evaluator_;
+  std::vector<Task> heldout_tasks_;
+  std::vector<ApiEntry> catalogue_;
+  PromptTemplate coder_prompt_;
+  std::optional<ProposerPipeline> pipeline_;
+  std::vector<ProposalBatch> batches_;  // this iteration's proposals (JudgedProposal points into them)
+
+  // The loop's state (checkpointed with the models).
+  int64_t iterations_done_ = 0;
+  int64_t evaluations_ = 0;  // Coder samples evaluated so far (judge, Coder phase, held-out)
+  std::optional<curriculum::ApiStats> api_stats_;
+  std::optional<curriculum::ApiSampler> sampler_;
+  std::optional<curriculum::FrontierBuffer> frontier_;
+  rl::GateMemory gates_;
+  json kept_modules_ = json::array();  // [{"id", "source", "fingerprint"}]: the Proposer's dedup index
+  json used_ids_ = json::array();      // every proposal id given
+};
+
+// ---- one iteration ---------------------------------------------------------------------------
+
+Status Evolution::run_iteration(int64_t i, int64_t target) {
+  out_ << fmt::format("== iteration {}/{} ==\n", i, target);
+  std::error_code ignored;
+  fs::remove_all(iteration_dir(i), ignored);  // what an interrupted attempt at it left
+  KZ_RETURN_IF_ERROR(frontier_->begin_iteration(i));
+
+  // 1. Proposer phase: modules, the judge's attempts, rewards, update.
+  StageSeconds proposer_seconds;
+  auto judged = propose_and_judge(i, proposer_seconds);
+  if (!judged.ok()) return judged.status().with_context(fmt::format("iteration {}, proposer phase", i));
+  auto proposer_update = update_proposer(*judged, proposer_seconds);
+  if (!proposer_update.ok()) return proposer_update.status().with_context(fmt::format("iteration {}, proposer update", i));
+
+  // 2. Frontier: kept modules in the band join the buffer.
+  KZ_RETURN_IF_ERROR(offer_to_frontier(*judged));
+  int joined = 0, judged_modules = 0, valid = 0;
+  double reward_sum = 0, pass_sum = 0;
+  int rewarded = 0;
+  for (auto& j : *judged) {
+    KZ_RETURN_IF_ERROR(log_module(i, j));
+    if (j.proposal->verdict.valid) ++valid;
+    if (j.pass_rate) ++judged_modules, pass_sum += *j.pass_rate;
+    if (j.reward) ++rewarded, reward_sum += *j.reward;
+    if (j.frontier == "joined") ++joined;
+  }
+  json row = update_json(*proposer_update);
+  row.update({{"samples", judged->size()},
+              {"valid_rate", judged->empty() ? 0.0 : double(valid) / judged->size()},
+              {"judged", judged_modules},
+              {"pass_rate_mean", judged_modules ? json(pass_sum / judged_modules) : json()},
+              {"reward_mean", rewarded ? json(reward_sum / rewarded) : json()},
+              {"joined_frontier", joined}});
+  KZ_RETURN_IF_ERROR(log_metrics(i, "proposer", std::move(row), proposer_seconds));
+
+  // 3. Coder phase: frontier tasks, G samples each, CA-GRPO, update.
+  KZ_RETURN_IF_ERROR(coder_phase(i));
+
+  // 4. Every K iterations and at the last: the held-out suite, then a checkpoint.
+  if (i % config_.heldout_every == 0 || i == target) {
+    KZ_RETURN_IF_ERROR(heldout(i));
+    KZ_RETURN_IF_ERROR(checkpoint(i));
+  }
+  iterations_done_ = i;
+  return Status::ok();
+}
+
+// ---- 1. Proposer phase -------------------------------------------------------------------------
+
+Result<std::vector<JudgedProposal>> Evolution::propose_and_judge(int64_t i, StageSeconds& seconds) {
+  // API sets, weighted towards what the Coder fails; the Proposer writes modules_per_set each.
+  std::vector<std::vector<ApiEntry>> sets;
+  for (int s = 0; s < config_.api_sets; ++s) sets.push_back(sampler_->draw(*api_stats_).apis);
+  pipeline_->set_seed(derive_seed(config_.seed, i, "proposer"));
+  auto started = Clock::now();
+  std::optional<Clock::time_point> validating;
+  std::optional<ProgressBar> bar;
+  auto batches = pipeline_->propose(sets, [&](size_t done, size_t total, const std::string& id) {
+    if (done == 0) {
+      validating = Clock::now();
+      bar.emplace("proposer: validate", total, out_);
+    } else {
+      bar->advance(id);
+    }
+  });
+  if (bar) bar->finish();
+  if (!batches.ok()) return batches.status();
+  seconds.generate += std::chrono::duration<double>(validating.value_or(Clock::now()) - started).count();
+  if (validating) seconds.evaluate += seconds_since(*validating);
+  batches_ = std::move(*batches);
+
+  // Every proposal is kept on disk; kept modules join the dedup state a resume rebuilds.
+  std::vector<JudgedProposal> judged;
+  std::vector<Task> modules;
+  std::vector<size_t> module_of;  // judge task -> judged index
+  for (size_t b = 0; b < batches_.size(); ++b)
+    for (const auto& p : batches_[b].proposals) {
+      JudgedProposal j{&p, b};
+      used_ids_.push_back(p.id);
+      if (p.code) {
+        j.file = (fs::path("iterations") / checkpoint_name(i) / "modules" / (p.id + ".py")).string();
+        KZ_RETURN_IF_ERROR(write_file_atomic(run_dir_ / j.file, *p.code));
+      }
+      if (p.kept) {
+        kept_modules_.push_back({{"id", p.id}, {"source", *p.code}, {"fingerprint", p.verdict.fingerprint}});
+        Task task{p.id, *p.code, j.file, config_.level, {}};
+        for (const auto& api : batches_[b].apis) task.ops.push_back(api.name);
+        modules.push_back(std::move(task));
+        module_of.push_back(judged.size());
+      }
+      judged.push_back(std::move(j));
+    }
+
+  // The judge: m Coder attempts per kept module; p̂ over those that reached a verdict.
+  auto samples = sample_coder(i, "judge", modules, config_.judge_attempts, seconds);
+  if (!samples.ok()) return samples.status();
+  count_api_outcomes(*samples, modules);
+  std::vector<int> correct(modules.size(), 0), counted(modules.size(), 0);
+  for (const auto& s : *samples) {
+    KZ_RETURN_IF_ERROR(log_kernel(i, "judge", modules[s.task], s, std::nullopt, std::nullopt));
+    auto v = sample_verdict(s.verdict);
+    if (rl::is_dropped(v)) continue;
+    ++counted[s.task];
+    correct[s.task] += static_cast<int>(rl::correctness(v));
+  }
+  for (size_t t = 0; t < modules.size(); ++t) {
+    JudgedProposal& j = judged[module_of[t]];
+    j.attempts = counted[t];
+    if (counted[t] > 0) j.pass_rate = static_cast<double>(correct[t]) / counted[t];
+  }
+  return judged;
+}
+
+// Rewards (rl/proposer_reward.h) over each API set's replies, normalised within the set (the
+// Proposer's GRPO group), then one update. A module the judge could not measure (every attempt an
+// infra_error) gets no reward; a duplicate of a module kept earlier is valid but adds nothing: 0.
+Result<std::optional<rl::PolicyUpdateStats>> Evolution::update_proposer(std::vector<JudgedProposal>& judged,
+                                                                        StageSeconds& seconds) {
+  std::vector<rl::ProposedModule> rewarded;
+  std::vector<size_t> index_of;
+  for (size_t k = 0; k < judged.size(); ++k) {
+    const JudgedProposal& j = judged[k];
+    if (j.proposal->failed_check == "duplicate") {
+      judged[k].reward = 0.0;
+      continue;
+    }
+    if (j.proposal->kept && !j.pass_rate) continue;
+    rewarded.push_back({j.proposal->kept, j.pass_rate.value_or(0), j.proposal->verdict.fingerprint,
+                        j.proposal->code.value_or("")});
+    index_of.push_back(k);
+  }
+  auto rewards = rl::proposer_rewards(rewarded, config_.proposer_reward);
+  if (!rewards.ok()) return rewards.status();
+  for (size_t r = 0; r < rewards->size(); ++r) judged[index_of[r]].reward = (*rewards)[r].reward;
+
+  std::vector<rl::Rollout> rollouts;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    std::vector<size_t> members;
+    std::vector<std::optional<double>> group;
+    for (size_t k = 0; k < judged.size(); ++k)
+      if (judged[k].batch == b) members.push_back(k), group.push_back(judged[k].reward);
+    auto advantages = rl::normalize_group(group, config_.reward.epsilon, config_.reward.scale_by_std);
+    for (size_t m = 0; m < members.size(); ++m) {
+      JudgedProposal& j = judged[members[m]];
+      j.advantage = advantages[m];
+      auto tokens = Policy::token_sample(j.proposal->reply);
+      if (j.advantage && tokens)
+        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *j.advantage, {}});
+    }
+  }
+  if (!proposer_->trainable() || !any_nonzero(rollouts)) return std::optional<rl::PolicyUpdateStats>();
+  auto started = Clock::now();
+  auto stats = proposer_->update(std::move(rollouts));
+  seconds.train += seconds_since(started);
+  if (!stats.ok()) return stats.status();
+  return std::optional<rl::PolicyUpdateStats>(std::move(*stats));
+}
+
+// ---- 2. Frontier -------------------------------------------------------------------------------
+
+Status Evolution::offer_to_frontier(std::vector<JudgedProposal>& judged) {
+  for (auto& j : judged) {
+    if (!j.proposal->kept || !j.pass_rate) continue;
+    curriculum::FrontierTask task{j.proposal->id, *j.proposal->code, {}, *j.pass_rate, j.attempts};
+    for (const auto& api : batches_[j.batch].apis) task.apis.push_back(api.name);
+    auto offer = frontier_->offer(std::move(task));
+    if (!offer.ok()) return offer.status().with_context("module " + j.proposal->id);
+    j.frontier = offer->reason;
+  }
+  return Status::ok();
+}
+
+// ---- 3. Coder phase ----------------------------------------------------------------------------
+
+Status Evolution::coder_phase(int64_t i) {
+  StageSeconds seconds;
+  std::vector<Task> tasks;
+  for (const auto& entry : frontier_->select(config_.tasks_per_iteration))
+    tasks.push_back({entry.task.module_id, entry.task.source, entry.task.module_id, config_.level, entry.task.apis});
+  auto samples = sample_coder(i, "coder", tasks, config_.group_size, seconds);
+  if (!samples.ok()) return samples.status().with_context(fmt::format("iteration {}, coder phase", i));
+  count_api_outcomes(*samples, tasks);
+
+  // CA-GRPO: one group per task, its gate ρ remembered across visits (gate_ema).
+  std::vector<std::vector<const CoderSample*>> members(tasks.size());
+  for (const auto& s : *samples) members[s.task].push_back(&s);
+  std::vector<rl::GroupResult> groups;
+  std::vector<rl::Rollout> rollouts;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    std::vector<rl::SampleVerdict> verdicts;
+    for (const CoderSample* s : members[t]) verdicts.push_back(sample_verdict(s->verdict));
+    groups.push_back(gates_.visit(tasks[t].id, verdicts, config_.reward));
+    for (size_t k = 0; k < members[t].size(); ++k) {
+      const CoderSample& s = *members[t][k];
+      auto advantage = groups.back().advantages[k];
+      KZ_RETURN_IF_ERROR(log_kernel(i, "coder", tasks[t], s, groups.back().rewards[k], advantage));
+      auto tokens = Policy::token_sample(s.completion);
+      if (advantage && tokens)
+        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *advantage, {}});
+    }
+  }
+  std::optional<rl::PolicyUpdateStats> update;
+  if (coder_->trainable() && any_nonzero(rollouts)) {
+    auto started = Clock::now();
+    auto stats = coder_->update(std::move(rollouts));
+    seconds.train += seconds_since(started);
+    if (!stats.ok()) return stats.status().with_context(fmt::format("iteration {}, coder update", i));
+    update = std::move(*stats);
+  }
+  json row = update_json(update);
+  row.update(rl::to_json(rl::summarize(groups)));
+  row["samples"] = samples->size();
+  row["tasks"] = tasks.size();
+  return log_metrics(i, "coder", std::move(row), seconds);
+}
+
+// The Coder's `attempts` samples of every task (one request per task, seeded by the iteration,
+// the phase and the task), their code extracted and written under the iteration's dir, and every
+// sample with code evaluated; a reply without code is a format_error, a failed request an
+// infra_error for each of its samples (no reward).
+Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::string& phase,
+                                                         const std::vector<Task>& tasks, int attempts,
+                                                         StageSeconds& seconds) {
+  std::vector<CoderSample> samples;
+  if (tasks.empty()) return samples;
+  fs::path dir = iteration_dir(i);
+  std::vector<GenerationRequest> requests;
+  std::vector<std::string> prompt_hashes;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    auto messages = build_messages(coder_prompt_, {{"reference_source", tasks[t].source}});
+    if (!messages.ok()) return messages.status().with_context("task " + tasks[t].id);
+    json prompt = json::array();
+    for (const auto& m : *messages) prompt.push_back({{"role", m.role}, {"content", m.content}});
+    std::string hash = content_hash({dump(prompt)});
+    KZ_RETURN_IF_ERROR(write_file_atomic(dir / "prompts" / (hash + ".json"), dump(prompt) + "\n"));
+    prompt_hashes.push_back(hash);
+    GenerationRequest request{fmt::format("{}/{}", phase, tasks[t].id), std::move(*messages), "", {}};
+    request.params.n = attempts;
+    request.params.temperature = config_.coder.temperature;
+    request.params.top_p = config_.coder.top_p;
+    request.params.max_tokens = config_.coder.max_tokens;
+    request.params.seed = derive_seed(config_.seed, i, phase, t);
+    request.params.logprobs = coder_->trainable();
+    requests.push_back(std::move(request));
+  }
+  out_ << fmt::format("{}: generating {} x {} samples with {}\n", phase, tasks.size(), attempts, coder_->describe());
+  auto started = Clock::now();
+  auto results = coder_->generator().generate(requests);
+  seconds.generate += seconds_since(started);
+
+  std::vector<SuiteEntry> entries;
+  std::vector<size_t> entry_sample;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    for (int k = 0; k < attempts; ++k) {
+      CoderSample s{t, k};
+      s.prompt_hash = prompt_hashes[t];
+      std::string label = fmt::format("{}/{}", tasks[t].id, k);
+      if (!results[t].ok() || k >= static_cast<int>(results[t]->size())) {
+        std::string why = results[t].ok() ? "the generator returned fewer samples" : results[t].status().message();
+        s.verdict = make_verdict(EvalStatus::infra_error, {}, "generation failed: " + why);
+        s.verdict.task_id = tasks[t].id;
+        s.verdict.candidate = label;
+        samples.push_back(std::move(s));
+        continue;
+      }
+      s.completion = (*results[t])[k];
+      auto code = extract_code(s.completion.text);
+      if (!code) {
+        s.verdict = no_code_verdict(tasks[t], label, s.completion.finish_reason, config_.format, eval_options_.device);
+      } else {
+        s.file = (fs::path("iterations") / checkpoint_name(i) / "kernels" / phase / tasks[t].id /
+                  fmt::format("{}.py", k)).string();
+        KZ_RETURN_IF_ERROR(write_file_atomic(run_dir_ / s.file, *code));
+        entries.push_back({t, Candidate{label, *code}});
+        entry_sample.push_back(samples.size());
+      }
+      samples.push_back(std::move(s));
+    }
+  }
+  if (!entries.empty()) {
+    SuiteRunOptions run{config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_), cpu_cores(),
+                        dir / (phase + "-results.jsonl"), {}};
+    started = Clock::now();
+    auto verdicts = run_suite(*evaluator_, tasks, entries, run, out_);
+    seconds.evaluate += seconds_since(started);
+    if (!verdicts.ok()) return verdicts.status();
+    for (size_t e = 0; e < entries.size(); ++e) samples[entry_sample[e]].verdict = std::move((*verdicts)[e]);
+    evaluations_ += static_cast<int64_t>(entries.size());
+  }
+  return samples;
+}
+
+// Every Coder sample that reached a verdict is evidence on the APIs of its task.
+void Evolution::count_api_outcomes(const std::vector<CoderSample>& samples, const std::vector<Task>& tasks) {
+  for (const auto& s : samples) {
+    auto v = sample_verdict(s.verdict);
+    if (rl::is_dropped(v) || tasks[s.task].ops.empty()) continue;
+    (void)api_stats_->update(tasks[s.task].ops, rl::correctness(v) > 0);  // names are never empty here
+  }
+}
+
+// ---- 4. Held-out evaluation and checkpoint -----------------------------------------------------
+
+Status Evolution::heldout(int64_t i) {
+  BenchOptions bench;
+  bench.out_dir = run_dir_ / "heldout" / checkpoint_name(i);
+  std::error_code ignored;
+  fs::remove_all(bench.out_dir, ignored);  // an interrupted attempt's: this model version is measured afresh
+  bench.suite_label = config_.heldout_suite.string();
+  bench.prompts_dir = prompts_dir_;
+  bench.format = config_.format;
+  bench.samples = config_.heldout_samples;
+  bench.temperature = config_.heldout_temperature;
+  bench.top_p = 1.0;
+  bench.max_tokens = config_.coder.max_tokens;
+  bench.seed = derive_seed(config_.seed, i, "heldout");
+  out_ << fmt::format("heldout: {} tasks x {} samples\n", heldout_tasks_.size(), bench.samples);
+  auto started = Clock::now();
+  auto result = run_bench(heldout_tasks_, coder_->generator(), *evaluator_, bench, out_);
+  if (!result.ok()) return result.status().with_context(fmt::format("iteration {}, held-out evaluation", i));
+  evaluations_ += static_cast<int64_t>(result->samples_evaluated);
+  auto summary_text = read_file(bench.out_dir / "summary.json");
+  if (!summary_text.ok()) return summary_text.status();
+  json overall = json::parse(*summary_text, nullptr, false).value("overall", json::object());
+  StageSeconds seconds;
+  seconds.evaluate = seconds_since(started);  // generation and evaluation together (kz bench's)
+  json row = {{"pass_at_1", overall["pass_at_k"].value("1", json())},
+              {"fast_1", overall["geomean_speedup"].is_number() ? overall["fast_p"].value("1", json()) : json()},
+              {"geomean_speedup", overall.value("geomean_speedup", json())},
+              {"compile_rate", overall.value("compile_rate", json())},
+              {"samples", result->verdicts.size()},
+              {"tasks", heldout_tasks_.size()},
+              {"report", (fs::path("heldout") / checkpoint_name(i) / "report.html").string()}};
+  return log_metrics(i, "heldout", std::move(row), seconds);
+}
+
+Status Evolution::checkpoint(int64_t i) {
+  auto metrics_bytes = metrics_.size();
+  if (!metrics_bytes.ok()) return metrics_bytes.status();
+  auto provenance_bytes = provenance_.size();
+  if (!provenance_bytes.ok()) return provenance_bytes.status();
+  json state = {{"iteration", i},
+                {"evaluations", evaluations_},
+                {"api_stats", api_stats_->to_json()},
+                {"api_sampler", sampler_->to_json()},
+                {"frontier", frontier_->to_json()},
+                {"gates", gates_.to_json()},
+                {"kept_modules", kept_modules_},
+                {"used_ids", used_ids_},
+                {"logs", {{"metrics", *metrics_bytes}, {"provenance", *provenance_bytes}}}};
+  auto started = Clock::now();
+  KZ_RETURN_IF_ERROR(write_checkpoint(run_dir_, i, config_.checkpoint_keep, [&](const fs::path& dir) -> Status {
+    KZ_RETURN_IF_ERROR(proposer_->save(dir / "proposer"));
+    if (coder_own_) KZ_RETURN_IF_ERROR(coder_own_->save(dir / "coder"));
+    return write_file_atomic(dir / "state.json", state.dump(1) + "\n");
+  }));
+  out_ << fmt::format("checkpoint {} ({:.1f} s)\n", checkpoint_name(i), seconds_since(started));
+  return write_run_info(i);
+}
+
+// ---- logs --------------------------------------------------------------------------------------
+
+Status Evolution::log_metrics(int64_t i, const std::string& phase, json row, const StageSeconds& seconds) {
+  row["iteration"] = i;
+  row["phase"] = phase;
+  row["frontier_size"] = frontier_->stats().size;
+  row["evaluations"] = evaluations_;
+  row["seconds"] = seconds.to_json();
+  row["proposer_steps"] = proposer_->steps();
+  row["coder_steps"] = coder_->steps();
+  auto show = [&](const char* key) {
+    return row.contains(key) && row[key].is_number() ? fmt::format("{:.3f}", row[key].get<double>()) : "-";
+  };
+  out_ << fmt::format("iteration {} {}: reward {}  correct {}  pass@1 {}  frontier {}  kl {}  ({:.1f}/{:.1f}/{:.1f} s "
+                      "generate/evaluate/train)\n",
+                      i, phase, show("reward_mean"), show("correct_rate"), show("pass_at_1"),
+                      row["frontier_size"].get<size_t>(), show("kl"), seconds.generate, seconds.evaluate, seconds.train);
+  return metrics_.append(dump(row));
+}
+
+Status Evolution::log_module(int64_t i, const JudgedProposal& j) {
+  const Proposal& p = *j.proposal;
+  json apis = json::array();
+  for (const auto& api : batches_[j.batch].apis) apis.push_back(api.name);
+  json row = {{"kind", "module"},
+              {"iteration", i},
+              {"phase", "proposer"},
+              {"id", p.id},
+              {"apis", apis},
+              {"model", proposer_->describe()},
+              {"model_steps", proposer_->steps()},
+              {"file", j.file.empty() ? json() : json(j.file)},
+              {"status", p.kept ? "kept" : "rejected"},
+              {"reason", p.reason},
+              {"failed_check", p.failed_check},
+              {"fingerprint", p.verdict.fingerprint},
+              {"pass_rate", j.pass_rate ? json(*j.pass_rate) : json()},
+              {"judge_attempts", j.attempts},
+              {"reward", j.reward ? json(*j.reward) : json()},
+              {"advantage", j.advantage ? json(*j.advantage) : json()},
+              {"frontier", j.frontier}};
+  return provenance_.append(dump(row));
+}
+
+Status Evolution::log_kernel(int64_t i, const std::string& phase, const Task& task, const CoderSample& s,
+                             std::optional<double> reward, std::optional<double> advantage) {
+  json row = {{"kind", "kernel"},
+              {"iteration", i},
+              {"phase", phase},
+              {"task_id", task.id},
+              {"sample", s.index},
+              {"model", coder_->describe()},
+              {"model_steps", coder_->steps()},
+              {"prompt", (fs::path("iterations") / checkpoint_name(i) / "prompts" / (s.prompt_hash + ".json")).string()},
+              {"file", s.file.empty() ? json() : json(s.file)},
+              {"status", status_name(s.verdict.status)},
+              {"correct", s.verdict.correct},
+              {"speedup", s.verdict.speedup ? json(*s.verdict.speedup) : json()},
+              {"message", s.verdict.message.substr(0, 300)},
+              {"reward", reward ? json(*reward) : json()},
+              {"advantage", advantage ? json(*advantage) : json()}};
+  return provenance_.append(dump(row));
+}
+
+Status Evolution::write_run_info(int64_t iterations_done) const {
+  json info = {{"proposer", proposer_->describe()},
+               {"coder", coder_->describe()},
+               {"format", config_.format},
+               {"heldout_suite", config_.heldout_suite.string()},
+               {"seed", config_.seed},
+               {"reward_mode", config_.reward_mode},
+               {"iterations", iterations_done},
+               {"evaluations", evaluations_},
+               {"updated", now_utc()}};
+  return write_file_atomic(run_dir_ / "run.json", info.dump(2) + "\n");
+}
+
+// ---- opening a run -----------------------------------------------------------------------------
+
+Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options, std::ostream& out) {
+  const fs::path& dir = options.run_dir;
+  if (dir.empty()) return invalid_argument("evolve: the run dir (--out or --resume) is required");
+  const fs::path saved = dir / "config.toml";
+  if (options.resume && !fs::exists(saved))
+    return not_found(fmt::format("{} holds no run to resume (no config.toml)", dir.string()));
+  if (!options.resume && fs::exists(saved))
+    return invalid_argument(fmt::format("{} already holds a run: resume it with --resume {}, or give another --out",
+                                        dir.string(), dir.string()));
+  // A resumed run reads the configs it started with, never the original files again.
+  auto config = load_evolve_config(options.resume ? saved : options.config_path);
+  if (!config.ok()) return config.status();
+  std::unique_ptr<Evolution> run(new Evolution(std::move(*config), dir, out));
+  run->prompts_dir_ = run->config_.prompts_dir.empty() ? options.default_prompts_dir : run->config_.prompts_dir;
+
+  if (!options.resume) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return io_error(fmt::format("cannot create the run dir {}: {}", dir.string(), ec.message()));
+    EvalOptions eval;
+    if (!run->config_.eval_config.empty()) KZ_RETURN_IF_ERROR(apply_toml_file(run->config_.eval_config, eval));
+    eval.device = run->config_.eval_device;
+    KZ_RETURN_IF_ERROR(write_file_atomic(dir / "eval.toml", to_toml(eval)));
+    KZ_RETURN_IF_ERROR(write_file_atomic(saved, evolve_config_to_toml(run->config_)));
+  }
+  KZ_RETURN_IF_ERROR(apply_toml_file(dir / "eval.toml", run->eval_options_));
+  KZ_RETURN_IF_ERROR(run->open_engine());
+  KZ_RETURN_IF_ERROR(run->open_models());
+
+  auto checkpoint = latest_checkpoint(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  if (*checkpoint) KZ_RETURN_IF_ERROR(run->restore(**checkpoint));
+  else KZ_RETURN_IF_ERROR(run->start_fresh());
+  return run;
+}
+
+// The evaluator, the held-out tasks, the API catalogue and the Coder's prompt.
+Status Evolution::open_engine() {
+  int jobs = config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_);
+  set_gpu_memory_processes(eval_options_, jobs);
+  KZ_RETURN_IF_ERROR(eval_options_.validate());
+  auto evaluator = Evaluator::create(eval_options_);
+  if (!evaluator.ok()) return evaluator.status().with_context("evaluator");
+  evaluator_.emplace(std::move(*evaluator));
+  auto format = evaluator_->with_format(config_.format);
+  if (!format.ok()) return format.status();
+  evaluator_.emplace(std::move(*format));
+
+  auto tasks = load_tasks(config_.heldout_suite);
+  if (!tasks.ok()) return tasks.status().with_context("[heldout] suite");
+  heldout_tasks_ = std::move(*tasks);
+  if (config_.heldout_tasks > 0 && heldout_tasks_.size() > static_cast<size_t>(config_.heldout_tasks))
+    heldout_tasks_.resize(config_.heldout_tasks);
+
+  auto catalogue = load_api_catalogue(config_.catalogue.empty() ? default_api_catalogue_path() : config_.catalogue);
+  if (!catalogue.ok()) return catalogue.status();
+  catalogue_ = std::move(*catalogue);
+
+  auto prompt_path = coder_prompt_path(prompts_dir_, config_.format);
+  if (!prompt_path.ok()) return prompt_path.status();
+  auto prompt = load_prompt_template(*prompt_path);
+  if (!prompt.ok()) return prompt.status();
+  coder_prompt_ = std::move(*prompt);
+  return Status::ok();
+}
+
+// The roles' models and the Proposer's pipeline over its generator.
+Status Evolution::open_models() {
+  auto open_role = [&](RoleConfig& role, std::string_view name) {
+    role.policy.update.shuffle_seed = derive_seed(config_.seed, 0, name);
+    return Policy::open(role.policy);
+  };
+  auto proposer = open_role(config_.proposer, "proposer");
+  if (!proposer.ok()) return proposer.status().with_context("[proposer]");
+  proposer_ = std::move(*proposer);
+  if (config_.shared_policy) {
+    coder_ = proposer_.get();
+  } else {
+    auto coder = open_role(config_.coder, "coder");
+    if (!coder.ok()) return coder.status().with_context("[coder]");
+    coder_own_ = std::move(*coder);
+    coder_ = coder_own_.get();
+  }
+  out_ << fmt::format("proposer: {}\ncoder: {}\n", proposer_->describe(),
+                      config_.shared_policy ? "the proposer's model" : coder_->describe());
+
+  ProposerOptions options;
+  options.n = config_.modules_per_set;
+  options.level = config_.level;
+  options.temperature = config_.proposer.temperature;
+  options.max_tokens = config_.proposer.max_tokens;
+  options.prompts_dir = prompts_dir_;
+  options.logprobs = proposer_->trainable();
+  options.validation.device = eval_options_.device;
+  options.validation.dedup_threshold = config_.dedup_threshold;
+  options.validation.worker = eval_options_.worker;
+  options.validation.sandbox = eval_options_.sandbox;
+  options.jobs = config_.eval_jobs;
+  auto pipeline = ProposerPipeline::create(proposer_->generator(), options);
+  if (!pipeline.ok()) return pipeline.status().with_context("[proposer]");
+  pipeline_.emplace(std::move(*pipeline));
+  return Status::ok();
+}
+
+Status Evolution::start_fresh() {
+  // A run killed before its first checkpoint starts over: its logs hold nothing a checkpoint counts.
+  std::error_code ignored;
+  fs::remove(metrics_.path(), ignored);
+  fs::remove(provenance_.path(), ignored);
+  auto stats = curriculum::ApiStats::create(config_.api_stats);
+  if (!stats.ok()) return stats.status();
+  api_stats_.emplace(std::move(*stats));
+  auto sampler = curriculum::ApiSampler::create(catalogue_, config_.api_sampler);
+  if (!sampler.ok()) return sampler.status().with_context("[api_sampler]");
+  sampler_.emplace(std::move(*sampler));
+  auto frontier = curriculum::FrontierBuffer::create(config_.frontier);
+  if (!frontier.ok()) return frontier.status().with_context("[frontier]");
+  frontier_.emplace(std::move(*frontier));
+  frontier_->add_held_out(heldout_tasks_);
+  return write_run_info(0);
+}
+
+// The loop's state and the models of `dir`; the logs cut back to what the checkpoint counted.
+Status Evolution::restore(const fs::path& dir) {
+  auto text = read_file(dir / "state.json");
+  if (!text.ok()) return text.status();
+  json state = json::parse(*text, nullptr, false);
+  if (state.is_discarded() || !state.is_object()) return parse_error((dir / "state.json").string() + ": not a JSON object");
+  auto context = [&](const Status& s) { return s.with_context((dir / "state.json").string()); };
+  try {
+    iterations_done_ = state.at("iteration").get<int64_t>();
+    evaluations_ = state.at("evaluations").get<int64_t>();
+    kept_modules_ = state.at("kept_modules");
+    used_ids_ = state.at("used_ids");
+    auto stats = curriculum::ApiStats::from_json(state.at("api_stats"));
+    if (!stats.ok()) return context(stats.status());
+    api_stats_.emplace(std::move(*stats));
+    auto sampler = curriculum::ApiSampler::from_json(state.at("api_sampler"), catalogue_, config_.api_sampler);
+    if (!sampler.ok()) return context(sampler.status());
+    sampler_.emplace(std::move(*sampler));
+    auto frontier = curriculum::FrontierBuffer::from_json(state.at("frontier"), config_.frontier);
+    if (!frontier.ok()) return context(frontier.status());
+    frontier_.emplace(std::move(*frontier));
+    frontier_->add_held_out(heldout_tasks_);
+    auto gates = rl::GateMemory::from_json(state.at("gates"));
+    if (!gates.ok()) return context(gates.status());
+    gates_ = std::move(*gates);
+    for (const auto& m : kept_modules_)
+      pipeline_->add_kept(m.at("id").get<std::string>(), m.at("source").get<std::string>(),
+                          m.at("fingerprint").get<std::string>());
+    for (const auto& id : used_ids_) pipeline_->reserve_id(id.get<std::string>());
+    KZ_RETURN_IF_ERROR(metrics_.truncate_to(state.at("logs").at("metrics").get<uint64_t>()));
+    KZ_RETURN_IF_ERROR(provenance_.truncate_to(state.at("logs").at("provenance").get<uint64_t>()));
+  } catch (const json::exception& e) {
+    return parse_error(fmt::format("{}: {}", (dir / "state.json").string(), e.what()));
+  }
+  KZ_RETURN_IF_ERROR(proposer_->restore(dir / "proposer"));
+  if (coder_own_) KZ_RETURN_IF_ERROR(coder_own_->restore(dir / "coder"));
+  out_ << fmt::format("resumed from {} (iteration {})\n", dir.string(), iterations_done_);
+  return Status::ok();
+}
+
+Result<EvolveResult> Evolution::run(std::optional<int64_t> wanted) {
+  const int64_t target = wanted.value_or(config_.iterations);
+  if (target < 1) return invalid_argument(fmt::format("--iterations must be at least 1, got {}", target));
+  EvolveResult result;
+  int64_t first = iterations_done_ + 1;
+  if (first > target)
+    out_ << fmt::format("the run has done {} iterations already (asked for {})\n", iterations_done_, target);
+  for (int64_t i = first; i <= target; ++i) {
+    KZ_RETURN_IF_ERROR(run_iteration(i, target));
+    ++result.iterations_run;
+  }
+  result.iterations_done = iterations_done_;
+  return result;
+}
+
+}  // namespace
+
+Result<EvolveResult> run_evolve(const EvolveOptions& options, std::ostream& progress) {
+  auto evolution = Evolution::open(options, progress);
+  if (!evolution.ok()) return evolution.status();
+  return (*evolution)->run(options.iterations);
+}
+
+}  // namespace kz::loop
