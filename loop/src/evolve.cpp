@@ -56,6 +56,14 @@ std::string now_utc() {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// A file of the run dir (its folders made first), written atomically.
+Status write_run_file(const fs::path& path, std::string_view text) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) return io_error(fmt::format("cannot create {}: {}", path.parent_path().string(), ec.message()));
+  return write_file_atomic(path, text);
+}
+
 // One Coder sample (a judge attempt or a Coder-phase sample): the reply, its code and verdict.
 struct CoderSample {
   size_t task = 0;   // index into the phase's tasks
@@ -244,7 +252,7 @@ Result<std::vector<JudgedProposal>> Evolution::propose_and_judge(int64_t i, Stag
       used_ids_.push_back(p.id);
       if (p.code) {
         j.file = (fs::path("iterations") / checkpoint_name(i) / "modules" / (p.id + ".py")).string();
-        KZ_RETURN_IF_ERROR(write_file_atomic(run_dir_ / j.file, *p.code));
+        KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / j.file, *p.code));
       }
       if (p.kept) {
         kept_modules_.push_back({{"id", p.id}, {"source", *p.code}, {"fingerprint", p.verdict.fingerprint}});
@@ -397,7 +405,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     json prompt = json::array();
     for (const auto& m : *messages) prompt.push_back({{"role", m.role}, {"content", m.content}});
     std::string hash = content_hash({dump(prompt)});
-    KZ_RETURN_IF_ERROR(write_file_atomic(dir / "prompts" / (hash + ".json"), dump(prompt) + "\n"));
+    KZ_RETURN_IF_ERROR(write_run_file(dir / "prompts" / (hash + ".json"), dump(prompt) + "\n"));
     prompt_hashes.push_back(hash);
     GenerationRequest request{fmt::format("{}/{}", phase, tasks[t].id), std::move(*messages), "", {}};
     request.params.n = attempts;
@@ -435,7 +443,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
       } else {
         s.file = (fs::path("iterations") / checkpoint_name(i) / "kernels" / phase / tasks[t].id /
                   fmt::format("{}.py", k)).string();
-        KZ_RETURN_IF_ERROR(write_file_atomic(run_dir_ / s.file, *code));
+        KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, *code));
         entries.push_back({t, Candidate{label, *code}});
         entry_sample.push_back(samples.size());
       }

@@ -1,0 +1,286 @@
+// `kz evolve` end to end, through build/kz (handed to kz-engine), real workers on the CPU (Triton
+// under its interpreter) and real HTTP:
+//  - configs/evolve-tiny-cpu.toml as shipped (tiny random-init models made by kz init-model, both
+//    trainable): one full iteration, its run dir, logs, checkpoint and report; resuming adds one;
+//  - a run whose roles are scripted OpenAI-compatible endpoints (scripted_roles_server.py: modules
+//    chaining unary APIs, Triton kernels right half the time): modules reach the frontier and the
+//    Coder phase has rewards to normalise; killed with SIGKILL in its second iteration and resumed,
+//    it ends with the metrics, provenance and state of a run never killed;
+//  - a config with an unknown key is refused, naming the key.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+#include <thread>
+
+#include "kz/core/files.h"
+#include "kz/core/jsonl.h"
+#include "kz/core/subprocess.h"
+
+#ifndef KZ_TEST_PYTHON3
+#define KZ_TEST_PYTHON3 "python3"
+#endif
+
+namespace kz {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path source_dir() { return std::getenv("KZ_SOURCE_DIR"); }
+
+// Replaces every `from` in `text`.
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
+std::vector<json> rows(const fs::path& path) {
+  auto read = read_jsonl_log(path);
+  EXPECT_TRUE(read.ok()) << read.status().to_string();
+  return read.ok() ? *read : std::vector<json>{};
+}
+
+// Metrics rows without their timings (the only fields two equal runs may differ in).
+std::vector<json> without_seconds(std::vector<json> metrics) {
+  for (auto& row : metrics) row.erase("seconds");
+  return metrics;
+}
+
+class EvolveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary = std::getenv("KZ_BINARY_DIR");
+    ASSERT_TRUE(binary && *binary) << "KZ_BINARY_DIR is not set (run through ctest)";
+    kz_ = fs::path(binary) / "kz";
+    ASSERT_TRUE(fs::exists(fs::path(binary) / "kz-engine")) << "kz evolve needs kz-engine (libtorch)";
+    auto dir = make_unique_dir(fs::temp_directory_path(), "kz-evolve-test-");
+    ASSERT_TRUE(dir.ok());
+    dir_ = *dir;
+  }
+
+  void TearDown() override {
+    server_.reset();  // kills the server's process group
+    std::error_code ignored;
+    if (!HasFailure()) fs::remove_all(dir_, ignored);
+  }
+
+  ProcessSpec kz_spec(std::vector<std::string> args) const {
+    ProcessSpec spec;
+    spec.argv = {kz_.string()};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.env = current_environment();
+    spec.cwd = source_dir();
+    return spec;
+  }
+
+  RunResult kz(std::vector<std::string> args) const {
+    auto run = run_process(kz_spec(std::move(args)), std::chrono::seconds(900));
+    EXPECT_TRUE(run.ok()) << run.status().to_string();
+    return run.ok() ? *run : RunResult{};
+  }
+
+  void start_scripted_server() {
+    ProcessSpec spec;
+    spec.argv = {KZ_TEST_PYTHON3, (source_dir() / "loop/tests/scripted_roles_server.py").string(),
+                 (dir_ / "port").string()};
+    spec.env = current_environment();
+    auto server = Process::spawn(spec);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    server_ = std::make_unique<Process>(std::move(*server));
+    for (int i = 0; i < 100 && !fs::exists(dir_ / "port"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto port = read_file(dir_ / "port");
+    ASSERT_TRUE(port.ok()) << "the scripted server wrote no port";
+    port_ = *port;
+  }
+
+  // The scripted run's config: both roles at the scripted endpoint, the four-API catalogue.
+  fs::path scripted_config() const {
+    std::string endpoint = "http://127.0.0.1:" + port_ + "/v1";
+    std::string text = fmt_config(R"(
+[run]
+seed = 7
+iterations = 2
+catalogue = "loop/tests/data/unary_catalogue.toml"
+
+[heldout]
+suite = "suite/kzbench/level1"
+tasks = 1
+
+[proposer]
+endpoint = "ENDPOINT"
+endpoint_model = "scripted"
+api_sets = 1
+modules_per_set = 3
+judge_attempts = 3
+
+[api_sampler]
+min_set_size = 2
+max_set_size = 2
+
+[frontier]
+band_low = 0.2
+band_high = 0.8
+
+[coder]
+endpoint = "ENDPOINT"
+endpoint_model = "scripted"
+tasks_per_iteration = 1
+group_size = 3
+)",
+                                  endpoint);
+    fs::path path = dir_ / "scripted.toml";
+    EXPECT_TRUE(write_file_atomic(path, text).is_ok());
+    return path;
+  }
+
+  static std::string fmt_config(std::string text, const std::string& endpoint) {
+    return replace_all(std::move(text), "ENDPOINT", endpoint);
+  }
+
+  fs::path kz_, dir_;
+  std::string port_;
+  std::unique_ptr<Process> server_;
+};
+
+TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
+  for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
+    auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
+    ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
+  }
+  auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
+  ASSERT_TRUE(text.ok());
+  std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
+                                   "runs/tiny-coder", (dir_ / "tiny-coder").string());
+  ASSERT_TRUE(write_file_atomic(dir_ / "tiny.toml", config).is_ok());
+  fs::path run = dir_ / "run";
+
+  auto first = kz({"evolve", "--config", (dir_ / "tiny.toml").string(), "--out", run.string()});
+  ASSERT_EQ(first.exit.exit_code, 0) << first.stderr_text;
+  EXPECT_NE(first.stdout_text.find("1 iterations done"), std::string::npos) << first.stdout_text;
+
+  // One row per phase, each with the fields the report plots.
+  auto metrics = rows(run / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);
+  std::vector<std::string> phases;
+  for (const auto& row : metrics) {
+    phases.push_back(row.at("phase"));
+    EXPECT_EQ(row.at("iteration"), 1);
+    for (const char* key : {"frontier_size", "evaluations", "seconds", "proposer_steps", "coder_steps"})
+      EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
+    for (const char* stage : {"generate", "evaluate", "train"}) EXPECT_TRUE(row["seconds"].contains(stage));
+  }
+  EXPECT_EQ(phases, (std::vector<std::string>{"proposer", "coder", "heldout"}));
+  // Random weights write no code: every module is rejected with -1, and the held-out suite ran.
+  EXPECT_EQ(metrics[0].at("reward_mean"), -1.0);
+  EXPECT_EQ(metrics[2].at("pass_at_1"), 0.0);
+  EXPECT_EQ(metrics[2].at("samples"), 2);
+  for (const char* key : {"reward_mean", "correct_rate", "gate_on_share", "kl", "entropy", "clip_fraction"})
+    EXPECT_TRUE(metrics[1].contains(key)) << key;
+
+  // Every proposal is in the provenance log with its model and reason.
+  auto provenance = rows(run / "provenance.jsonl");
+  ASSERT_EQ(provenance.size(), 4u);  // api_sets 2 x modules_per_set 2
+  for (const auto& row : provenance) {
+    EXPECT_EQ(row.at("kind"), "module");
+    EXPECT_NE(row.at("model").get<std::string>().find("tiny-proposer"), std::string::npos);
+    EXPECT_EQ(row.at("reward"), -1.0);
+  }
+  for (const char* file : {"config.toml", "eval.toml", "run.json", "report.html", "checkpoints/LATEST",
+                           "checkpoints/iter-000001/MANIFEST.json", "checkpoints/iter-000001/state.json",
+                           "checkpoints/iter-000001/proposer/model/model.safetensors",
+                           "checkpoints/iter-000001/coder/trainer/trainer_state.json",
+                           "heldout/iter-000001/summary.json"})
+    EXPECT_TRUE(fs::exists(run / file)) << file;
+
+  // --iterations is the total: 1 again does nothing, 2 runs one more.
+  auto again = kz({"evolve", "--resume", run.string(), "--iterations", "1"});
+  ASSERT_EQ(again.exit.exit_code, 0) << again.stderr_text;
+  EXPECT_EQ(rows(run / "metrics.jsonl").size(), 3u);
+  auto more = kz({"evolve", "--resume", run.string(), "--iterations", "2"});
+  ASSERT_EQ(more.exit.exit_code, 0) << more.stderr_text;
+  metrics = rows(run / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 6u);
+  EXPECT_EQ(metrics[3].at("iteration"), 2);
+  EXPECT_TRUE(fs::exists(run / "checkpoints/iter-000002/state.json"));
+
+  // A new run into a dir that holds one is refused.
+  auto clash = kz({"evolve", "--config", (dir_ / "tiny.toml").string(), "--out", run.string()});
+  EXPECT_NE(clash.exit.exit_code, 0);
+  EXPECT_NE(clash.stderr_text.find("already holds a run"), std::string::npos) << clash.stderr_text;
+}
+
+TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
+  start_scripted_server();
+  fs::path config = scripted_config();
+  fs::path whole = dir_ / "whole", killed = dir_ / "killed";
+
+  auto reference = kz({"evolve", "--config", config.string(), "--out", whole.string()});
+  ASSERT_EQ(reference.exit.exit_code, 0) << reference.stderr_text;
+  auto metrics = rows(whole / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 6u);
+  // The scripted roles give the loop something to do: modules judged, the frontier filled, the
+  // Coder's groups rewarded with some correct and some incorrect kernels.
+  int judged = 0, joined = 0, coder_samples = 0;
+  for (const auto& row : metrics) {
+    if (row["phase"] == "proposer") judged += row.at("judged").get<int>(), joined += row.at("joined_frontier").get<int>();
+    if (row["phase"] == "coder") coder_samples += row.at("samples").get<int>();
+  }
+  EXPECT_GT(judged, 0);
+  EXPECT_GT(joined, 0) << "no module reached the frontier";
+  EXPECT_GT(coder_samples, 0);
+  int kernels = 0;
+  for (const auto& row : rows(whole / "provenance.jsonl"))
+    if (row["kind"] == "kernel") {
+      ++kernels;
+      EXPECT_TRUE(row.at("status") == "ok" || row.at("status") == "incorrect") << row.dump();
+      if (row["file"].is_string()) EXPECT_TRUE(fs::exists(whole / row["file"].get<std::string>()));
+    }
+  EXPECT_GT(kernels, 0);
+
+  // The same run, killed once its second iteration has logged a kernel, then resumed.
+  auto started = Process::spawn(kz_spec({"evolve", "--config", config.string(), "--out", killed.string()}));
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  Process run = std::move(*started);
+  bool in_second = false;
+  for (int i = 0; i < 3000 && !in_second; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto log = read_file(killed / "provenance.jsonl");
+    in_second = log.ok() && log->find(R"("iteration":2,"kind":"kernel")") != std::string::npos;
+    if (run.wait_for(std::chrono::milliseconds(0))) break;
+  }
+  ASSERT_TRUE(in_second) << "the run never reached its second iteration's kernels: " << run.stderr_tail();
+  run.kill_group(SIGKILL);
+  auto exit = run.kill_and_reap();
+  EXPECT_EQ(exit.term_signal, SIGKILL) << exit.describe();
+
+  auto resumed = kz({"evolve", "--resume", killed.string()});
+  ASSERT_EQ(resumed.exit.exit_code, 0) << resumed.stderr_text;
+  EXPECT_NE(resumed.stderr_text.find("resumed from"), std::string::npos) << resumed.stderr_text;
+  EXPECT_EQ(without_seconds(rows(killed / "metrics.jsonl")), without_seconds(metrics));
+  EXPECT_EQ(rows(killed / "provenance.jsonl"), rows(whole / "provenance.jsonl"));
+  auto state = [](const fs::path& run) {  // all but the logs' byte counts, which the timings' digits change
+    auto text = read_file(run / "checkpoints/iter-000002/state.json");
+    json state = text.ok() ? json::parse(*text) : json::object();
+    state.erase("logs");
+    return state;
+  };
+  EXPECT_EQ(state(killed), state(whole));
+}
+
+TEST_F(EvolveTest, AnUnknownConfigKeyIsNamed) {
+  ASSERT_TRUE(write_file_atomic(dir_ / "bad.toml", "[coder]\ngroup_sise = 4\n").is_ok());
+  auto run = kz({"evolve", "--config", (dir_ / "bad.toml").string(), "--out", (dir_ / "run").string()});
+  EXPECT_NE(run.exit.exit_code, 0);
+  EXPECT_NE(run.stderr_text.find("coder.group_sise"), std::string::npos) << run.stderr_text;
+  ASSERT_TRUE(write_file_atomic(dir_ / "type.toml", "[coder]\ngroup_size = \"four\"\n").is_ok());
+  run = kz({"evolve", "--config", (dir_ / "type.toml").string(), "--out", (dir_ / "run2").string()});
+  EXPECT_NE(run.stderr_text.find("coder.group_size"), std::string::npos) << run.stderr_text;
+}
+
+}  // namespace
+}  // namespace kz
