@@ -625,19 +625,24 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
   std::unique_ptr<Evolution> run(new Evolution(std::move(*config), dir, out));
   run->prompts_dir_ = run->config_.prompts_dir.empty() ? options.default_prompts_dir : run->config_.prompts_dir;
 
+  // A new run's evaluation options come from its config; a resumed one's from the run dir.
+  if (options.resume) {
+    KZ_RETURN_IF_ERROR(apply_toml_file(dir / "eval.toml", run->eval_options_));
+  } else {
+    if (!run->config_.eval_config.empty())
+      KZ_RETURN_IF_ERROR(apply_toml_file(run->config_.eval_config, run->eval_options_));
+    run->eval_options_.device = run->config_.eval_device;
+  }
+  KZ_RETURN_IF_ERROR(run->open_engine());
+  KZ_RETURN_IF_ERROR(run->open_models());
+  // Written once everything opened: a config whose models fail to load leaves no run behind.
   if (!options.resume) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return io_error(fmt::format("cannot create the run dir {}: {}", dir.string(), ec.message()));
-    EvalOptions eval;
-    if (!run->config_.eval_config.empty()) KZ_RETURN_IF_ERROR(apply_toml_file(run->config_.eval_config, eval));
-    eval.device = run->config_.eval_device;
-    KZ_RETURN_IF_ERROR(write_file_atomic(dir / "eval.toml", to_toml(eval)));
+    KZ_RETURN_IF_ERROR(write_file_atomic(dir / "eval.toml", to_toml(run->eval_options_)));
     KZ_RETURN_IF_ERROR(write_file_atomic(saved, evolve_config_to_toml(run->config_)));
   }
-  KZ_RETURN_IF_ERROR(apply_toml_file(dir / "eval.toml", run->eval_options_));
-  KZ_RETURN_IF_ERROR(run->open_engine());
-  KZ_RETURN_IF_ERROR(run->open_models());
 
   auto checkpoint = latest_checkpoint(dir);
   if (!checkpoint.ok()) return checkpoint.status();
