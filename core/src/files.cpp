@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <system_error>
 #include <vector>
 
@@ -41,10 +42,9 @@ int open_retry(const char* path, int flags, mode_t mode = 0) {
 
 }  // namespace
 
-Result<std::string> read_file(const fs::path& path) {
+Status read_file_chunks(const fs::path& path, const std::function<void(std::string_view)>& chunk) {
   int fd = open_retry(path.c_str(), O_RDONLY);
   if (fd < 0) return errno_status("reading", path, errno);
-  std::string out;
   char buf[64 * 1024];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof buf);
@@ -55,10 +55,27 @@ Result<std::string> read_file(const fs::path& path) {
       return errno_status("reading", path, err);
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    chunk(std::string_view(buf, static_cast<size_t>(n)));
   }
   ::close(fd);
+  return Status::ok();
+}
+
+Result<std::string> read_file(const fs::path& path) {
+  std::string out;
+  KZ_RETURN_IF_ERROR(read_file_chunks(path, [&](std::string_view piece) { out.append(piece); }));
   return out;
+}
+
+Status fsync_path(const fs::path& path) {
+  int fd = open_retry(path.c_str(), O_RDONLY);
+  if (fd < 0) return errno_status("opening", path, errno);
+  int rc;
+  do rc = ::fsync(fd);
+  while (rc != 0 && errno == EINTR);
+  int err = errno;
+  ::close(fd);
+  return rc == 0 ? Status::ok() : errno_status("fsync", path, err);
 }
 
 Status write_file_atomic(const fs::path& path, std::string_view content) {

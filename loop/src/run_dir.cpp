@@ -34,26 +34,6 @@ Status errno_status(std::string_view what, const fs::path& path, int err) {
   return err == ENOENT ? not_found(std::move(msg)) : io_error(std::move(msg));
 }
 
-int open_retry(const char* path, int flags) {
-  int fd;
-  do fd = ::open(path, flags | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
-  return fd;
-}
-
-// Works on directories too: a created, renamed or removed entry is durable only once the
-// directory holding it is fsync'ed.
-Status fsync_path(const fs::path& path) {
-  int fd = open_retry(path.c_str(), O_RDONLY);
-  if (fd < 0) return errno_status("opening", path, errno);
-  int rc;
-  do rc = ::fsync(fd);
-  while (rc != 0 && errno == EINTR);
-  int err = errno;
-  ::close(fd);
-  return rc == 0 ? Status::ok() : errno_status("fsync", path, err);
-}
-
 Status remove_tree(const fs::path& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
@@ -73,26 +53,14 @@ struct FileDigest {
 
 // Streams the file, so a large checkpoint file is never held in memory whole.
 Result<FileDigest> digest_file(const fs::path& path) {
-  int fd = open_retry(path.c_str(), O_RDONLY);
-  if (fd < 0) return errno_status("reading", path, errno);
   FileDigest digest;
-  unsigned char buf[64 * 1024];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return errno_status("reading", path, err);
-    }
-    if (n == 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      digest.fnv1a64 ^= buf[i];
+  KZ_RETURN_IF_ERROR(read_file_chunks(path, [&](std::string_view piece) {
+    for (unsigned char byte : piece) {
+      digest.fnv1a64 ^= byte;
       digest.fnv1a64 *= 0x100000001b3ULL;  // the FNV-1a 64 prime
     }
-    digest.bytes += static_cast<uint64_t>(n);
-  }
-  ::close(fd);
+    digest.bytes += piece.size();
+  }));
   return digest;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,11 @@ namespace kz {
 namespace fs = std::filesystem;
 
 Result<std::string> read_file(const fs::path& path);
+// The file's bytes in pieces of at most 64 KiB, in order: for files too large to hold at once.
+Status read_file_chunks(const fs::path& path, const std::function<void(std::string_view)>& chunk);
+// fsync of a file or a directory (an entry created, renamed or removed in a directory is durable
+// only once the directory is fsync'ed).
+Status fsync_path(const fs::path& path);
 // Writes to a temporary sibling then renames, so readers never see a half-written file.
 Status write_file_atomic(const fs::path& path, std::string_view content);
 // Appends one line (a '\n' is added) and flushes it to the OS, so a killed run keeps every
