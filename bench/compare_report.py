@@ -286,7 +286,7 @@ def startup_lines(verdicts: list) -> list:
     """One line per format and kind of process: where the startup stage went (each verdict's
     startup_s). For the evaluations a fork server served: the wait for a server (forked from its
     zygote, which the first time means its imports), the wait for the child's device (CUDA context;
-    before session 24 the profiler too), and the rest (the child's own set-up and the harness's start up to its first message).
+    in older verdicts the profiler's warm-up too), and the rest (the child's own set-up and the harness's start up to its first message).
     For those run in a worker started for the request alone ([worker] fork_server = "never", or
     fresh_while_zygote_imports while the zygote imported): its
     imports, the wait for its device after them, and the seconds its CUDA context took in a thread

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bundled suite on the GPU, for bench/README.md. Run on the GPU host from the repository root
+# The GPU benchmarks and checks of bench/README.md. Run on the GPU host from the repository root
 # (after scripts/fetch-gpu-deps.sh here, carrying .deps):  bench/gpu_suite.sh PART OUTDIR
 #   PART = rtc:     build, kz_rtc GPU tests, cuda-rtc examples, the reference as its own candidate
 #   PART = others:  build, triton examples, cuda (load_inline) examples
@@ -11,12 +11,6 @@
 #                   refused (none expected), and where built, the workers' own /dev/shm tests,
 #                   the scratch dir's bound and the syscall filter (eval_sandbox_test;
 #                   Process::members and the filter's own test in core_test)
-#   PART = timing:  no build; bench/timing_probe.py 5 times (separate processes) over four cuda-rtc
-#                   examples with --spin-us 200, then bench/timing_spread.py: each timing protocol's
-#                   spread across processes (~2 min)
-#   PART = startup: no build; bench/worker_startup_probe.py: a worker's start-up phases through
-#                   kz_worker.process, fresh processes (with and without the CUDA context made during
-#                   the imports) against children forked from a prepared parent, 1 and 8 at once
 #   PART = multigpu: build kz only; the fixed 34-candidate batch (bench/make_eval_batch.py), cold, on
 #                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
 #                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
@@ -41,17 +35,7 @@
 #                   compare.json records the GPU's UUID and kz's commit (KZ_COMMIT where set, else git:
 #                   the device's copy of the tree may carry an older .git, so write the hash that `git
 #                   rev-parse --short=12 HEAD` gives here into the command:
-#                   KZ_COMMIT=<hash> bench/gpu_suite.sh ...);
-#                   bench/goal_summary.py pools several runs' batches per commit and counts their hosts.
-#   PART = ab:      build kz only; the fixed batch through kz alone (no KernelBench), cold, with the
-#                   defaults (A) and with KZ_AB_CONFIG (B, a TOML given to kz as --config), a pair
-#                   per round, KZ_AB_ROUNDS rounds (default 2; A first in odd rounds, B in even
-#                   ones): each run's rates per format, then bench/ab_summary.py: every run's batch,
-#                   pre-builds' end, rates and summed start-up, each side's medians and B against A
-#                   pair by pair (summary.txt; ~35 s a run).
-#                   E.g. KZ_AB_CONFIG=bench/configs/prebuild-niced.toml
-#   PART = nvcc:    build kz only; bench/nvcc_probe.py: one `cuda` candidate's build through nvcc and
-#                   through kz-nvcc, alone and 10 side by side (~2 min after the build).
+#                   KZ_COMMIT=<hash> bench/gpu_suite.sh ...).
 #   PART = service: build kz only; bench/service_batch.py alone (KZ_SERVICE_ROUNDS, default 2;
 #                   KZ_SERVICE_DEVICE, default cuda:0; KB_FROM: a compare.json for the ratios).
 #   PART = memory:  build kz only; bench/memory_batch.py: KernelBench's largest level-1 and level-2
@@ -65,9 +49,9 @@
 #                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, ab, nvcc, service, timing, startup, multigpu, memory or model}
+PART=${1:?rtc, others, checks, compare, service, multigpu, memory or model}
 FINAL=${2:?output directory}
-OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive (the device tool returns few files)
+OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive of it
 mkdir -p "$FINAL"
 export KZ_SKIP_APT=1 KZ_PYTHON="$(command -v python3)" KZ_DEPS_PREFIX="$PWD/.deps"
 KERNELBENCH=${KERNELBENCH:-.kb/KernelBench}
@@ -77,12 +61,10 @@ if [[ $PART == compare ]]; then
     exit 1; }
   export KZ_BUILD_TARGETS=kz   # the benchmark needs the CLI only: the tests' build is time it lacks
 fi
-[[ $PART == multigpu || $PART == service || $PART == ab || $PART == nvcc || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
+[[ $PART == multigpu || $PART == service || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
-if [[ $PART != timing && $PART != startup ]]; then
-  scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  echo "build: ${SECONDS} s"
-fi
+scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build: ${SECONDS} s"
 if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:-0} > 0 )); }; then
   build/kz serve-eval --help > /dev/null 2>&1 || {
     echo "build/kz has no serve-eval: cpp-httplib was not found (scripts/fetch-gpu-deps.sh puts it in .deps/; carry .deps)"
@@ -139,24 +121,6 @@ elif [[ $PART == checks ]]; then
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"
   fi
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
-elif [[ $PART == ab ]]; then
-  [[ -f ${KZ_AB_CONFIG:-} ]] || { echo "KZ_AB_CONFIG: no TOML at '${KZ_AB_CONFIG:-}'"; exit 1; }
-  for round in $(seq "${KZ_AB_ROUNDS:-2}"); do
-    # A first in odd rounds, B first in even ones: a host's first batch is often its slowest
-    # (session 29's compares), and that must not always land on the same side.
-    sides="A B"; (( round % 2 == 0 )) && sides="B A"
-    for side in $sides; do
-      config=(); [[ $side == B ]] && config=(--kz-config "$KZ_AB_CONFIG")
-      python3 bench/kernelbench_compare.py --skip kb,stability,ref --kz-rounds 1 --out "$OUT/$side-$round" --device cuda:0 \
-        "${config[@]}" > "$OUT/$side-$round.txt" 2> "$OUT/$side-$round.err"
-      step_done "kz batch $side round $round" $?
-      label=defaults; [[ $side == B ]] && label=$KZ_AB_CONFIG
-      echo "== $side ($label), round $round =="
-      python3 bench/kernelbench_compare.py --report-only "$OUT/$side-$round/compare.json" --short
-    done
-  done
-  python3 bench/ab_summary.py "$OUT" --b-label "$KZ_AB_CONFIG" | tee "$OUT/summary.txt"
-  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == compare ]]; then
   WALL=${KZ_COMPARE_WALL_S:-480}
   KB_LIMIT=${KB_LIMIT:-10}
@@ -183,23 +147,6 @@ elif [[ $PART == service ]]; then
   python3 bench/service_batch.py --out "$OUT/service" --device "${KZ_SERVICE_DEVICE:-cuda:0}" \
     --rounds "${KZ_SERVICE_ROUNDS:-2}" ${KB_FROM:+--kb-from "$KB_FROM"} > "$OUT/service.txt" 2> "$OUT/service.err"
   step_done service_batch.py $?; cat "$OUT/service.txt"; tail -3 "$OUT/service.err"
-  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
-elif [[ $PART == timing ]]; then
-  mkdir -p "$OUT/probe-candidates"
-  cp suite/examples/cuda-rtc/{02_relu,07_softmax,10_rmsnorm,19_scale_residual_gelu}.py "$OUT/probe-candidates/"
-  for run in 1 2 3 4 5; do
-    PYTHONPATH=worker python3 bench/timing_probe.py --candidates "$OUT/probe-candidates" --spin-us 200 \
-      --out "$OUT/probe$run.json" > "$OUT/probe$run.txt" 2>&1 || tail -5 "$OUT/probe$run.txt"
-  done
-  python3 bench/timing_spread.py "$OUT"/probe?.json | tee "$OUT/spread.txt"
-  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
-elif [[ $PART == nvcc ]]; then
-  PYTHONPATH=worker python3 bench/nvcc_probe.py --out "$OUT/nvcc" --copies "${KZ_NVCC_COPIES:-1,10}" 2>&1 \
-    | tee "$OUT/nvcc.txt"
-  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
-elif [[ $PART == startup ]]; then
-  PYTHONPATH=worker python3 bench/worker_startup_probe.py --device cuda:0 --concurrency 1,8 \
-    --out "$OUT/startup.json" 2>&1 | tee "$OUT/startup.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 elif [[ $PART == multigpu ]]; then
   python3 bench/make_eval_batch.py "$OUT/batch" > /dev/null

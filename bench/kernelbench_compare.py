@@ -385,8 +385,8 @@ def gpu_name(device: str) -> str:
 
 
 def kz_commit():
-    """The commit kz was built from: $KZ_COMMIT where set (the device's copy of the tree may carry a
-    .git older than the tree: session 29's A/B read 06ff181-dirty at f305774), else git's HEAD,
+    """The commit kz was built from: $KZ_COMMIT where set (a copy of the tree on a GPU host may carry a
+    .git older than the tree, which would name the wrong commit), else git's HEAD,
     "-dirty" where tracked files differ from it; None where neither says."""
     if os.environ.get("KZ_COMMIT"):
         return os.environ["KZ_COMMIT"]
@@ -403,7 +403,7 @@ def kz_commit():
 
 def settings(args) -> dict:
     return {"device": args.device, "gpu": gpu_name(args.device), "kz_commit": kz_commit(),
-            "host": None if args.device == "cpu" else gpu_query(args.device, "uuid"),  # bench/goal_summary.py
+            "host": None if args.device == "cpu" else gpu_query(args.device, "uuid"),  # which host ran it
             "budget_s": args.budget_s, "kb_limit": args.kb_limit,
             "kb_workers": args.kb_compile_workers, "kb_gpu_arch": args.kb_gpu_arch, "kz": shown(str(args.kz), args),
             "stability_task": args.stability_task, "stability_format": args.stability_format,

@@ -15,7 +15,7 @@ everything afresh: no verdict cache (--no-cache) and empty compile caches at the
             of new candidates.
 Each round's rates use the accounting of kernelbench_compare.py's report (each verdict's share of
 the round's wall time; `cuda` carries its pre-builds). --kb-from takes KernelBench's rate from a
-compare.json of the same session (same host): those ratios are against KernelBench's cold batch,
+compare.json from the same host: those ratios are against KernelBench's cold batch,
 and say so. Writes OUTDIR/service.json, OUTDIR/report.txt and the service's log.
 """
 import argparse

@@ -58,8 +58,8 @@ bool opens_as_regular_file(const fs::path& path, std::string& error) {
   return regular;
 }
 
-// A regular lock file at `path`. Anything else there (a symlink or a FIFO a candidate left while the
-// directory was writable to workers, before session 10) is removed first: following it would split
+// A regular lock file at `path`. Anything else there (a symlink or a FIFO a candidate left in a
+// directory once writable to workers) is removed first: following it would split
 // the lock again, or block on open.
 Status make_lock_file(const fs::path& path) {
   std::string error;

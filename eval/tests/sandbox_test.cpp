@@ -418,10 +418,9 @@ TEST_F(SandboxTest, GpuLockFilesAreOutOfReach) {
 }
 
 // A candidate must not read the source of a candidate evaluated beside it (a GRPO sibling's correct
-// kernel, copied, earns the sibling's reward). Every request's candidate.py sits in its scratch dir;
-// before session 11 same-uid workers could list those under /tmp and reach them through
-// /proc/<pid>/cwd. Now the scratch dirs' parent is unlistable and each worker has its own PID
-// namespace and /proc (docs/evaluation.md, "Sandbox"). Where this machine cannot make either, the
+// kernel, copied, earns the sibling's reward). Every request's candidate.py sits in its scratch dir,
+// which same-uid workers could otherwise list under /tmp and reach through /proc/<pid>/cwd. The
+// scratch dirs' parent is unlistable and each worker has its own PID namespace and /proc (docs/evaluation.md, "Sandbox"). Where this machine cannot make either, the
 // test is skipped rather than passed.
 TEST_F(SandboxTest, ASiblingsSourceIsOutOfReach) {
   if (!sandbox_isolates_pids()) GTEST_SKIP() << "no PID namespace with its own /proc on this machine";

@@ -4,7 +4,7 @@ It recognises which reference module a prompt contains (by matching the suite's 
 answers like a model would: some reasoning in <think>, then a fenced code block. Which answer a
 sample gets is a deterministic function of (seed, task, sample index): mostly the bundled example
 candidate (correct), sometimes a wrong variant, a syntax error, or a reply with no code. Used by
-the `kz bench` tests and the end-to-end example in bench/README.md; it is not a model.
+the `kz bench` tests and end-to-end runs of `kz bench` on the CPU; it is not a model.
 
     python3 replay_model_server.py --suite suite/kzbench --candidates suite/examples/triton \
         --port-file /tmp/port [--port 0] [--correct 60 --wrong 15 --broken 13]

@@ -1,7 +1,7 @@
 """The fork server: prepares once, then forks a fresh child for each request, ahead of it (a spare).
 
 A worker started per evaluation spends seconds on the GPU host before its request can run (~12 s
-measured by bench/worker_startup_probe.py: torch and Triton imports ~4.5 s, and an import of
+measured on an H200: torch and Triton imports ~4.5 s, and an import of
 torch._dynamo ~4 s that the audit no longer needs, cheats.wrap_manual_seed_as_dynamo_would); a
 child forked from a process that did the host part of that is ready in ~1 s (its CUDA context), and
 it does that before its request comes: the server forks the next child (class
@@ -264,7 +264,7 @@ def finish_child(child, device_name: str, own_shm: bool = False):
     The spare is forked once the child's first message comes (its first stage: its device is
     prepared), not when the child gets its request: in a cold batch's first wave each child is still
     making its CUDA context then, and the driver makes contexts largely one at a time (on the H200,
-    16 at once took 2-3x as long each as 8: bench/context_probe.py), so a spare beside it would
+    16 at once took 2-3x as long each as 8), so a spare beside it would
     double the contexts the first wave waits for. A child that was a ready spare sends its first
     message at once, so later requests find their spare as early as before. Where the child sends
     nothing, the spare is forked after the child's leftovers are gone."""

