@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <future>
 #include <map>
 
 #include "kz/core/hash.h"
@@ -130,6 +131,8 @@ class Evolution {
 
   Result<std::vector<CoderSample>> sample_coder(int64_t i, const std::string& phase, const std::vector<Task>& tasks,
                                                 int attempts, StageSeconds& seconds);
+  Result<std::optional<SuiteEntry>> take_sample(int64_t i, const std::string& phase, const Task& task, size_t t,
+                                                int k, const Result<std::vector<Completion>>& result, CoderSample& s);
   void count_api_outcomes(const std::vector<CoderSample>& samples, const std::vector<Task>& tasks);
   Status log_metrics(int64_t i, const std::string& phase, json row, const StageSeconds& seconds);
   Status log_module(int64_t i, const JudgedProposal& j);
@@ -394,8 +397,7 @@ Status Evolution::coder_phase(int64_t i) {
 Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::string& phase,
                                                          const std::vector<Task>& tasks, int attempts,
                                                          StageSeconds& seconds) {
-  std::vector<CoderSample> samples;
-  if (tasks.empty()) return samples;
+  if (tasks.empty()) return std::vector<CoderSample>();
   fs::path dir = iteration_dir(i);
   std::vector<GenerationRequest> requests;
   std::vector<std::string> prompt_hashes;
@@ -417,50 +419,71 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     requests.push_back(std::move(request));
   }
   out_ << fmt::format("{}: generating {} x {} samples with {}\n", phase, tasks.size(), attempts, coder_->describe());
-  auto started = Clock::now();
-  auto results = coder_->generator().generate(requests);
-  seconds.generate += seconds_since(started);
-
-  std::vector<SuiteEntry> entries;
-  std::vector<size_t> entry_sample;
-  for (size_t t = 0; t < tasks.size(); ++t) {
-    for (int k = 0; k < attempts; ++k) {
-      CoderSample s{t, k};
-      s.prompt_hash = prompt_hashes[t];
-      std::string label = fmt::format("{}/{}", tasks[t].id, k);
-      if (!results[t].ok() || k >= static_cast<int>(results[t]->size())) {
-        std::string why = results[t].ok() ? "the generator returned fewer samples" : results[t].status().message();
-        s.verdict = make_verdict(EvalStatus::infra_error, {}, "generation failed: " + why);
-        s.verdict.task_id = tasks[t].id;
-        s.verdict.candidate = label;
-        samples.push_back(std::move(s));
-        continue;
+  // generation_batch tasks per generate() call; each batch is evaluated while the next one is
+  // generated (one evaluation batch at a time). Sized up front: the evaluating thread writes into it.
+  std::vector<CoderSample> samples(tasks.size() * attempts);
+  const size_t batch = config_.generation_batch > 0 ? static_cast<size_t>(config_.generation_batch) : tasks.size();
+  SuiteRunOptions run{config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_), cpu_cores(),
+                      dir / (phase + "-results.jsonl"), {}};
+  std::future<Status> evaluating;
+  for (size_t first = 0; first < tasks.size(); first += batch) {
+    const size_t last = std::min(tasks.size(), first + batch);
+    auto started = Clock::now();
+    auto results = coder_->generator().generate({requests.begin() + first, requests.begin() + last});
+    seconds.generate += seconds_since(started);
+    std::vector<SuiteEntry> entries;
+    std::vector<size_t> entry_sample;
+    for (size_t t = first; t < last; ++t)
+      for (int k = 0; k < attempts; ++k) {
+        size_t index = t * attempts + k;
+        samples[index].prompt_hash = prompt_hashes[t];
+        auto entry = take_sample(i, phase, tasks[t], t, k, results[t - first], samples[index]);
+        if (!entry.ok()) return entry.status();
+        if (*entry) entries.push_back(std::move(**entry)), entry_sample.push_back(index);
       }
-      s.completion = (*results[t])[k];
-      auto code = extract_code(s.completion.text);
-      if (!code) {
-        s.verdict = no_code_verdict(tasks[t], label, s.completion.finish_reason, config_.format, eval_options_.device);
-      } else {
-        s.file = (fs::path("iterations") / checkpoint_name(i) / "kernels" / phase / tasks[t].id /
-                  fmt::format("{}.py", k)).string();
-        KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, *code));
-        entries.push_back({t, Candidate{label, *code}});
-        entry_sample.push_back(samples.size());
-      }
-      samples.push_back(std::move(s));
-    }
-  }
-  if (!entries.empty()) {
-    SuiteRunOptions run{config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_), cpu_cores(),
-                        dir / (phase + "-results.jsonl"), {}};
-    started = Clock::now();
-    auto verdicts = run_suite(*evaluator_, tasks, entries, run, out_);
-    seconds.evaluate += seconds_since(started);
-    if (!verdicts.ok()) return verdicts.status();
-    for (size_t e = 0; e < entries.size(); ++e) samples[entry_sample[e]].verdict = std::move((*verdicts)[e]);
+    if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
+    if (entries.empty()) continue;
     evaluations_ += static_cast<int64_t>(entries.size());
+    evaluating = std::async(std::launch::async, [&, entries = std::move(entries),
+                                                 entry_sample = std::move(entry_sample)]() -> Status {
+      auto started = Clock::now();
+      auto verdicts = run_suite(*evaluator_, tasks, entries, run, out_);
+      seconds.evaluate += seconds_since(started);
+      if (!verdicts.ok()) return verdicts.status();
+      for (size_t e = 0; e < entries.size(); ++e) samples[entry_sample[e]].verdict = std::move((*verdicts)[e]);
+      return Status::ok();
+    });
   }
+  if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
   return samples;
+}
+
+// Sample k of task t from its request's result: the reply, its code written under the iteration's
+// dir, and the entry to evaluate (nullopt when there is nothing to run: a reply without code is a
+// format_error, a failed request an infra_error).
+Result<std::optional<SuiteEntry>> Evolution::take_sample(int64_t i, const std::string& phase, const Task& task,
+                                                         size_t t, int k,
+                                                         const Result<std::vector<Completion>>& result,
+                                                         CoderSample& s) {
+  s.task = t;
+  s.index = k;
+  std::string label = fmt::format("{}/{}", task.id, k);
+  if (!result.ok() || k >= static_cast<int>(result->size())) {
+    std::string why = result.ok() ? "the generator returned fewer samples" : result.status().message();
+    s.verdict = make_verdict(EvalStatus::infra_error, {}, "generation failed: " + why);
+    s.verdict.task_id = task.id;
+    s.verdict.candidate = label;
+    return std::optional<SuiteEntry>();
+  }
+  s.completion = (*result)[k];
+  auto code = extract_code(s.completion.text);
+  if (!code) {
+    s.verdict = no_code_verdict(task, label, s.completion.finish_reason, config_.format, eval_options_.device);
+    return std::optional<SuiteEntry>();
+  }
+  s.file = (fs::path("iterations") / checkpoint_name(i) / "kernels" / phase / task.id / fmt::format("{}.py", k)).string();
+  KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, *code));
+  return std::optional<SuiteEntry>(SuiteEntry{t, Candidate{label, *code}});
 }
 
 // Every Coder sample that reached a verdict is evidence on the APIs of its task.

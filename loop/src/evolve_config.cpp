@@ -91,7 +91,8 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
   t.insert(t.end(), curriculum.begin(), curriculum.end());
   add_role(t, "coder", c.coder,
            {{"coder.tasks_per_iteration", ConfigField(c.tasks_per_iteration).at_least(1)},
-            {"coder.group_size", ConfigField(c.group_size).at_least(1)}});
+            {"coder.group_size", ConfigField(c.group_size).at_least(1)},
+            {"coder.generation_batch", ConfigField(c.generation_batch).at_least(0)}});
   ConfigTable coder = {
       {"reward.mode", ConfigField(c.reward_mode).matching("ca_grpo|ungated|correctness_only",
                                                           "ca_grpo, ungated or correctness_only")},

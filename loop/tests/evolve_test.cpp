@@ -114,7 +114,7 @@ tasks = 1
 [proposer]
 endpoint = "ENDPOINT"
 endpoint_model = "scripted"
-api_sets = 1
+api_sets = 2
 modules_per_set = 3
 judge_attempts = 3
 
@@ -131,6 +131,7 @@ endpoint = "ENDPOINT"
 endpoint_model = "scripted"
 tasks_per_iteration = 1
 group_size = 3
+generation_batch = 1
 )",
                                   endpoint);
     fs::path path = dir_ / "scripted.toml";

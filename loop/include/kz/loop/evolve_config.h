@@ -66,6 +66,10 @@ struct EvolveConfig {
   RoleConfig coder;
   int tasks_per_iteration = 4;       // frontier tasks (replay included) per Coder phase
   int group_size = 4;                // G: samples per task
+  // Tasks per generate() call of the Coder (judge and Coder phase); each batch is evaluated while
+  // the next is generated. 0: all in one call, no overlap. Overlap only where the engine's memory
+  // and the evaluations' fit on the card together (the evaluations' admission counts only theirs).
+  int generation_batch = 0;
   rl::RewardOptions reward;
   std::string reward_mode = "ca_grpo";  // ca_grpo | ungated | correctness_only
 
