@@ -218,5 +218,27 @@ TEST(Summarize, ABatchOfThreeGroups) {
   EXPECT_EQ(none.reward_mean, 0.0);
 }
 
+TEST(NormalizeGroup, ByHandWithADroppedReward) {
+  // Kept {1, 0, 1}: mean 2/3, population std sqrt(2/9) = 0.47140.
+  bool zero = true;
+  Values a = normalize_group({1.0, 0.0, std::nullopt, 1.0}, 1e-6, true, &zero);
+  EXPECT_FALSE(zero);
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_NEAR(*a[0], (1 - 2.0 / 3) / (std::sqrt(2.0 / 9) + 1e-6), 1e-12);  //  0.70711
+  EXPECT_NEAR(*a[1], (0 - 2.0 / 3) / (std::sqrt(2.0 / 9) + 1e-6), 1e-12);  // -1.41421
+  EXPECT_FALSE(a[2].has_value());
+  Values plain = normalize_group({1.0, 0.0, std::nullopt, 1.0}, 1e-6, false);
+  EXPECT_NEAR(*plain[0], 1.0 / 3, 1e-12);
+  EXPECT_NEAR(*plain[1], -2.0 / 3, 1e-12);
+  // Equal kept rewards: exactly 0 and flagged; nothing kept: no advantages and not flagged.
+  Values equal = normalize_group({-1.0, std::nullopt, -1.0}, 1e-6, true, &zero);
+  EXPECT_TRUE(zero);
+  EXPECT_EQ(*equal[0], 0.0);
+  EXPECT_EQ(*equal[2], 0.0);
+  Values none = normalize_group({std::nullopt, std::nullopt}, 1e-6, true, &zero);
+  EXPECT_FALSE(zero);
+  EXPECT_FALSE(none[0].has_value() || none[1].has_value());
+}
+
 }  // namespace
 }  // namespace kz::rl
