@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 #include <future>
+#include <regex>
 #include <map>
 
 #include "kz/core/hash.h"
@@ -17,11 +18,15 @@
 #include "kz/eval/evaluator.h"
 #include "kz/eval/options.h"
 #include "kz/eval/suite.h"
+#ifdef KZ_LOOP_WITH_SERVICE
+#include "kz/eval/service_client.h"
+#endif
 #include "kz/llm/extract.h"
 #include "kz/llm/prompt.h"
 #include "kz/loop/evolve_config.h"
 #include "kz/loop/run_dir.h"
 #include "kz/measure/bench.h"
+#include "kz/measure/report.h"
 #include "kz/rl/advantage.h"
 #include "kz/task/catalogue.h"
 #include "kz/task/task.h"
@@ -105,6 +110,52 @@ bool any_nonzero(const std::vector<rl::Rollout>& rollouts) {
   return false;
 }
 
+// Where the Coder's samples are evaluated: the verdicts of `entries` in their order, each also
+// appended to `results` as it arrives.
+using EvaluateEntries = std::function<Result<std::vector<Verdict>>(
+    const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries, const fs::path& results)>;
+
+#ifdef KZ_LOOP_WITH_SERVICE
+// "http://host:port" (a trailing "/v1" or "/" allowed) -> host, port.
+Result<std::pair<std::string, int>> parse_service_url(const std::string& url) {
+  static const std::regex form(R"(http://([^/:]+):([0-9]{1,5})(/v1)?/?)");
+  std::smatch m;
+  if (!std::regex_match(url, m, form))
+    return invalid_argument(fmt::format("[eval] url '{}' is not http://HOST:PORT (a kz serve-eval)", url));
+  return std::pair{m[1].str(), std::stoi(m[2].str())};
+}
+
+// A kz serve-eval service's verdicts for `entries`: one batch, streamed back as they finish.
+Result<std::vector<Verdict>> evaluate_remotely(ServiceClient& client, const std::string& format,
+                                               const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
+                                               const fs::path& results) {
+  std::vector<ServiceItem> items;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const Task& task = tasks[entries[e].task_index];
+    items.push_back({json(e), task.source, entries[e].candidate.source, format, task.id});
+  }
+  auto submission = client.submit(items);
+  if (!submission.ok()) return submission.status();
+  std::vector<std::optional<Verdict>> verdicts(entries.size());
+  Status written;
+  KZ_RETURN_IF_ERROR(client.stream(submission->batch, [&](const JobResult& job) {
+    if (!job.verdict || !job.id.is_number_unsigned() || job.id.get<size_t>() >= entries.size()) return;
+    size_t e = job.id.get<size_t>();
+    verdicts[e] = *job.verdict;
+    verdicts[e]->candidate = entries[e].candidate.label;
+    if (written.is_ok()) written = append_line(results, dump(to_json(*verdicts[e])));
+  }));
+  KZ_RETURN_IF_ERROR(written);
+  std::vector<Verdict> out;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    if (!verdicts[e]) return internal_error(fmt::format("the evaluation service sent no verdict for {}",
+                                                        entries[e].candidate.label));
+    out.push_back(std::move(*verdicts[e]));
+  }
+  return out;
+}
+#endif
+
 class Evolution {
  public:
   static Result<std::unique_ptr<Evolution>> open(const EvolveOptions& options, std::ostream& out);
@@ -129,8 +180,10 @@ class Evolution {
   Status heldout(int64_t i);
   Status checkpoint(int64_t i);
 
+  // The Coder's samples at its sampling temperature, or at `temperature` where given (held-out).
   Result<std::vector<CoderSample>> sample_coder(int64_t i, const std::string& phase, const std::vector<Task>& tasks,
-                                                int attempts, StageSeconds& seconds);
+                                                int attempts, StageSeconds& seconds,
+                                                std::optional<double> temperature = std::nullopt);
   Result<std::optional<SuiteEntry>> take_sample(int64_t i, const std::string& phase, const Task& task, size_t t,
                                                 int k, const Result<std::vector<Completion>>& result, CoderSample& s);
   void count_api_outcomes(const std::vector<CoderSample>& samples, const std::vector<Task>& tasks);
@@ -141,6 +194,7 @@ class Evolution {
   fs::path iteration_dir(int64_t i) const { return run_dir_ / "iterations" / checkpoint_name(i); }
 
   Status open_models();
+  Status open_evaluation(int jobs);
   Status open_engine();
   Status start_fresh();
   Status restore(const fs::path& checkpoint);
@@ -155,7 +209,8 @@ class Evolution {
   std::unique_ptr<Policy> proposer_, coder_own_;
   Policy* coder_ = nullptr;  // coder_own_, or proposer_ with shared_policy
   EvalOptions eval_options_;
-  std::optional<Evaluator> evaluator_;
+  std::optional<Evaluator> evaluator_;  // the held-out suite's, and the Coder's without [eval] url
+  EvaluateEntries evaluate_;
   std::vector<Task> heldout_tasks_;
   std::vector<ApiEntry> catalogue_;
   PromptTemplate coder_prompt_;
@@ -396,7 +451,7 @@ Status Evolution::coder_phase(int64_t i) {
 // infra_error for each of its samples (no reward).
 Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::string& phase,
                                                          const std::vector<Task>& tasks, int attempts,
-                                                         StageSeconds& seconds) {
+                                                         StageSeconds& seconds, std::optional<double> temperature) {
   if (tasks.empty()) return std::vector<CoderSample>();
   fs::path dir = iteration_dir(i);
   std::vector<GenerationRequest> requests;
@@ -411,7 +466,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     prompt_hashes.push_back(hash);
     GenerationRequest request{fmt::format("{}/{}", phase, tasks[t].id), std::move(*messages), "", {}};
     request.params.n = attempts;
-    request.params.temperature = config_.coder.temperature;
+    request.params.temperature = temperature.value_or(config_.coder.temperature);
     request.params.top_p = config_.coder.top_p;
     request.params.max_tokens = config_.coder.max_tokens;
     request.params.seed = derive_seed(config_.seed, i, phase, t);
@@ -423,8 +478,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
   // generated (one evaluation batch at a time). Sized up front: the evaluating thread writes into it.
   std::vector<CoderSample> samples(tasks.size() * attempts);
   const size_t batch = config_.generation_batch > 0 ? static_cast<size_t>(config_.generation_batch) : tasks.size();
-  SuiteRunOptions run{config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_), cpu_cores(),
-                      dir / (phase + "-results.jsonl"), {}};
+  const fs::path results_path = dir / (phase + "-results.jsonl");
   std::future<Status> evaluating;
   for (size_t first = 0; first < tasks.size(); first += batch) {
     const size_t last = std::min(tasks.size(), first + batch);
@@ -447,7 +501,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     evaluating = std::async(std::launch::async, [&, entries = std::move(entries),
                                                  entry_sample = std::move(entry_sample)]() -> Status {
       auto started = Clock::now();
-      auto verdicts = run_suite(*evaluator_, tasks, entries, run, out_);
+      auto verdicts = evaluate_(tasks, entries, results_path);
       seconds.evaluate += seconds_since(started);
       if (!verdicts.ok()) return verdicts.status();
       for (size_t e = 0; e < entries.size(); ++e) samples[entry_sample[e]].verdict = std::move((*verdicts)[e]);
@@ -497,34 +551,32 @@ void Evolution::count_api_outcomes(const std::vector<CoderSample>& samples, cons
 
 // ---- 4. Held-out evaluation and checkpoint -----------------------------------------------------
 
+// The Coder on the held-out suite, sampled and evaluated as in the Coder phase (its kernels in the
+// provenance log), summarised and reported as `kz bench` does (heldout/iter-N/summary.json and
+// report.html: pass@k, fast_p, per level).
 Status Evolution::heldout(int64_t i) {
-  BenchOptions bench;
-  bench.out_dir = run_dir_ / "heldout" / checkpoint_name(i);
-  std::error_code ignored;
-  fs::remove_all(bench.out_dir, ignored);  // an interrupted attempt's: this model version is measured afresh
-  bench.suite_label = config_.heldout_suite.string();
-  bench.prompts_dir = prompts_dir_;
-  bench.format = config_.format;
-  bench.samples = config_.heldout_samples;
-  bench.temperature = config_.heldout_temperature;
-  bench.top_p = 1.0;
-  bench.max_tokens = config_.coder.max_tokens;
-  bench.seed = derive_seed(config_.seed, i, "heldout");
-  out_ << fmt::format("heldout: {} tasks x {} samples\n", heldout_tasks_.size(), bench.samples);
-  auto started = Clock::now();
-  auto result = run_bench(heldout_tasks_, coder_->generator(), *evaluator_, bench, out_);
-  if (!result.ok()) return result.status().with_context(fmt::format("iteration {}, held-out evaluation", i));
-  evaluations_ += static_cast<int64_t>(result->samples_evaluated);
-  auto summary_text = read_file(bench.out_dir / "summary.json");
-  if (!summary_text.ok()) return summary_text.status();
-  json overall = json::parse(*summary_text, nullptr, false).value("overall", json::object());
+  out_ << fmt::format("heldout: {} tasks x {} samples\n", heldout_tasks_.size(), config_.heldout_samples);
   StageSeconds seconds;
-  seconds.evaluate = seconds_since(started);  // generation and evaluation together (kz bench's)
+  auto samples = sample_coder(i, "heldout", heldout_tasks_, config_.heldout_samples, seconds,
+                              config_.heldout_temperature);
+  if (!samples.ok()) return samples.status().with_context(fmt::format("iteration {}, held-out evaluation", i));
+  std::vector<Verdict> verdicts;
+  for (const auto& s : *samples) {
+    KZ_RETURN_IF_ERROR(log_kernel(i, "heldout", heldout_tasks_[s.task], s, std::nullopt, std::nullopt));
+    verdicts.push_back(s.verdict);
+  }
+  RunInfo info{coder_->describe(), config_.heldout_suite.string(), config_.format, eval_options_.device, now_utc(),
+               config_.heldout_samples};
+  json summary = bench_summary(info, heldout_tasks_, verdicts);
+  fs::path dir = run_dir_ / "heldout" / checkpoint_name(i);
+  KZ_RETURN_IF_ERROR(write_run_file(dir / "summary.json", summary.dump(2) + "\n"));
+  KZ_RETURN_IF_ERROR(write_run_file(dir / "report.html", render_bench_html(info, summary, heldout_tasks_, verdicts)));
+  const json& overall = summary["overall"];
   json row = {{"pass_at_1", overall["pass_at_k"].value("1", json())},
               {"fast_1", overall["geomean_speedup"].is_number() ? overall["fast_p"].value("1", json()) : json()},
               {"geomean_speedup", overall.value("geomean_speedup", json())},
               {"compile_rate", overall.value("compile_rate", json())},
-              {"samples", result->verdicts.size()},
+              {"samples", verdicts.size()},
               {"tasks", heldout_tasks_.size()},
               {"report", (fs::path("heldout") / checkpoint_name(i) / "report.html").string()}};
   return log_metrics(i, "heldout", std::move(row), seconds);
@@ -685,6 +737,7 @@ Status Evolution::open_engine() {
   auto format = evaluator_->with_format(config_.format);
   if (!format.ok()) return format.status();
   evaluator_.emplace(std::move(*format));
+  KZ_RETURN_IF_ERROR(open_evaluation(jobs));
 
   auto tasks = load_tasks(config_.heldout_suite);
   if (!tasks.ok()) return tasks.status().with_context("[heldout] suite");
@@ -702,6 +755,31 @@ Status Evolution::open_engine() {
   if (!prompt.ok()) return prompt.status();
   coder_prompt_ = std::move(*prompt);
   return Status::ok();
+}
+
+// Where the Coder's samples go: the evaluator's worker pool here, or a kz serve-eval ([eval] url).
+Status Evolution::open_evaluation(int jobs) {
+  if (config_.eval_url.empty()) {
+    evaluate_ = [this, jobs](const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
+                             const fs::path& results) {
+      return run_suite(*evaluator_, tasks, entries, SuiteRunOptions{jobs, cpu_cores(), results, {}}, out_);
+    };
+    return Status::ok();
+  }
+#ifdef KZ_LOOP_WITH_SERVICE
+  auto where = parse_service_url(config_.eval_url);
+  if (!where.ok()) return where.status();
+  auto client = std::make_shared<ServiceClient>(where->first, where->second, std::chrono::seconds(600));
+  auto health = client->health();
+  if (!health.ok()) return health.status().with_context("[eval] url");
+  evaluate_ = [client, format = config_.format](const std::vector<Task>& tasks, const std::vector<SuiteEntry>& entries,
+                                                 const fs::path& results) {
+    return evaluate_remotely(*client, format, tasks, entries, results);
+  };
+  return Status::ok();
+#else
+  return invalid_argument("[eval] url: this kz was built without the evaluation service's client (cpp-httplib)");
+#endif
 }
 
 // The roles' models and the Proposer's pipeline over its generator.

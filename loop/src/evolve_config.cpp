@@ -107,6 +107,7 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
       {"eval.config", c.eval_config},
       {"eval.device", ConfigField(c.eval_device).matching("cpu|cuda(:[0-9]+)?", "cpu, cuda or cuda:N")},
       {"eval.jobs", ConfigField(c.eval_jobs).at_least(0)},
+      {"eval.url", c.eval_url},
   };
   t.insert(t.end(), coder.begin(), coder.end());
   return t;

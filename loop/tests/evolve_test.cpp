@@ -183,13 +183,19 @@ TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
   for (const char* key : {"reward_mean", "correct_rate", "gate_on_share", "kl", "entropy", "clip_fraction"})
     EXPECT_TRUE(metrics[1].contains(key)) << key;
 
-  // Every proposal is in the provenance log with its model and reason.
+  // Every proposal is in the provenance log with its model and reason, then the held-out kernels.
   auto provenance = rows(run / "provenance.jsonl");
-  ASSERT_EQ(provenance.size(), 4u);  // api_sets 2 x modules_per_set 2
-  for (const auto& row : provenance) {
-    EXPECT_EQ(row.at("kind"), "module");
-    EXPECT_NE(row.at("model").get<std::string>().find("tiny-proposer"), std::string::npos);
-    EXPECT_EQ(row.at("reward"), -1.0);
+  ASSERT_EQ(provenance.size(), 6u);  // api_sets 2 x modules_per_set 2, held-out 2 tasks x 1 sample
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(provenance[r].at("kind"), "module");
+    EXPECT_NE(provenance[r].at("model").get<std::string>().find("tiny-proposer"), std::string::npos);
+    EXPECT_EQ(provenance[r].at("reward"), -1.0);
+  }
+  for (size_t r = 4; r < 6; ++r) {
+    EXPECT_EQ(provenance[r].at("kind"), "kernel");
+    EXPECT_EQ(provenance[r].at("phase"), "heldout");
+    EXPECT_NE(provenance[r].at("model").get<std::string>().find("tiny-coder"), std::string::npos);
+    EXPECT_TRUE(provenance[r].at("prompt").is_string());
   }
   for (const char* file : {"config.toml", "eval.toml", "run.json", "report.html", "checkpoints/LATEST",
                            "checkpoints/iter-000001/MANIFEST.json", "checkpoints/iter-000001/state.json",
@@ -236,7 +242,7 @@ TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
   EXPECT_GT(coder_samples, 0);
   int kernels = 0;
   for (const auto& row : rows(whole / "provenance.jsonl"))
-    if (row["kind"] == "kernel") {
+    if (row["kind"] == "kernel" && row["phase"] != "heldout") {  // the scripted Coder writes no held-out code
       ++kernels;
       EXPECT_TRUE(row.at("status") == "ok" || row.at("status") == "incorrect") << row.dump();
       if (row["file"].is_string()) EXPECT_TRUE(fs::exists(whole / row["file"].get<std::string>()));
@@ -271,6 +277,50 @@ TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
     return state;
   };
   EXPECT_EQ(state(killed), state(whole));
+}
+
+TEST_F(EvolveTest, TheCodersSamplesCanGoToAnEvaluationService) {
+  start_scripted_server();
+  auto spawned = Process::spawn(kz_spec({"serve-eval", "--port", "0", "--device", "cpu"}));
+  ASSERT_TRUE(spawned.ok()) << spawned.status().to_string();
+  Process service = std::move(*spawned);
+  std::smatch url;
+  static const std::regex serving(R"(serving evaluations on (http://127\.0\.0\.1:[0-9]+)/v1)");
+  std::string log;
+  for (int i = 0; i < 600 && !std::regex_search(log, url, serving); ++i) {
+    ASSERT_FALSE(service.wait_for(std::chrono::milliseconds(100))) << "kz serve-eval exited: " << service.stderr_tail();
+    log = service.stderr_tail();
+  }
+  ASSERT_FALSE(url.empty()) << log;
+  auto text = read_file(scripted_config());
+  ASSERT_TRUE(text.ok());
+  ASSERT_TRUE(write_file_atomic(dir_ / "remote.toml", *text + "\n[eval]\nurl = \"" + url[1].str() + "\"\n").is_ok());
+
+  fs::path run = dir_ / "remote";
+  auto evolved = kz({"evolve", "--config", (dir_ / "remote.toml").string(), "--out", run.string(), "--iterations", "1"});
+  ASSERT_EQ(evolved.exit.exit_code, 0) << evolved.stderr_text;
+  int ok = 0, incorrect = 0;
+  for (const auto& row : rows(run / "provenance.jsonl"))
+    if (row["kind"] == "kernel" && row["phase"] != "heldout") {
+      ok += row["status"] == "ok";
+      incorrect += row["status"] == "incorrect";
+    }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(incorrect, 0);
+  auto results = read_file(run / "iterations/iter-000001/judge-results.jsonl");
+  ASSERT_TRUE(results.ok()) << "the service's verdicts are logged as they arrive";
+  EXPECT_NE(results->find("\"status\""), std::string::npos);
+  // The service did them: its count of finished evaluations covers every kernel with code.
+  ProcessSpec health;
+  health.argv = {KZ_TEST_PYTHON3, "-c",
+                 "import json, sys, urllib.request; print(json.load(urllib.request.urlopen(sys.argv[1] + "
+                 "'/v1/health'))['done'])",
+                 url[1].str()};
+  health.env = current_environment();
+  auto done = run_process(health, std::chrono::seconds(30));
+  ASSERT_TRUE(done.ok() && done->exit.exit_code == 0) << (done.ok() ? done->stderr_text : done.status().to_string());
+  EXPECT_GE(std::stoi(done->stdout_text), ok + incorrect);
+  service.kill_and_reap();
 }
 
 TEST_F(EvolveTest, AnUnknownConfigKeyIsNamed) {

@@ -11,6 +11,9 @@
 //      rewards and CA-GRPO advantages (rl/reward.h, rl/advantage.h) -> Coder update.
 //   4. Every K iterations and at the last: the held-out suite (pass@1, fast_1), then a checkpoint.
 //
+// The Coder's samples are evaluated by the engine's worker pool in process, or by a kz serve-eval
+// service ([eval] url).
+//
 // Every evaluated Coder sample (judge and Coder phase) updates the per-API statistics that steer
 // the next API sets. infra_error samples carry no reward and are counted, never trained on.
 //
@@ -21,8 +24,8 @@
 //   provenance.jsonl             one row per module and per kernel: iteration, phase, model and its
 //                                optimiser steps, prompt, file, verdict, reward, advantage
 //   iterations/iter-000001/      modules/<id>.py, kernels/<phase>/<task>/<i>.py, prompts/<hash>.json,
-//                                the evaluations' results JSONL
-//   heldout/iter-000001/         a kz bench run dir (generations, results, summary, report.html)
+//                                the evaluations' results JSONL (phases judge, coder, heldout)
+//   heldout/iter-000001/         the held-out measurement as kz bench writes it (summary.json, report.html)
 //   checkpoints/                 the models and the loop's state
 //
 // Resume: the newest checkpoint is loaded, the logs are cut back to what it recorded, and the run

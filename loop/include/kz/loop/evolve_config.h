@@ -77,6 +77,10 @@ struct EvolveConfig {
   fs::path eval_config;              // an evaluation TOML (configs/eval.toml's keys); "": defaults
   std::string eval_device = "cpu";   // cpu or cuda:N
   int eval_jobs = 0;                 // evaluations at once; 0: the engine's default
+  // A kz serve-eval service (http://host:port) for the Coder's samples (judge, Coder phase,
+  // held-out); "": the engine's worker pool in this process. The Proposer's modules are validated
+  // here either way, on eval_device.
+  std::string eval_url;
 
   Status validate() const;
 };
