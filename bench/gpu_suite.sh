@@ -47,13 +47,14 @@
 #                   the slots an H100's 71 GiB); KZ_MEMORY_RUNS picks
 #                   "default", "alone" or both (the default), so the two fit separate calls: the batch,
 #                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
-#   PART = evolve:  build kz and kz-engine; `kz evolve` for KZ_EVOLVE_ITERATIONS (3) iterations, each
-#                   timed: configs/evolve-gpu-small.toml on random-init Qwen2.5-0.5B-shaped models
-#                   (LoRA; generation and training on the card; random weights write no code), then
-#                   the same loop with both roles at the scripted endpoint of loop/tests (modules
-#                   chaining unary APIs, Triton kernels right or wrong in turn) evaluated and timed on
-#                   the card (loop/tests/data/evolve-scripted-gpu.toml); bench/evolve_summary.py:
-#                   seconds by stage per iteration, evaluations, rewards, pass@1.
+#   PART = evolve:  build kz and kz-engine; `kz evolve` for KZ_EVOLVE_ITERATIONS (3) iterations per
+#                   run of KZ_EVOLVE_RUNS (default "scripted gpu-small"), each timed: "scripted", both
+#                   roles at the scripted endpoint of loop/tests (modules chaining unary APIs, Triton
+#                   kernels right or wrong in turn) evaluated and timed on the card
+#                   (loop/tests/data/evolve-scripted-gpu.toml); "gpu-small",
+#                   configs/evolve-gpu-small.toml on random-init Qwen2.5-0.5B-shaped models (LoRA;
+#                   generation on the card; random weights write no code). Then
+#                   bench/evolve_summary.py: seconds by stage per iteration, evaluations, rewards, pass@1.
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model or evolve}
@@ -205,13 +206,21 @@ elif [[ $PART == model ]]; then
   cat "$OUT/model.txt"
 elif [[ $PART == evolve ]]; then
   iterations=${KZ_EVOLVE_ITERATIONS:-3}
-  for role in proposer:1 coder:2; do
-    build/kz init-model --preset qwen2.5-0.5b --out "runs/qwen-0.5b-${role%:*}" --seed "${role#*:}" > /dev/null
+  runs=()
+  for name in ${KZ_EVOLVE_RUNS:-scripted gpu-small}; do
+    if [[ $name == scripted ]]; then
+      python3 loop/tests/scripted_roles_server.py "$OUT/port" & server=$!
+      for i in $(seq 50); do [[ -s $OUT/port ]] && break; sleep 0.1; done
+      sed "s|ENDPOINT|http://127.0.0.1:$(cat "$OUT/port")/v1|" loop/tests/data/evolve-scripted-gpu.toml > "$OUT/scripted.toml"
+      runs+=("scripted:$OUT/scripted.toml")
+    else
+      for role in proposer:1 coder:2; do
+        build/kz init-model --preset qwen2.5-0.5b --out "runs/qwen-0.5b-${role%:*}" --seed "${role#*:}" > /dev/null
+      done
+      runs+=("gpu-small:configs/evolve-gpu-small.toml")
+    fi
   done
-  python3 loop/tests/scripted_roles_server.py "$OUT/port" & server=$!
-  for i in $(seq 50); do [[ -s $OUT/port ]] && break; sleep 0.1; done
-  sed "s|ENDPOINT|http://127.0.0.1:$(cat "$OUT/port")/v1|" loop/tests/data/evolve-scripted-gpu.toml > "$OUT/scripted.toml"
-  for run in gpu-small:configs/evolve-gpu-small.toml scripted:$OUT/scripted.toml; do
+  for run in "${runs[@]}"; do
     start=$SECONDS
     build/kz evolve --config "${run#*:}" --out "$OUT/${run%%:*}" --iterations "$iterations" \
       > "$OUT/${run%%:*}.txt" 2> "$OUT/${run%%:*}.err"
@@ -219,8 +228,8 @@ elif [[ $PART == evolve ]]; then
     rm -rf "$OUT/${run%%:*}/checkpoints"  # the weights stay on the host: the archive holds logs and reports
     tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   done
-  kill $server
-  python3 bench/evolve_summary.py "$OUT/gpu-small" "$OUT/scripted" | tee "$OUT/summary.txt"
+  [[ -n ${server:-} ]] && kill "$server"
+  python3 bench/evolve_summary.py $(for run in "${runs[@]}"; do echo "$OUT/${run%%:*}"; done) | tee "$OUT/summary.txt"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 else
   suite triton suite/examples/triton

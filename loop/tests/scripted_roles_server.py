@@ -42,7 +42,7 @@ def module(apis, variant):
     return (f'"""Scripted module. chain: {chain}"""\nimport torch\nimport torch.nn as nn\n\n\n'
             "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n"
             + broken + "\n".join(steps) + "\n        return x\n\n\n"
-            "batch_size = 256\ndim = 8192\ncpu_sizes = {\"batch_size\": 4, \"dim\": 64}\n\n\n"
+            "batch_size = 4096\ndim = 8192\ncpu_sizes = {\"batch_size\": 4, \"dim\": 64}\n\n\n"
             "def get_inputs():\n    return [torch.randn(batch_size, dim)]\n\n\n"
             "def get_init_inputs():\n    return []\n")
 
