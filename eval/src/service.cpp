@@ -580,11 +580,10 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& reque
   // The first evaluations find prepared fork servers (every format's evaluator makes the same kind):
   // a service is long-lived, so its first batch need not pay their imports. Build servers start as
   // pre-builds need them, as in eval-suite, and stay idle after (one per core), so a service that is
-  // sent no `cuda` work holds none. Starting one per core here made no difference to a first batch
-  // sent at once (H200 and H200 x2, bench/README.md): its first wave waits for the evaluation servers.
-  // [worker] spare_servers more per GPU: with only as many servers as evaluation threads, a thread
-  // done with a short evaluation takes back the server it just gave, whose next child is still
-  // preparing (3-5 s waits on two H200s); with spares it takes one idle longer, its child ready.
+  // sent no `cuda` work holds none: a first batch's first wave waits for the evaluation servers, not
+  // for build servers. [worker] spare_servers more per GPU: with only as many servers as evaluation
+  // threads, a thread done with a short evaluation takes back the server it just gave, whose next
+  // child is still preparing; with spares it takes one idle longer, its child ready.
   int servers = impl->workers + spare_servers(eval);
   for (size_t pool = 0; pool < impl->pools.size(); ++pool)
     if (auto started = impl->pools.at(pool).start_fork_servers(servers); !started.is_ok())
