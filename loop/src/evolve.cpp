@@ -286,15 +286,25 @@ Result<std::vector<JudgedProposal>> Evolution::propose_and_judge(int64_t i, Stag
   auto started = Clock::now();
   std::optional<Clock::time_point> validating;
   std::optional<ProgressBar> bar;
-  auto batches = pipeline_->propose(sets, [&](size_t done, size_t total, const std::string& id) {
-    if (done == 0) {
-      validating = Clock::now();
-      bar.emplace("proposer: validate", total, out_);
-    } else {
-      bar->advance(id);
-    }
-  });
-  if (bar) bar->finish();
+  auto propose = [&] {
+    auto batches = pipeline_->propose(sets, [&](size_t done, size_t total, const std::string& id) {
+      if (done == 0) {
+        validating = Clock::now();
+        bar.emplace("proposer: validate", total, out_);
+      } else {
+        bar->advance(id);
+      }
+    });
+    if (bar) bar->finish();
+    return batches;
+  };
+  // A failed call (a request, or a validation worker that could not run) leaves the pipeline as it
+  // was: tried once more with the same seed, it writes the same replies.
+  auto batches = propose();
+  if (!batches.ok()) {
+    out_ << fmt::format("proposer: {}; trying once more\n", batches.status().message());
+    batches = propose();
+  }
   if (!batches.ok()) return batches.status();
   seconds.generate += std::chrono::duration<double>(validating.value_or(Clock::now()) - started).count();
   if (validating) seconds.evaluate += seconds_since(*validating);
