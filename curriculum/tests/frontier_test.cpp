@@ -8,94 +8,14 @@
 #include <tuple>
 
 #include "kz/curriculum/frontier.h"
+#include "similar_modules.h"
 
 namespace kz::curriculum {
 namespace {
 
-const char* kGeluMatmul = R"PY(
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class Model(nn.Module):
-    """Matmul with a weight, then exact GELU."""
-
-    def __init__(self, k, n):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(k, n) * 0.1)
-
-    def forward(self, x):
-        y = torch.matmul(x, self.weight)  # (batch, n)
-        return F.gelu(y)
-
-
-batch = 1024
-k = 4096
-n = 2048
-
-
-def get_inputs():
-    return [torch.randn(batch, k)]
-
-
-def get_init_inputs():
-    return [k, n]
-)PY";
-
-// The same module with every name changed, other comments and sizes, no docstring.
-const char* kGeluMatmulRenamed = R"PY(
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-class Model(nn.Module):
-    def __init__(self, in_dim, out_dim):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(in_dim, out_dim) * 0.2)
-    def forward(self, inp):
-        # project, then activate
-        hidden = torch.matmul(inp, self.w)
-        return F.gelu(hidden)
-
-rows = 512
-in_dim = 8192
-out_dim = 1024
-
-def get_inputs():
-    return [torch.randn(rows, in_dim)]
-
-def get_init_inputs():
-    return [in_dim, out_dim]
-)PY";
-
-const char* kConvPool = R"PY(
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, cin, cout, kernel):
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, padding=1)
-
-    def forward(self, images, bias):
-        z = torch.relu(self.conv(images)) + bias.view(1, -1, 1, 1)
-        z = nn.functional.max_pool2d(z, 2)
-        return z.mean(dim=(2, 3)).softmax(dim=-1)
-
-
-batch_size = 32
-cin, cout, kernel = 16, 64, 3
-
-
-def get_inputs():
-    return [torch.randn(batch_size, cin, 128, 128), torch.randn(cout)]
-
-
-def get_init_inputs():
-    return [cin, cout, kernel]
-)PY";
+using test::kConvPool;
+using test::kGeluMatmul;
+using test::kGeluMatmulRenamed;
 
 FrontierTask task(const std::string& id, double pass_rate = 0.5, const std::string& source = "") {
   return {id, source.empty() ? "# module " + id : source, {"torch.add"}, pass_rate, 8};
