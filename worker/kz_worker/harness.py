@@ -505,9 +505,7 @@ class Evaluation:
         live = self._reference_output(first, buffers)
         self._check_output(out, first, buffers, live)
         del out, live
-        for buffer, data in zip(buffers, self.expected.inputs(second)):
-            if isinstance(buffer, torch.Tensor):
-                buffer.copy_(data)
+        _refill(buffers, self.expected.inputs(second))
         again = self._forward(candidate_model, buffers, "the pointer-reuse probe")
         live = self._reference_output(second, buffers)
         self._check_output(again, second, buffers, live)
@@ -554,9 +552,7 @@ class Evaluation:
             with _seconds(parts, "new_round"):
                 for k in range(n):
                     holds[k] = (k + r) % n
-                    for buffer, data in zip(buffers[k], self.expected.inputs(keys[holds[k]])):
-                        if isinstance(buffer, torch.Tensor):
-                            buffer.copy_(data)
+                    _refill(buffers[k], self.expected.inputs(keys[holds[k]]))
 
         sampled, guarded = self.sampled_runs, self.guarded_runs
 
@@ -666,6 +662,16 @@ class Snapshots:
         formats.synchronize(self.device)
         self.used_bytes += size
         return True
+
+
+def _refill(buffers, inputs) -> None:
+    """Copies input set `inputs` into the tensors of `buffers`. A function of its own so that the
+    generated set is freed when it returns: a loop variable left holding its last tensor kept a
+    second copy of a large input alive while the next set was generated (gpu_memory.budget_bytes
+    counts one set beyond the buffers)."""
+    for buffer, data in zip(buffers, inputs):
+        if isinstance(buffer, torch.Tensor):
+            buffer.copy_(data)
 
 
 @contextlib.contextmanager
