@@ -895,6 +895,9 @@ Result<EvolveResult> Evolution::run(std::optional<int64_t> wanted) {
   int64_t first = iterations_done_ + 1;
   if (first > target)
     out_ << fmt::format("the run has done {} iterations already (asked for {})\n", iterations_done_, target);
+  // Where training starts from, measured as every later held-out point is (heldout/iter-000000).
+  // A run killed before its first checkpoint starts over, and measures it again.
+  if (first == 1 && first <= target && config_.heldout_at_start) KZ_RETURN_IF_ERROR(heldout(0));
   for (int64_t i = first; i <= target; ++i) {
     KZ_RETURN_IF_ERROR(run_iteration(i, target));
     ++result.iterations_run;

@@ -65,6 +65,7 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
       {"heldout.tasks", ConfigField(c.heldout_tasks).at_least(0)},
       {"heldout.samples", ConfigField(c.heldout_samples).at_least(1)},
       {"heldout.temperature", ConfigField(c.heldout_temperature).at_least(0)},
+      {"heldout.at_start", c.heldout_at_start},
   };
   add_role(t, "proposer", c.proposer,
            {{"proposer.api_sets", ConfigField(c.api_sets).at_least(1)},

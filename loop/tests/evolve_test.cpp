@@ -164,28 +164,33 @@ TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
   ASSERT_EQ(first.exit.exit_code, 0) << first.stderr_text;
   EXPECT_NE(first.stdout_text.find("1 iterations done"), std::string::npos) << first.stdout_text;
 
-  // One row per phase, each with the fields the report plots.
+  // The held-out start (iteration 0), then one row per phase, each with the fields the report plots.
   auto metrics = rows(run / "metrics.jsonl");
-  ASSERT_EQ(metrics.size(), 3u);
+  ASSERT_EQ(metrics.size(), 4u);
   std::vector<std::string> phases;
   for (const auto& row : metrics) {
     phases.push_back(row.at("phase"));
-    EXPECT_EQ(row.at("iteration"), 1);
+    EXPECT_EQ(row.at("iteration"), phases.size() == 1 ? 0 : 1);
     for (const char* key : {"frontier_size", "evaluations", "seconds", "proposer_steps", "coder_steps"})
       EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
     for (const char* stage : {"generate", "evaluate", "train"}) EXPECT_TRUE(row["seconds"].contains(stage));
   }
-  EXPECT_EQ(phases, (std::vector<std::string>{"proposer", "coder", "heldout"}));
+  EXPECT_EQ(phases, (std::vector<std::string>{"heldout", "proposer", "coder", "heldout"}));
   // Random weights write no code: every module is rejected with -1, and the held-out suite ran.
-  EXPECT_EQ(metrics[0].at("reward_mean"), -1.0);
-  EXPECT_EQ(metrics[2].at("pass_at_1"), 0.0);
-  EXPECT_EQ(metrics[2].at("samples"), 2);
+  EXPECT_EQ(metrics[1].at("reward_mean"), -1.0);
+  for (size_t r : {0, 3}) {
+    EXPECT_EQ(metrics[r].at("pass_at_1"), 0.0);
+    EXPECT_EQ(metrics[r].at("samples"), 2);
+  }
   for (const char* key : {"reward_mean", "correct_rate", "gate_on_share", "kl", "entropy", "clip_fraction"})
-    EXPECT_TRUE(metrics[1].contains(key)) << key;
+    EXPECT_TRUE(metrics[2].contains(key)) << key;
 
-  // Every proposal is in the provenance log with its model and reason, then the held-out kernels.
+  // The held-out start's kernels, every proposal with its model and reason, then the held-out kernels.
   auto provenance = rows(run / "provenance.jsonl");
-  ASSERT_EQ(provenance.size(), 6u);  // api_sets 2 x modules_per_set 2, held-out 2 tasks x 1 sample
+  ASSERT_EQ(provenance.size(), 8u);  // held-out 2 tasks x 1 sample, api_sets 2 x modules_per_set 2, held-out
+  EXPECT_EQ(provenance[0].at("iteration"), 0);
+  EXPECT_EQ(provenance[0].at("phase"), "heldout");
+  provenance.erase(provenance.begin(), provenance.begin() + 2);
   for (size_t r = 0; r < 4; ++r) {
     EXPECT_EQ(provenance[r].at("kind"), "module");
     EXPECT_NE(provenance[r].at("model").get<std::string>().find("tiny-proposer"), std::string::npos);
@@ -201,18 +206,18 @@ TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
                            "checkpoints/iter-000001/MANIFEST.json", "checkpoints/iter-000001/state.json",
                            "checkpoints/iter-000001/proposer/model/model.safetensors",
                            "checkpoints/iter-000001/coder/trainer/trainer_state.json",
-                           "heldout/iter-000001/summary.json"})
+                           "heldout/iter-000000/summary.json", "heldout/iter-000001/summary.json"})
     EXPECT_TRUE(fs::exists(run / file)) << file;
 
   // --iterations is the total: 1 again does nothing, 2 runs one more.
   auto again = kz({"evolve", "--resume", run.string(), "--iterations", "1"});
   ASSERT_EQ(again.exit.exit_code, 0) << again.stderr_text;
-  EXPECT_EQ(rows(run / "metrics.jsonl").size(), 3u);
+  EXPECT_EQ(rows(run / "metrics.jsonl").size(), 4u);
   auto more = kz({"evolve", "--resume", run.string(), "--iterations", "2"});
   ASSERT_EQ(more.exit.exit_code, 0) << more.stderr_text;
   metrics = rows(run / "metrics.jsonl");
-  ASSERT_EQ(metrics.size(), 6u);
-  EXPECT_EQ(metrics[3].at("iteration"), 2);
+  ASSERT_EQ(metrics.size(), 7u);  // a resumed run does not measure its start again
+  EXPECT_EQ(metrics[4].at("iteration"), 2);
   EXPECT_TRUE(fs::exists(run / "checkpoints/iter-000002/state.json"));
 
   // A new run into a dir that holds one is refused.
@@ -229,7 +234,7 @@ TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
   auto reference = kz({"evolve", "--config", config.string(), "--out", whole.string()});
   ASSERT_EQ(reference.exit.exit_code, 0) << reference.stderr_text;
   auto metrics = rows(whole / "metrics.jsonl");
-  ASSERT_EQ(metrics.size(), 6u);
+  ASSERT_EQ(metrics.size(), 7u);  // the held-out start, then 3 phases x 2 iterations
   // The scripted roles give the loop something to do: modules judged, the frontier filled, the
   // Coder's groups rewarded with some correct and some incorrect kernels.
   int judged = 0, joined = 0, coder_samples = 0;

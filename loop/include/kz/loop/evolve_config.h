@@ -49,6 +49,7 @@ struct EvolveConfig {
   int heldout_tasks = 0;             // the first N tasks only; 0: all
   int heldout_samples = 1;           // samples per task (pass@1 and fast_1 are over them)
   double heldout_temperature = 0.0;  // 0: greedy
+  bool heldout_at_start = true;      // also before the first iteration (iteration 0): the untrained start
 
   // [proposer]
   RoleConfig proposer;
