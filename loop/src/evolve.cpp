@@ -9,6 +9,8 @@
 #include <future>
 #include <regex>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "kz/core/hash.h"
 #include "kz/core/jsonl.h"
@@ -168,7 +170,8 @@ class Evolution {
         metrics_(run_dir_ / "metrics.jsonl"), provenance_(run_dir_ / "provenance.jsonl") {}
 
   Status run_iteration(int64_t i, int64_t target);
-  // 1. Proposer phase
+  // 1. Proposer phase (with 2, the frontier; not run with a static curriculum)
+  Status proposer_phase(int64_t i);
   Result<std::vector<JudgedProposal>> propose_and_judge(int64_t i, StageSeconds& seconds);
   Result<std::optional<rl::PolicyUpdateStats>> update_proposer(std::vector<JudgedProposal>& judged,
                                                                StageSeconds& seconds);
@@ -176,6 +179,8 @@ class Evolution {
   Status offer_to_frontier(std::vector<JudgedProposal>& judged);
   // 3. Coder phase
   Status coder_phase(int64_t i);
+  std::vector<Task> frontier_tasks();
+  std::vector<Task> static_tasks_for(int64_t i) const;
   // 4. Held-out evaluation and checkpoint
   Status heldout(int64_t i);
   Status checkpoint(int64_t i);
@@ -196,6 +201,7 @@ class Evolution {
   Status open_models();
   Status open_evaluation(int jobs);
   Status open_engine();
+  Status load_static_tasks();
   Status start_fresh();
   Status restore(const fs::path& checkpoint);
   Status write_run_info(int64_t iterations_done) const;
@@ -212,6 +218,7 @@ class Evolution {
   std::optional<Evaluator> evaluator_;  // the held-out suite's, and the Coder's without [eval] url
   EvaluateEntries evaluate_;
   std::vector<Task> heldout_tasks_;
+  std::vector<Task> static_tasks_;   // curriculum = "static": the fixed suite, in its seeded order
   std::vector<ApiEntry> catalogue_;
   PromptTemplate coder_prompt_;
   std::optional<ProposerPipeline> pipeline_;
@@ -236,6 +243,23 @@ Status Evolution::run_iteration(int64_t i, int64_t target) {
   fs::remove_all(iteration_dir(i), ignored);  // what an interrupted attempt at it left
   KZ_RETURN_IF_ERROR(frontier_->begin_iteration(i));
 
+  // 1-2. The Proposer's modules, judged, rewarded, and offered to the frontier.
+  if (config_.curriculum == "frontier") KZ_RETURN_IF_ERROR(proposer_phase(i));
+  // 3. Coder phase: frontier (or static) tasks, G samples each, CA-GRPO, update.
+  KZ_RETURN_IF_ERROR(coder_phase(i));
+
+  // 4. Every K iterations and at the last: the held-out suite, then a checkpoint.
+  if (i % config_.heldout_every == 0 || i == target) {
+    KZ_RETURN_IF_ERROR(heldout(i));
+    KZ_RETURN_IF_ERROR(checkpoint(i));
+  }
+  iterations_done_ = i;
+  return Status::ok();
+}
+
+// Steps 1 and 2: the Proposer's modules, judged and rewarded, and those in the band offered to the
+// frontier.
+Status Evolution::proposer_phase(int64_t i) {
   // 1. Proposer phase: modules, the judge's attempts, rewards, update.
   StageSeconds proposer_seconds;
   auto judged = propose_and_judge(i, proposer_seconds);
@@ -262,18 +286,7 @@ Status Evolution::run_iteration(int64_t i, int64_t target) {
               {"pass_rate_mean", judged_modules ? json(pass_sum / judged_modules) : json()},
               {"reward_mean", rewarded ? json(reward_sum / rewarded) : json()},
               {"joined_frontier", joined}});
-  KZ_RETURN_IF_ERROR(log_metrics(i, "proposer", std::move(row), proposer_seconds));
-
-  // 3. Coder phase: frontier tasks, G samples each, CA-GRPO, update.
-  KZ_RETURN_IF_ERROR(coder_phase(i));
-
-  // 4. Every K iterations and at the last: the held-out suite, then a checkpoint.
-  if (i % config_.heldout_every == 0 || i == target) {
-    KZ_RETURN_IF_ERROR(heldout(i));
-    KZ_RETURN_IF_ERROR(checkpoint(i));
-  }
-  iterations_done_ = i;
-  return Status::ok();
+  return log_metrics(i, "proposer", std::move(row), proposer_seconds);
 }
 
 // ---- 1. Proposer phase -------------------------------------------------------------------------
@@ -415,9 +428,7 @@ Status Evolution::offer_to_frontier(std::vector<JudgedProposal>& judged) {
 
 Status Evolution::coder_phase(int64_t i) {
   StageSeconds seconds;
-  std::vector<Task> tasks;
-  for (const auto& entry : frontier_->select(config_.tasks_per_iteration))
-    tasks.push_back({entry.task.module_id, entry.task.source, entry.task.module_id, config_.level, entry.task.apis});
+  std::vector<Task> tasks = config_.curriculum == "static" ? static_tasks_for(i) : frontier_tasks();
   auto samples = sample_coder(i, "coder", tasks, config_.group_size, seconds);
   if (!samples.ok()) return samples.status().with_context(fmt::format("iteration {}, coder phase", i));
   count_api_outcomes(*samples, tasks);
@@ -557,6 +568,23 @@ void Evolution::count_api_outcomes(const std::vector<CoderSample>& samples, cons
     if (rl::is_dropped(v) || tasks[s.task].ops.empty()) continue;
     (void)api_stats_->update(tasks[s.task].ops, rl::correctness(v) > 0);  // names are never empty here
   }
+}
+
+std::vector<Task> Evolution::frontier_tasks() {
+  std::vector<Task> tasks;
+  for (const auto& entry : frontier_->select(config_.tasks_per_iteration))
+    tasks.push_back({entry.task.module_id, entry.task.source, entry.task.module_id, config_.level, entry.task.apis});
+  return tasks;
+}
+
+// Iteration i's share of the static suite: the next tasks_per_iteration of its seeded order, which
+// cycles, so every task comes back as often as the others (a function of i alone: resuming needs
+// no state).
+std::vector<Task> Evolution::static_tasks_for(int64_t i) const {
+  const size_t n = static_tasks_.size(), per = std::min<size_t>(config_.tasks_per_iteration, n);
+  std::vector<Task> tasks;
+  for (size_t j = 0; j < per; ++j) tasks.push_back(static_tasks_[((i - 1) * per + j) % n]);
+  return tasks;
 }
 
 // ---- 4. Held-out evaluation and checkpoint -----------------------------------------------------
@@ -754,6 +782,7 @@ Status Evolution::open_engine() {
   heldout_tasks_ = std::move(*tasks);
   if (config_.heldout_tasks > 0 && heldout_tasks_.size() > static_cast<size_t>(config_.heldout_tasks))
     heldout_tasks_.resize(config_.heldout_tasks);
+  if (config_.curriculum == "static") KZ_RETURN_IF_ERROR(load_static_tasks());
 
   auto catalogue = load_api_catalogue(config_.catalogue.empty() ? default_api_catalogue_path() : config_.catalogue);
   if (!catalogue.ok()) return catalogue.status();
@@ -764,6 +793,16 @@ Status Evolution::open_engine() {
   auto prompt = load_prompt_template(*prompt_path);
   if (!prompt.ok()) return prompt.status();
   coder_prompt_ = std::move(*prompt);
+  return Status::ok();
+}
+
+Status Evolution::load_static_tasks() {
+  auto tasks = load_tasks(config_.static_suite);
+  if (!tasks.ok()) return tasks.status().with_context("[coder] static_suite");
+  if (tasks->empty()) return invalid_argument(fmt::format("[coder] static_suite {} holds no task", config_.static_suite.string()));
+  static_tasks_ = std::move(*tasks);
+  std::mt19937_64 order(config_.seed + 202);
+  std::shuffle(static_tasks_.begin(), static_tasks_.end(), order);
   return Status::ok();
 }
 

@@ -92,6 +92,8 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
   t.insert(t.end(), curriculum.begin(), curriculum.end());
   add_role(t, "coder", c.coder,
            {{"coder.tasks_per_iteration", ConfigField(c.tasks_per_iteration).at_least(1)},
+            {"coder.curriculum", ConfigField(c.curriculum).matching("frontier|static", "frontier or static")},
+            {"coder.static_suite", c.static_suite},
             {"coder.group_size", ConfigField(c.group_size).at_least(1)},
             {"coder.generation_batch", ConfigField(c.generation_batch).at_least(0)}});
   ConfigTable coder = {
@@ -126,6 +128,8 @@ Status EvolveConfig::validate() const {
   if (api_sampler.min_set_size > api_sampler.max_set_size)
     return invalid_argument("[api_sampler]: min_set_size is above max_set_size");
   if (frontier.band_low > frontier.band_high) return invalid_argument("[frontier]: band_low is above band_high");
+  if ((curriculum == "static") == static_suite.empty())
+    return invalid_argument("[coder]: static_suite is the fixed task set of curriculum = \"static\", and only of it");
   KZ_RETURN_IF_ERROR(reward.validate());
   KZ_RETURN_IF_ERROR(proposer_reward.validate());
   KZ_RETURN_IF_ERROR(api_sampler.validate());

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "kz/core/files.h"
@@ -224,6 +225,37 @@ TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
   auto clash = kz({"evolve", "--config", (dir_ / "tiny.toml").string(), "--out", run.string()});
   EXPECT_NE(clash.exit.exit_code, 0);
   EXPECT_NE(clash.stderr_text.find("already holds a run"), std::string::npos) << clash.stderr_text;
+}
+
+// The ablation's static curriculum: no Proposer phase; each iteration's Coder tasks are the next
+// share of the fixed suite, so two iterations cover twice as many distinct tasks.
+TEST_F(EvolveTest, AStaticCurriculumTrainsTheCoderOnAFixedSuite) {
+  for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
+    auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
+    ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
+  }
+  auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
+  ASSERT_TRUE(text.ok());
+  std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
+                                   "runs/tiny-coder", (dir_ / "tiny-coder").string());
+  config = replace_all(config, "curriculum = \"frontier\"", "curriculum = \"static\"");
+  config = replace_all(config, "static_suite = \"\"",
+                       "static_suite = \"" + (source_dir() / "suite/kzbench/level1").string() + "\"");
+  config = replace_all(config, "at_start = true", "at_start = false");
+  ASSERT_TRUE(write_file_atomic(dir_ / "static.toml", config).is_ok());
+  fs::path run = dir_ / "run";
+
+  auto done = kz({"evolve", "--config", (dir_ / "static.toml").string(), "--out", run.string(), "--iterations", "2"});
+  ASSERT_EQ(done.exit.exit_code, 0) << done.stderr_text;
+  std::vector<std::string> phases;
+  for (const auto& row : rows(run / "metrics.jsonl")) phases.push_back(row.at("phase"));
+  EXPECT_EQ(phases, (std::vector<std::string>{"coder", "heldout", "coder", "heldout"}));
+  std::set<std::string> tasks;
+  for (const auto& row : rows(run / "provenance.jsonl")) {
+    EXPECT_EQ(row.at("kind"), "kernel") << "a static run proposes no module: " << row.dump();
+    if (row.at("phase") == "coder") tasks.insert(row.at("task_id").get<std::string>());
+  }
+  EXPECT_EQ(tasks.size(), 4u);  // tasks_per_iteration 2, two iterations, 15 tasks to cycle through
 }
 
 TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {

@@ -66,6 +66,11 @@ struct EvolveConfig {
   // [coder]
   RoleConfig coder;
   int tasks_per_iteration = 4;       // frontier tasks (replay included) per Coder phase
+  // Where the Coder's tasks come from: "frontier" (the Proposer's modules in the band, the
+  // co-evolution) or "static" (the ablation: a fixed suite, `static_suite`, tasks_per_iteration of
+  // it per iteration in a seeded order that cycles; no Proposer phase runs).
+  std::string curriculum = "frontier";
+  fs::path static_suite;             // a suite dir (level folders or .py files); "static" only
   int group_size = 4;                // G: samples per task
   // Tasks per generate() call of the Coder (judge and Coder phase); each batch is evaluated while
   // the next is generated. 0: all in one call, no overlap. Overlap only where the engine's memory
