@@ -787,6 +787,11 @@ Status Evolution::open_engine() {
   auto catalogue = load_api_catalogue(config_.catalogue.empty() ? default_api_catalogue_path() : config_.catalogue);
   if (!catalogue.ok()) return catalogue.status();
   catalogue_ = std::move(*catalogue);
+  if (!config_.apis.empty()) {
+    auto chosen = find_apis(catalogue_, config_.apis);
+    if (!chosen.ok()) return chosen.status().with_context("[run] apis");
+    catalogue_ = std::move(*chosen);
+  }
 
   auto prompt_path = coder_prompt_path(prompts_dir_, config_.format);
   if (!prompt_path.ok()) return prompt_path.status();

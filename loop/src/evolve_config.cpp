@@ -60,6 +60,7 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
       {"run.format", ConfigField(c.format).matching("triton|cuda-rtc|cuda", "triton, cuda-rtc or cuda")},
       {"run.prompts_dir", c.prompts_dir},
       {"run.catalogue", c.catalogue},
+      {"run.apis", c.apis},
       {"run.shared_policy", c.shared_policy},
       {"heldout.suite", c.heldout_suite},
       {"heldout.tasks", ConfigField(c.heldout_tasks).at_least(0)},

@@ -133,8 +133,15 @@ endpoint_model = "scripted"
 tasks_per_iteration = 1
 group_size = 3
 generation_batch = 1
+
+[eval]
+config = "EVAL_CONFIG"
 )",
                                   endpoint);
+    // A fixed evaluation seed: two evaluations of one kernel (a batch's twins, a cache miss in one
+    // run and a hit in another) then give one message, so two runs' logs can be compared whole.
+    EXPECT_TRUE(write_file_atomic(dir_ / "eval.toml", "seed = 11\n").is_ok());
+    text = replace_all(std::move(text), "EVAL_CONFIG", (dir_ / "eval.toml").string());
     fs::path path = dir_ / "scripted.toml";
     EXPECT_TRUE(write_file_atomic(path, text).is_ok());
     return path;
@@ -331,7 +338,8 @@ TEST_F(EvolveTest, TheCodersSamplesCanGoToAnEvaluationService) {
   ASSERT_FALSE(url.empty()) << log;
   auto text = read_file(scripted_config());
   ASSERT_TRUE(text.ok());
-  ASSERT_TRUE(write_file_atomic(dir_ / "remote.toml", *text + "\n[eval]\nurl = \"" + url[1].str() + "\"\n").is_ok());
+  std::string remote = replace_all(*text, "[eval]\n", "[eval]\nurl = \"" + url[1].str() + "\"\n");
+  ASSERT_TRUE(write_file_atomic(dir_ / "remote.toml", remote).is_ok());
 
   fs::path run = dir_ / "remote";
   auto evolved = kz({"evolve", "--config", (dir_ / "remote.toml").string(), "--out", run.string(), "--iterations", "1"});

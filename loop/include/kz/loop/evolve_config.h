@@ -42,6 +42,7 @@ struct EvolveConfig {
   std::string format = "triton";     // the Coder's kernel format: triton, cuda-rtc or cuda
   fs::path prompts_dir;              // "": the source tree's prompts/
   fs::path catalogue;                // "": the bundled API catalogue
+  std::vector<std::string> apis;     // the catalogue's APIs the Proposer draws from; []: all of them
   bool shared_policy = false;        // one model plays both roles ([proposer]'s model and training)
 
   // [heldout]
