@@ -25,17 +25,22 @@ Action add_config_command(CLI::App& app);
 Action add_bench_command(CLI::App& app);
 Action add_serve_eval_command(CLI::App& app);
 Action add_propose_command(CLI::App& app);
+Action add_teach_command(CLI::App& app);        // the kernel teacher's corpus (kz/teacher/corpus.h)
 Action add_init_model_command(CLI::App& app);
 Action add_report_command(CLI::App& app);
+Action add_train_tokenizer_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);     // kz-engine only (libtorch)
 Action add_serve_model_command(CLI::App& app);
 Action add_evolve_command(CLI::App& app);       // kz-engine: the co-evolution loop (kz/loop/evolve.h)  // kz-engine, with cpp-httplib (KZ_WITH_MODEL_SERVER)
+Action add_sft_command(CLI::App& app);          // kz-engine: supervised training (kz/sft/sft.h)
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {
   std::string config_path;
   std::string device;
   std::string format;
+  std::string policy;  // strict | kernelbench; empty: the config's ([policy] mode)
+  std::string baseline;  // eager | compile; empty: the config's ([timing] baseline)
   int trials = 0;
   uint64_t seed = 0;
   std::vector<std::string> sizes;  // NAME=VALUE

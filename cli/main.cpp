@@ -34,7 +34,7 @@ int hand_over_to_engine(int argc, char** argv) {
 }
 
 bool is_engine_command(std::string_view name) {
-  return name == "generate" || name == "serve-model" || name == "evolve";
+  return name == "generate" || name == "serve-model" || name == "evolve" || name == "sft";
 }
 
 }  // namespace
@@ -52,12 +52,15 @@ int main(int argc, char** argv) {
   add(kz::cli::add_serve_eval_command(app));
 #endif
   add(kz::cli::add_propose_command(app));
+  add(kz::cli::add_teach_command(app));
   add(kz::cli::add_init_model_command(app));
   add(kz::cli::add_report_command(app));
+  add(kz::cli::add_train_tokenizer_command(app));
   // Listed for --help only: main() hands these to kz-engine before parsing.
   app.add_subcommand("generate", "Raw-text continuation from a checkpoint (kz-engine; kz generate --help)");
   app.add_subcommand("serve-model", "A checkpoint as an OpenAI-compatible endpoint (kz-engine; kz serve-model --help)");
   app.add_subcommand("evolve", "Co-evolve a Proposer and a Coder with CA-GRPO (kz-engine; kz evolve --help)");
+  app.add_subcommand("sft", "Supervised training on a kz teach corpus (kz-engine; kz sft --help)");
   add(kz::cli::add_config_command(app));
   return kz::cli::run_subcommand(app, actions, argc, argv);
 }

@@ -1,4 +1,4 @@
-// kz-engine: the subcommands that run the libtorch model engine (generate, serve-model, evolve). Users
+// kz-engine: the subcommands that run the libtorch model engine (generate, serve-model, evolve, sft). Users
 // call them as `kz generate ...`: kz hands these over (main.cpp), so that kz itself does not link
 // libtorch (it starts in milliseconds, and evaluates where libtorch cannot even be loaded).
 #include <CLI/CLI.hpp>
@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   auto add = [&](kz::cli::Action action) { actions[app.get_subcommands({}).back()] = std::move(action); };
   add(kz::cli::add_generate_command(app));
   add(kz::cli::add_evolve_command(app));
+  add(kz::cli::add_sft_command(app));
 #ifdef KZ_WITH_MODEL_SERVER
   add(kz::cli::add_serve_model_command(app));
 #endif

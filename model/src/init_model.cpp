@@ -210,7 +210,56 @@ Result<std::vector<std::string>> write_weights(const fs::path& dir, const ModelC
   return files;
 }
 
+// The preset's config.json with `shape`'s non-zero fields in place of its own.
+Result<json> shaped_config(json config, const ShapeOverrides& shape) {
+  const std::pair<const char*, int64_t> fields[] = {
+      {"hidden_size", shape.hidden_size},
+      {"intermediate_size", shape.intermediate_size},
+      {"num_hidden_layers", shape.num_hidden_layers},
+      {"max_window_layers", shape.num_hidden_layers},
+      {"num_attention_heads", shape.num_attention_heads},
+      {"num_key_value_heads", shape.num_key_value_heads},
+      {"vocab_size", shape.vocab_size},
+      {"max_position_embeddings", shape.max_position_embeddings},
+      {"sliding_window", shape.max_position_embeddings}};
+  for (const auto& [name, value] : fields) {
+    if (value < 0) return invalid_argument(fmt::format("init-model: {} must be >= 0, got {}", name, value));
+    if (value > 0) config[name] = value;
+  }
+  if (shape.initializer_range < 0) return invalid_argument("init-model: initializer_range must be >= 0");
+  if (shape.initializer_range > 0) config["initializer_range"] = shape.initializer_range;
+  int64_t hidden = config["hidden_size"].get<int64_t>(), heads = config["num_attention_heads"].get<int64_t>();
+  if (hidden % heads != 0)
+    return invalid_argument(fmt::format("init-model: hidden_size {} is not a multiple of num_attention_heads {}",
+                                        hidden, heads));
+  return config;
+}
+
+// The preset's tokenizer trained on the built-in corpus, or the files of options.tokenizer_dir.
+Result<TokenizerFiles> tokenizer_files(const InitModelOptions& options, const Preset& preset) {
+  if (options.tokenizer_dir.empty()) {
+    auto files = train_byte_level_bpe(init_tokenizer_corpus(), chatml_bpe_options(preset.tokenizer_vocab));
+    if (!files.ok()) return files.status().with_context("init-model: training the tokenizer");
+    return files;
+  }
+  TokenizerFiles files;
+  for (auto [name, text] : {std::pair{"tokenizer.json", &files.tokenizer_json},
+                            std::pair{"tokenizer_config.json", &files.tokenizer_config_json}}) {
+    auto read = read_file(options.tokenizer_dir / name);
+    if (!read.ok()) return read.status().with_context("init-model: the tokenizer");
+    *text = std::move(*read);
+  }
+  return files;
+}
+
 }  // namespace
+
+BpeTrainOptions chatml_bpe_options(size_t vocab_size) {
+  BpeTrainOptions bpe;
+  bpe.vocab_size = vocab_size;
+  bpe.default_system = "You are a helpful assistant.";
+  return bpe;
+}
 
 const std::vector<std::string>& model_preset_names() {
   static const std::vector<std::string> names = [] {
@@ -249,11 +298,8 @@ Result<InitModelReport> init_model(const InitModelOptions& options) {
   if (ec) return io_error(fmt::format("init-model: cannot create {}: {}", dir.string(), ec.message()));
 
   // The tokenizer first: the config names its special ids.
-  BpeTrainOptions bpe;
-  bpe.vocab_size = preset.tokenizer_vocab;
-  bpe.default_system = "You are a helpful assistant.";
-  auto files = train_byte_level_bpe(init_tokenizer_corpus(), bpe);
-  if (!files.ok()) return files.status().with_context("init-model: training the tokenizer");
+  auto files = tokenizer_files(options, preset);
+  if (!files.ok()) return files.status();
   auto tokenizer = Tokenizer::from_json(files->tokenizer_json, "init-model tokenizer");
   if (!tokenizer.ok()) return tokenizer.status();
   KZ_RETURN_IF_ERROR(tokenizer->apply_config(files->tokenizer_config_json));
@@ -263,13 +309,15 @@ Result<InitModelReport> init_model(const InitModelOptions& options) {
   report.bos_token_id = id_of("<|endoftext|>");
   report.eos_token_id = id_of("<|im_end|>");
   report.pad_token_id = id_of("<|endoftext|>");
-  int64_t vocab = preset.config["vocab_size"].get<int64_t>();
+  auto shaped = shaped_config(preset.config, options.shape);
+  if (!shaped.ok()) return shaped.status();
+  json config = std::move(*shaped);
+  int64_t vocab = config["vocab_size"].get<int64_t>();
   if (static_cast<int64_t>(report.tokenizer_vocab_size) > vocab)
-    return internal_error(fmt::format("init-model: the tokenizer has {} ids, more than the preset's vocab_size {}",
-                                      report.tokenizer_vocab_size, vocab));
+    return invalid_argument(fmt::format("init-model: the tokenizer has {} ids, more than vocab_size {}",
+                                        report.tokenizer_vocab_size, vocab));
 
   std::string dtype = options.dtype.empty() ? preset.dtype : options.dtype;
-  json config = preset.config;
   config["bos_token_id"] = report.bos_token_id;
   config["eos_token_id"] = report.eos_token_id;
   config["torch_dtype"] = dtype == "fp32" ? "float32" : "bfloat16";
@@ -295,7 +343,7 @@ Result<InitModelReport> init_model(const InitModelOptions& options) {
   KZ_RETURN_IF_ERROR(files->write(dir));
   report.files = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"};
   if (options.weights) {
-    auto written = write_weights(dir, report.config, st, init_std(preset.config), options);
+    auto written = write_weights(dir, report.config, st, init_std(config), options);
     if (!written.ok()) return written.status().with_context("init-model: writing weights to " + dir.string());
     report.files.insert(report.files.end(), written->begin(), written->end());
   }

@@ -36,20 +36,24 @@ using Pair = std::pair<TokenId, TokenId>;
 uint64_t pair_key(Pair p) { return (static_cast<uint64_t>(p.first) << 32) | static_cast<uint32_t>(p.second); }
 Pair key_pair(uint64_t k) { return {static_cast<TokenId>(k >> 32), static_cast<TokenId>(k & 0xFFFFFFFF)}; }
 
-// Distinct pre-tokenized pieces of the corpus with their counts, sorted (deterministic order).
-std::vector<Word> count_words(const std::vector<std::string>& corpus, const BpeTrainOptions& options,
-                              tok::SplitPattern pattern) {
+// Distinct pre-tokenized pieces of the corpus with their counts (document i counted weights[i]
+// times), sorted (deterministic order).
+std::vector<Word> count_words(const std::vector<std::string>& corpus, const std::vector<uint64_t>& weights,
+                              const BpeTrainOptions& options, tok::SplitPattern pattern) {
   tok::PreTokenizer pre;
   pre.stages.push_back({pattern, false});
   tok::AddedMatcher specials;
   for (const std::string& s : options.special_tokens) specials.add(AddedToken{0, s, true});
   specials.finish();
   std::map<std::string, uint64_t> counts;
+  uint64_t weight = 1;
   auto count_segment = [&](std::string_view segment) {
     std::string normalized = options.nfc ? unicode::nfc(segment) : std::string(segment);
-    pre.run(normalized, [&](std::string_view piece) { ++counts[std::string(piece)]; });
+    pre.run(normalized, [&](std::string_view piece) { counts[std::string(piece)] += weight; });
   };
-  for (const std::string& text : corpus) {
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const std::string& text = corpus[i];
+    weight = weights[i];
     size_t done = 0;
     while (auto m = specials.find(text, done, true)) {
       count_segment(std::string_view(text).substr(done, m->start - done));
@@ -266,9 +270,16 @@ Status TokenizerFiles::write(const std::filesystem::path& dir) const {
 }
 
 Result<TokenizerFiles> train_byte_level_bpe(const std::vector<std::string>& corpus, const BpeTrainOptions& options) {
+  return train_byte_level_bpe(corpus, std::vector<uint64_t>(corpus.size(), 1), options);
+}
+
+Result<TokenizerFiles> train_byte_level_bpe(const std::vector<std::string>& corpus, const std::vector<uint64_t>& weights,
+                                            const BpeTrainOptions& options) {
   KZ_RETURN_IF_ERROR(options.validate().with_context("BPE training options"));
+  if (weights.size() != corpus.size())
+    return invalid_argument(fmt::format("BPE training: {} weights for {} documents", weights.size(), corpus.size()));
   tok::SplitPattern pattern = *tok::split_pattern_by_name(options.split_pattern);
-  LearnedVocab learned = learn(count_words(corpus, options, pattern), options);
+  LearnedVocab learned = learn(count_words(corpus, weights, options, pattern), options);
   return TokenizerFiles{tokenizer_json(learned, options, pattern), tokenizer_config_json(learned, options)};
 }
 

@@ -7,7 +7,11 @@
 //   model.safetensors        or model-0000i-of-0000n.safetensors + model.safetensors.index.json
 //   tokenizer.json, tokenizer_config.json
 //                            a small byte-level BPE trained on a corpus built into the program
-//                            (English, Python/PyTorch and CUDA), Qwen2 split pattern, ChatML specials
+//                            (English, Python/PyTorch and CUDA), Qwen2 split pattern, ChatML specials;
+//                            or a given one (tokenizer_dir: `kz train-tokenizer`'s, for kz sft)
+//
+// The preset's shape may be changed (ShapeOverrides): models trained from scratch (kz sft) sit
+// between the presets, with the vocabulary of their own tokenizer.
 //
 // The tokenizer's vocabulary (about 1,000 ids: merging stops when the corpus runs out of repeated
 // pairs; 512 for `tiny`) is smaller than the config's
@@ -29,11 +33,24 @@
 #include "kz/core/files.h"
 #include "kz/core/status.h"
 #include "kz/model/config.h"
+#include "kz/model/tokenizer_train.h"
 
 namespace kz::model {
 
 // "tiny", "qwen2.5-0.5b", "qwen2.5-7b".
 const std::vector<std::string>& model_preset_names();
+
+// Changes to a preset's architecture; 0 keeps the preset's value.
+struct ShapeOverrides {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t vocab_size = 0;               // at least the tokenizer's ids
+  int64_t max_position_embeddings = 0;
+  double initializer_range = 0;         // the weights' std
+};
 
 struct InitModelOptions {
   std::string preset = "tiny";
@@ -43,6 +60,10 @@ struct InitModelOptions {
   size_t max_shard_bytes = size_t(2) << 30;  // shard size, and so the peak memory; 0: one file
   bool weights = true;                    // false: config, generation config and tokenizer only
   int jobs = 0;                           // generator threads; 0: the machine's cores
+  // "": a tokenizer trained on the built-in corpus (the preset's size); else a dir holding
+  // tokenizer.json and tokenizer_config.json (kz train-tokenizer's), copied into the checkpoint.
+  fs::path tokenizer_dir;
+  ShapeOverrides shape;
 
   Status validate() const;
 };
@@ -65,5 +86,10 @@ Result<InitModelReport> init_model(const InitModelOptions& options);
 
 // The corpus the init tokenizer is trained on (deterministic; a few hundred KB).
 std::vector<std::string> init_tokenizer_corpus();
+
+// The conventions of every tokenizer KernelZero makes (init-model's, kz train-tokenizer's):
+// byte-level BPE with `vocab_size` ids, the Qwen2 split pattern and NFC, the ChatML special tokens,
+// eos <|im_end|>, pad <|endoftext|>, and Qwen2's default system turn in the chat template.
+BpeTrainOptions chatml_bpe_options(size_t vocab_size);
 
 }  // namespace kz::model

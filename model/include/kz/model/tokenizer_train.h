@@ -5,6 +5,7 @@
 // training production vocabularies (it is single-threaded and keeps every word in memory).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -47,5 +48,10 @@ struct TokenizerFiles {
 // Learns merges from `corpus` (each string one document) by repeatedly merging the most frequent
 // adjacent pair (ties: the pair of smaller ids), deterministically.
 Result<TokenizerFiles> train_byte_level_bpe(const std::vector<std::string>& corpus, const BpeTrainOptions& options);
+// The same with document i counted weights[i] times, as if repeated: text that every training
+// sequence carries (a prompt template) weighs as often as it occurs without being copied.
+// invalid_argument unless there is one weight per document.
+Result<TokenizerFiles> train_byte_level_bpe(const std::vector<std::string>& corpus, const std::vector<uint64_t>& weights,
+                                            const BpeTrainOptions& options);
 
 }  // namespace kz
