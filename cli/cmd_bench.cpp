@@ -82,6 +82,10 @@ Action add_bench_command(CLI::App& app) {
   command->add_option("--api-key-env", args->api_key_env, "environment variable holding the API key");
   command->add_option("--max-in-flight", args->max_in_flight, "concurrent HTTP requests (default 16)");
   command->add_flag("--first-block", args->first_block, "take the first code block of a reply, not the last");
+  command->add_option("--also-policy", args->bench.also_policy,
+                      "evaluate every sample again under this policy too (strict or kernelbench): its verdicts in "
+                      "results.<policy>.jsonl, its metrics in summary.json under its name")
+      ->check(CLI::IsMember({"strict", "kernelbench"}));
   add_eval_flags(*command, args->flags);
   return [args] { return run(*args); };
 }

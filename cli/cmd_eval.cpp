@@ -28,11 +28,16 @@ std::string timing_end_note(const Verdict& v) {
 }
 
 void print_human(const Verdict& v) {
-  std::cout << fmt::format("{}  {}  [{} on {}]\n", v.task_id, status_name(v.status), v.format, v.device);
+  std::cout << fmt::format("{}  {}  [{} on {}, policy {}]\n", v.task_id, status_name(v.status), v.format, v.device,
+                           v.policy);
+  if (v.custom_kernel_share) std::cout << fmt::format("custom kernel share {:.1f}%\n", 100 * *v.custom_kernel_share);
   if (v.speedup)
     std::cout << fmt::format("speedup {:.3f}x  candidate {:.4f} ms  reference {:.4f} ms  (median of {} runs{})\n",
                              *v.speedup, v.candidate_timing->median_ms, v.reference_timing->median_ms,
                              v.candidate_timing->runs, timing_end_note(v));
+  if (v.compile_speedup && v.compiled_reference_timing)
+    std::cout << fmt::format("over torch.compile {:.3f}x  compiled reference {:.4f} ms\n", *v.compile_speedup,
+                             v.compiled_reference_timing->median_ms);
   std::string checks;
   for (Check c : v.checks) checks += std::string(checks.empty() ? "" : ", ") + check_name(c);
   if (!checks.empty()) std::cout << "checks: " << checks << "\n";

@@ -13,6 +13,15 @@ void add_eval_flags(CLI::App& command, EvalFlags& flags) {
   command.add_option("--device", flags.device,
                      "cpu or cuda:N (default cpu); eval-suite and serve-eval also take cuda:0,cuda:1,... or cuda:all (a pool per GPU)");
   command.add_option("--format", flags.format, "auto, cuda, triton, cuda-rtc or torch (default auto)");
+  command.add_option("--policy", flags.policy,
+                     "what ModelNew.forward may run: strict (its own kernels, with allocation, views and copies) or "
+                     "kernelbench (any PyTorch op too, its kernels' work reaching the output); default strict "
+                     "([policy] mode)")
+      ->check(CLI::IsMember({"strict", "kernelbench"}));
+  command.add_option("--baseline", flags.baseline,
+                     "GPU timing: eager (speedup over the reference as written) or compile (also over "
+                     "torch.compile of it: compile_speedup); default eager ([timing] baseline)")
+      ->check(CLI::IsMember({"eager", "compile"}));
   command.add_option("--trials", flags.trials, "correctness trials, each on fresh inputs (default 5)");
   command.add_option("--seed", flags.seed, "fixed evaluation seed (default: a fresh secret seed per evaluation)");
   command.add_option("--size", flags.sizes, "override a reference size constant, NAME=VALUE (repeatable)");
@@ -26,6 +35,8 @@ Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {
   if (!flags.config_path.empty()) KZ_RETURN_IF_ERROR(apply_toml_file(flags.config_path, options));
   if (!flags.device.empty()) options.device = flags.device;
   if (!flags.format.empty()) options.format = flags.format;
+  if (!flags.policy.empty()) options.policy.mode = flags.policy;
+  if (!flags.baseline.empty()) options.timing.baseline = flags.baseline;
   if (flags.trials) options.trials = flags.trials;
   if (flags.seed) options.seed = flags.seed;
   if (flags.no_timing) options.timing.enabled = false;

@@ -206,13 +206,14 @@ nlohmann::json protocol_options_json(const EvalOptions& o) {
       {"use_cpu_sizes", o.use_cpu_sizes},
       {"size_overrides", o.size_overrides},
       {"kernel_share", o.kernel_share},
+      {"policy", {{"mode", o.policy.mode}, {"min_custom_kernel_share", o.policy.min_custom_kernel_share}}},
       {"tolerance",
-       {{"atol_fp32", t.atol_fp32}, {"rtol_fp32", t.rtol_fp32}, {"norm_tol_fp32", t.norm_tol_fp32},
+       {{"rule", t.rule}, {"atol_fp32", t.atol_fp32}, {"rtol_fp32", t.rtol_fp32}, {"norm_tol_fp32", t.norm_tol_fp32},
         {"atol_half", t.atol_half}, {"rtol_half", t.rtol_half}, {"norm_tol_half", t.norm_tol_half}}},
       {"timing",
        {{"enabled", o.timing.enabled}, {"warmup_runs", o.timing.warmup_runs}, {"runs", o.timing.runs},
         {"input_sets", o.timing.input_sets}, {"l2_flush_mb", o.timing.l2_flush_mb},
-        {"launch_spin_us", o.timing.launch_spin_us}}},
+        {"launch_spin_us", o.timing.launch_spin_us}, {"baseline", o.timing.baseline}}},
   };
 }
 

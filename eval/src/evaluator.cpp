@@ -146,6 +146,13 @@ Result<Evaluator> Evaluator::with_format(const std::string& format) const {
   return copy;
 }
 
+Result<Evaluator> Evaluator::with_policy(const std::string& mode) const {
+  Evaluator copy = *this;
+  copy.options_.policy.mode = mode;
+  KZ_RETURN_IF_ERROR(copy.options_.validate());
+  return copy;
+}
+
 Result<Evaluator> Evaluator::with_device(const std::string& device) const {
   Evaluator copy = *this;
   copy.options_.device = device;
@@ -173,6 +180,7 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
     v.candidate = candidate.label;
     v.format = format;
     v.device = options_.device;
+    v.policy = options_.policy.mode;
     v.seed = seed;
     if (v.trials == 0) v.trials = options_.trials;
     v.wall_s = std::chrono::duration<double>(Clock::now() - started).count();

@@ -20,6 +20,9 @@ ConfigTable config_table(EvalOptions& o) {
       {"kernel_share", o.kernel_share},
       {"jobs", o.jobs},
       {"size_overrides", o.size_overrides},
+      {"policy.mode", o.policy.mode},
+      {"policy.min_custom_kernel_share", o.policy.min_custom_kernel_share},
+      {"tolerance.rule", o.tolerance.rule},
       {"tolerance.atol_fp32", o.tolerance.atol_fp32},
       {"tolerance.rtol_fp32", o.tolerance.rtol_fp32},
       {"tolerance.norm_tol_fp32", o.tolerance.norm_tol_fp32},
@@ -35,6 +38,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"timing.exclusive", o.timing.exclusive},
       {"timing.gpu_jobs", o.timing.gpu_jobs},
       {"timing.niceness", o.timing.niceness},
+      {"timing.baseline", o.timing.baseline},
       {"timeouts.startup_s", o.timeouts.startup_s},
       {"timeouts.load_reference_s", o.timeouts.load_reference_s},
       {"timeouts.compile_s", o.timeouts.compile_s},
@@ -90,11 +94,19 @@ Status EvalOptions::validate() const {
   if (trials < 1) return invalid_argument("trials must be at least 1");
   if (kernel_share != "cuda" && kernel_share != "all")
     return invalid_argument(fmt::format("kernel_share '{}' is neither 'cuda' nor 'all'", kernel_share));
+  if (policy.mode != "strict" && policy.mode != "kernelbench")
+    return invalid_argument(fmt::format("policy.mode '{}' is neither 'strict' nor 'kernelbench'", policy.mode));
+  if (!(policy.min_custom_kernel_share >= 0 && policy.min_custom_kernel_share <= 1))
+    return invalid_argument("policy.min_custom_kernel_share must be within [0, 1] (0: off)");
+  if (tolerance.rule != "kz" && tolerance.rule != "kernelbench" && tolerance.rule != "float64")
+    return invalid_argument(fmt::format("tolerance.rule '{}' is not one of kz, kernelbench, float64", tolerance.rule));
   if (jobs < 0) return invalid_argument("jobs must be 0 (automatic) or positive");
   if (timing.runs < 1 || timing.input_sets < 1 || timing.gpu_jobs < 1 || timing.warmup_runs < 0 ||
       timing.l2_flush_mb < 0 || timing.launch_spin_us < 0)
     return invalid_argument(
         "timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs, l2_flush_mb and launch_spin_us >= 0");
+  if (timing.baseline != "eager" && timing.baseline != "compile")
+    return invalid_argument(fmt::format("timing.baseline '{}' is neither 'eager' nor 'compile'", timing.baseline));
   if (timing.niceness < -20 || timing.niceness > 0)
     return invalid_argument("timing.niceness must be within -20..0 (0: the worker's priority left as is)");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,

@@ -284,7 +284,10 @@ std::string random_prefix() {
   return fmt::format("{:08x}", device());
 }
 
-Result<std::vector<ServiceItem>> parse_submission(const std::string& body, const std::string& default_format) {
+// The key of an item's Evaluator among a device's: one per format and policy.
+std::string evaluator_key(const std::string& format, const std::string& policy) { return format + "/" + policy; }
+
+Result<std::vector<ServiceItem>> parse_submission(const std::string& body, const EvalOptions& defaults) {
   json request;
   try {
     request = json::parse(body);
@@ -298,7 +301,8 @@ Result<std::vector<ServiceItem>> parse_submission(const std::string& body, const
   for (size_t i = 0; i < request["items"].size(); ++i) {
     auto item = service_item_from_json(request["items"][i]);
     if (!item.ok()) return item.status().with_context(fmt::format("items[{}]", i));
-    if (item->format.empty()) item->format = default_format;
+    if (item->format.empty()) item->format = defaults.format;
+    if (item->policy.empty()) item->policy = defaults.policy.mode;
     items.push_back(std::move(*item));
   }
   return items;
@@ -319,13 +323,15 @@ nlohmann::json to_json(const ServiceItem& item) {
   json j = {{"id", item.id}, {"reference", item.reference}, {"candidate", item.candidate}};
   if (!item.format.empty()) j["format"] = item.format;
   if (!item.task_id.empty()) j["task_id"] = item.task_id;
+  if (!item.policy.empty()) j["policy"] = item.policy;
   return j;
 }
 
 Result<ServiceItem> service_item_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return invalid_argument("an item must be a JSON object");
   for (const auto& [key, value] : j.items())
-    if (key != "id" && key != "reference" && key != "candidate" && key != "format" && key != "task_id")
+    if (key != "id" && key != "reference" && key != "candidate" && key != "format" && key != "task_id" &&
+        key != "policy")
       return invalid_argument(fmt::format("unknown key \"{}\"", key));
   if (!j.contains("id") || !(j["id"].is_string() || j["id"].is_number_integer()))
     return invalid_argument("\"id\" must be a string or an integer");
@@ -335,20 +341,24 @@ Result<ServiceItem> service_item_from_json(const nlohmann::json& j) {
     if (!j.contains(key) || !j[key].is_string()) return invalid_argument(fmt::format("\"{}\" must be a string (Python source)", key));
     *field = j[key].get<std::string>();
   }
-  for (auto [key, field] : {std::pair{"format", &item.format}, std::pair{"task_id", &item.task_id}}) {
+  for (auto [key, field] :
+       {std::pair{"format", &item.format}, std::pair{"task_id", &item.task_id}, std::pair{"policy", &item.policy}}) {
     if (!j.contains(key)) continue;
     if (!j[key].is_string()) return invalid_argument(fmt::format("\"{}\" must be a string", key));
     *field = j[key].get<std::string>();
   }
   if (!item.format.empty() && item.format != "auto" && !parse_format(item.format))
     return invalid_argument(fmt::format("format \"{}\" is not one of auto, cuda, triton, cuda-rtc, torch", item.format));
+  if (!item.policy.empty() && item.policy != "strict" && item.policy != "kernelbench")
+    return invalid_argument(fmt::format("policy \"{}\" is neither strict nor kernelbench", item.policy));
   return item;
 }
 
 struct EvalService::Impl {
   EvalOptions eval;
   ServiceOptions options;
-  // Per device (pool): one Evaluator per format, all sharing the verdict cache. Pre-builds use pool 0's.
+  // Per device (pool): one Evaluator per format and policy (evaluator_key), all sharing the verdict
+  // cache. Pre-builds use pool 0's.
   std::vector<std::map<std::string, Evaluator>> evaluators;
   DevicePools pools;  // which device the next evaluation goes to
   JobBoard board;
@@ -374,6 +384,12 @@ struct EvalService::Impl {
     if (options.prebuild == "always" || (options.prebuild == "gpu" && eval.device != "cpu"))
       compile_jobs = options.compile_jobs > 0 ? options.compile_jobs : cpu_cores();
   }
+
+  const Evaluator& evaluator_for(size_t pool, const ServiceItem& item) const {
+    return evaluators[pool].at(evaluator_key(item.format, item.policy));
+  }
+  // Any of a device's evaluators: they share its device and the cache.
+  const Evaluator& any_evaluator(size_t pool) const { return evaluators[pool].begin()->second; }
 
   Status listen();
   void start_threads();
@@ -443,7 +459,7 @@ void EvalService::Impl::build() {
 // is cached: its evaluation is a lookup.
 bool EvalService::Impl::needs_prebuild(const ServiceItem& item) const {
   if (compile_jobs == 0 || resolve_format(item.format, item.candidate) != Format::cuda) return false;
-  return !evaluators[0].at(item.format).has_cached_verdict(task_of(item), candidate_of(item));
+  return !evaluator_for(0, item).has_cached_verdict(task_of(item), candidate_of(item));
 }
 
 Verdict EvalService::Impl::not_evaluated(const ServiceItem& item, std::vector<Check> checks, std::string message) const {
@@ -451,6 +467,7 @@ Verdict EvalService::Impl::not_evaluated(const ServiceItem& item, std::vector<Ch
   v.task_id = task_of(item).id;
   v.candidate = candidate_of(item).label;
   v.format = item.format;
+  v.policy = item.policy;
   v.device = eval.device;
   return v;
 }
@@ -473,7 +490,7 @@ Verdict EvalService::Impl::evaluate(const Ticket& ticket, EvalMode mode) {
   std::optional<DevicePools::Lease> lease;
   if (mode == EvalMode::full) lease.emplace(pools);
   size_t pool = lease ? lease->pool() : 0;
-  const Evaluator& evaluator = evaluators[pool].at(item.format);
+  const Evaluator& evaluator = evaluator_for(pool, item);
   std::unique_lock<std::mutex> gpu_turn;
   if (mode == EvalMode::full && eval.device != "cpu" && !eval.timing.exclusive)
     gpu_turn = std::unique_lock(gpu_mutexes[pool]);
@@ -519,7 +536,7 @@ void EvalService::Impl::add_routes() {
 }
 
 void EvalService::Impl::on_submit(const httplib::Request& req, httplib::Response& res) {
-  auto items = parse_submission(req.body, eval.format);
+  auto items = parse_submission(req.body, eval);
   if (!items.ok()) return reply_error(res, 400, items.status().message());
   std::vector<bool> prebuild;  // decided before the board's lock: a cache lookup per `cuda` item
   for (const auto& item : *items) prebuild.push_back(needs_prebuild(item));
@@ -545,9 +562,9 @@ void EvalService::Impl::on_stream(const std::string& batch, httplib::Response& r
 
 json EvalService::Impl::health() const {
   Counts c = board.counts();
-  const VerdictCache* cache = evaluators[0].at("auto").cache();
+  const VerdictCache* cache = any_evaluator(0).cache();
   json devices = json::array();
-  for (const auto& by_format : evaluators) devices.push_back(by_format.at("auto").options().device);
+  for (size_t pool = 0; pool < evaluators.size(); ++pool) devices.push_back(any_evaluator(pool).options().device);
   return {{"status", "ok"},       {"device", devices[0]},       {"devices", devices}, {"workers", workers},
           {"compile_jobs", compile_jobs}, {"queued", c.queued},     {"building", c.building},
           {"running", c.running},  {"done", c.done},             {"submitted", c.submitted},
@@ -570,11 +587,13 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& reque
   if (!pools.ok()) return pools.status();
   std::vector<std::map<std::string, Evaluator>> evaluators(pools->size());
   for (size_t pool = 0; pool < pools->size(); ++pool)
-    for (const char* format : {"auto", "cuda", "triton", "cuda-rtc", "torch"}) {
-      auto evaluator = pools->at(pool).with_format(format);
-      if (!evaluator.ok()) return evaluator.status();
-      evaluators[pool].emplace(format, std::move(*evaluator));
-    }
+    for (const char* format : {"auto", "cuda", "triton", "cuda-rtc", "torch"})
+      for (const char* policy : {"strict", "kernelbench"}) {
+        auto evaluator = pools->at(pool).with_format(format);
+        if (evaluator.ok()) evaluator = evaluator->with_policy(policy);
+        if (!evaluator.ok()) return evaluator.status();
+        evaluators[pool].emplace(evaluator_key(format, policy), std::move(*evaluator));
+      }
   ignore_sigpipe();
   auto impl = std::make_unique<Impl>(eval, options, std::move(evaluators), std::move(*pools));
   // The first evaluations find prepared fork servers (every format's evaluator makes the same kind):
@@ -596,7 +615,7 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& reque
 int EvalService::port() const { return impl_->port; }
 int EvalService::workers() const { return impl_->workers; }
 int EvalService::compile_jobs() const { return impl_->compile_jobs; }
-const VerdictCache* EvalService::cache() const { return impl_->evaluators[0].at("auto").cache(); }
+const VerdictCache* EvalService::cache() const { return impl_->any_evaluator(0).cache(); }
 void EvalService::stop() { impl_->stop(); }
 EvalService::Counts EvalService::counts() const { return impl_->board.counts(); }
 

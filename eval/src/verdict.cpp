@@ -128,7 +128,8 @@ nlohmann::json to_json(const Verdict& v) {
   for (Check c : v.checks) checks.push_back(check_name(c));
   nlohmann::json j = {
       {"task_id", v.task_id},       {"candidate", v.candidate},         {"format", v.format},
-      {"device", v.device},         {"status", status_name(v.status)},  {"compiled", v.compiled},
+      {"device", v.device},         {"policy", v.policy},               {"status", status_name(v.status)},
+      {"compiled", v.compiled},
       {"correct", v.correct},       {"stage", v.stage},                 {"checks", checks},
       {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
       {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
@@ -145,6 +146,7 @@ nlohmann::json to_json(const Verdict& v) {
   write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
   write_parts(j, "cpu_s", v.cpu_s);                  // optional: a worker reported it
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
+  if (v.compile_speedup) j["compile_speedup"] = *v.compile_speedup;  // optional: [timing] baseline = "compile"
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: profiled audits only
   if (!v.unchecked.empty()) {                                                    // optional: a check could not run
     j["unchecked"] = nlohmann::json::object();
@@ -167,6 +169,7 @@ nlohmann::json to_json(const Verdict& v) {
                           {"reference_gap_ms", v.reference_gap_ms},
                           {"candidate_gap_ms", v.candidate_gap_ms}});
     if (!v.launch_spin.empty()) j["timing"]["launch_spin"] = v.launch_spin;
+    if (v.compiled_reference_timing) j["timing"]["compiled"] = timing_json(*v.compiled_reference_timing);
   } else {
     j["timing"] = nullptr;
   }
@@ -189,6 +192,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.candidate = j.value("candidate", "");
   v.format = j.value("format", "");
   v.device = j.value("device", "");
+  v.policy = j.value("policy", "");
   v.compiled = j.value("compiled", false);
   v.correct = j.value("correct", false);
   v.stage = j.value("stage", "");
@@ -217,6 +221,8 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   read_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);
   read_parts(j, "cpu_s", v.cpu_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
+  if (j.contains("compile_speedup") && j["compile_speedup"].is_number())
+    v.compile_speedup = j["compile_speedup"].get<double>();
   if (j.contains("custom_kernel_share") && j["custom_kernel_share"].is_number())
     v.custom_kernel_share = j["custom_kernel_share"].get<double>();
   if (j.contains("unchecked")) {
@@ -238,6 +244,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     const auto& t = j["timing"];
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);
     if (t.contains("reference")) v.reference_timing = timing_from_json(t["reference"]);
+    if (t.contains("compiled") && t["compiled"].is_object()) v.compiled_reference_timing = timing_from_json(t["compiled"]);
     v.timing_end = t.value("end", "");
     v.launch_spin = t.contains("launch_spin") && t["launch_spin"].is_string() ? t["launch_spin"].get<std::string>() : "";
     v.reference_gap_ms = number_or_zero(t, "reference_gap_ms");

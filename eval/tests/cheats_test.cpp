@@ -1,7 +1,8 @@
 // The anti-cheating checks end to end: the real supervisor (static checks) and the real worker
 // (worker/kz_worker/cheats.py) on device "cpu", one adversarial Triton candidate per cheat
 // (eval/tests/cheats/, each file's docstring names the cheat and the check expected), plus the
-// honest examples, which must pass with no check firing.
+// honest examples, which must pass with no check firing. A case names the policy it is judged under
+// ([policy] mode; strict unless it says so): the policy fixtures run under both.
 //
 // All evaluations run once, in parallel, before the tests (SetUpTestSuite); each parameterised test
 // then asserts on its verdict. Needs KZ_SOURCE_DIR (CTest sets it).
@@ -33,6 +34,7 @@ constexpr const char* kRelu = "suite/kzbench/level1/02_relu.py";
 constexpr const char* kMse = "suite/kzbench/level2/20_mse_loss.py";
 constexpr const char* kTiny = "eval/tests/fixtures/ref_tiny_output.py";
 constexpr const char* kTranspose = "eval/tests/cheats/ref_transpose.py";
+constexpr const char* kLinearRelu = "suite/kzbench/level2/16_linear_relu.py";
 
 struct Case {
   std::string candidate;            // relative to the source dir
@@ -40,6 +42,7 @@ struct Case {
   std::vector<EvalStatus> statuses;  // the verdict is one of these
   std::vector<Check> any_of;        // at least one of these fired
   std::string format = "auto";
+  std::string policy = "strict";
 };
 
 std::string cheat(const std::string& name) { return "eval/tests/cheats/" + name + ".py"; }
@@ -85,11 +88,18 @@ const std::vector<Case>& cheat_cases() {
       {"eval/tests/fixtures/cheat_patches_reference_op.py", kRelu, {S::cheat_detected}, {C::harness_access}},
       {"eval/tests/fixtures/cheat_torch_function_mode.py", kRelu, {S::cheat_detected}, {C::tensor_subclass}},
       {"eval/tests/fixtures/cheat_forges_result.py", kRelu, {S::cheat_detected}, {C::harness_access}},
+      // What ModelNew.forward may run: a decoy kernel beside PyTorch compute is refused under both
+      // policies; an honest partial answer only under strict (it passes under kernelbench: honest_cases).
+      {cheat("policy_decoy_kernel"), kLinearRelu, {S::cheat_detected}, {C::torch_compute_in_forward}},
+      {cheat("policy_decoy_kernel"), kLinearRelu, {S::cheat_detected}, {C::no_kernel_effect}, "auto", "kernelbench"},
+      {cheat("policy_partial_matmul_epilogue"), kLinearRelu, {S::cheat_detected}, {C::torch_compute_in_forward}},
   };
   return cases;
 }
 
-// The honest candidates: every Triton example, and two references evaluated as torch candidates.
+// The honest candidates: every Triton example, two references evaluated as torch candidates, and
+// under policy kernelbench an honest partial answer and an example (whose kernel's work must reach
+// its output, as every honest one's does).
 const std::vector<Case>& honest_cases() {
   static const std::vector<Case> cases = [] {
     std::vector<Case> list;
@@ -105,12 +115,14 @@ const std::vector<Case>& honest_cases() {
     list.push_back({kRelu, kRelu, {EvalStatus::ok}, {}, "torch"});
     list.push_back({"suite/kzbench/level2/18_add_layernorm.py", "suite/kzbench/level2/18_add_layernorm.py",
                     {EvalStatus::ok}, {}, "torch"});
+    list.push_back({cheat("policy_partial_matmul_epilogue"), kLinearRelu, {EvalStatus::ok}, {}, "auto", "kernelbench"});
+    list.push_back({"suite/examples/triton/16_linear_relu.py", kLinearRelu, {EvalStatus::ok}, {}, "auto", "kernelbench"});
     return list;
   }();
   return cases;
 }
 
-std::string key_of(const Case& c) { return c.format + ":" + c.candidate + "@" + c.reference; }
+std::string key_of(const Case& c) { return c.format + ":" + c.policy + ":" + c.candidate + "@" + c.reference; }
 
 class CheatsTest : public ::testing::TestWithParam<Case> {
  public:
@@ -126,6 +138,7 @@ class CheatsTest : public ::testing::TestWithParam<Case> {
         EvalOptions o;
         o.trials = 2;
         o.format = c.format;
+        o.policy.mode = c.policy;
         o.cache.enabled = false;  // every case runs its worker: a stored verdict would test nothing
         std::string outcome;
         Verdict verdict;
@@ -179,7 +192,8 @@ std::map<std::string, std::string> CheatsTest::errors_;
 std::string dump(const Verdict& v) { return to_json(v).dump(2); }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string name = fs::path(info.param.candidate).stem().string() + (info.param.format == "torch" ? "_torch" : "");
+  std::string name = fs::path(info.param.candidate).stem().string() + (info.param.format == "torch" ? "_torch" : "") +
+                     (info.param.policy == "strict" ? "" : "_" + info.param.policy);
   for (char& ch : name)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return name;
@@ -207,6 +221,7 @@ TEST_P(HonestTest, PassesWithNoCheck) {
   const Verdict* v = verdict_for(GetParam());
   ASSERT_NE(v, nullptr);
   EXPECT_EQ(status_name(v->status), std::string("ok")) << dump(*v);
+  EXPECT_EQ(v->policy, GetParam().policy) << "every verdict says the policy it was judged under";
   EXPECT_TRUE(v->checks.empty()) << dump(*v);
   EXPECT_TRUE(v->correct) << dump(*v);
 }
@@ -227,7 +242,7 @@ TEST(CheatsTable, CoversEveryFixture) {
     EXPECT_NE(std::find(listed.begin(), listed.end(), "eval/tests/cheats/" + name), listed.end())
         << name << " has no row in cheat_cases()";
   }
-  EXPECT_EQ(honest_cases().size(), 22u);
+  EXPECT_EQ(honest_cases().size(), 24u);
 }
 
 }  // namespace

@@ -118,6 +118,26 @@ TEST(Options, InvalidValuesAreRejected) {
   EXPECT_FALSE(off.worker.syntax_check);
 }
 
+TEST(Options, ThePolicyAndTheToleranceRuleAreNamedValues) {
+  EvalOptions o;
+  EXPECT_EQ(o.policy.mode, "strict") << "the default";
+  EXPECT_EQ(o.tolerance.rule, "kz") << "the default";
+  ASSERT_TRUE(apply_toml_text("[policy]\nmode = \"kernelbench\"\nmin_custom_kernel_share = 0.3\n"
+                              "[tolerance]\nrule = \"float64\"\n", "t", o).is_ok());
+  EXPECT_EQ(o.policy.mode, "kernelbench");
+  EXPECT_DOUBLE_EQ(o.policy.min_custom_kernel_share, 0.3);
+  EXPECT_EQ(o.tolerance.rule, "float64");
+  EXPECT_EQ(o.timing.baseline, "eager") << "the default";
+  ASSERT_TRUE(apply_toml_text("[timing]\nbaseline = \"compile\"\n", "t", o).is_ok());
+  EXPECT_EQ(o.timing.baseline, "compile");
+  for (const char* bad : {"[policy]\nmode = \"lenient\"\n", "[policy]\nmin_custom_kernel_share = 1.5\n",
+                          "[policy]\nmin_custom_kernel_share = -0.1\n", "[tolerance]\nrule = \"loose\"\n",
+                          "[timing]\nbaseline = \"jit\"\n"}) {
+    EvalOptions b;
+    EXPECT_FALSE(apply_toml_text(bad, "t", b).is_ok()) << bad;
+  }
+}
+
 // The wait for GPU memory other evaluations hold has a deadline of its own (stage await_memory).
 TEST(Options, TheMemoryWaitHasATimeoutOfItsOwn) {
   EvalOptions o;

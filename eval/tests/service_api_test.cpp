@@ -99,11 +99,19 @@ TEST_F(ServiceTest, RepeatedCandidateIsACacheHit) {
   auto a = c.wait(first->batch, std::chrono::minutes(2));
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_FALSE(a->front().verdict->cached);
-  auto second = c.submit({ServiceItem{"b", kTinyReference, correct_candidate(1), "torch", "tiny"}});
+  auto second = c.submit({ServiceItem{"b", kTinyReference, correct_candidate(1), "torch", "tiny", ""}});
   auto b = c.wait(second->batch, std::chrono::minutes(2));
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_TRUE(b->front().verdict->cached);
   EXPECT_EQ(b->front().verdict->task_id, "tiny");
+  EXPECT_EQ(b->front().verdict->policy, "strict") << "the server's policy";
+  // Another policy is another evaluation (the verdict cache's key holds it), and its verdict says so.
+  auto third = c.submit({ServiceItem{"c", kTinyReference, correct_candidate(1), "torch", "tiny", "kernelbench"}});
+  auto kb = c.wait(third->batch, std::chrono::minutes(2));
+  ASSERT_TRUE(kb.ok()) << kb.status().to_string();
+  EXPECT_FALSE(kb->front().verdict->cached);
+  EXPECT_EQ(kb->front().verdict->policy, "kernelbench");
+  EXPECT_EQ(kb->front().verdict->status, EvalStatus::ok);
 }
 
 TEST_F(ServiceTest, StreamSendsEachVerdictOnceAndEnds) {
@@ -149,6 +157,7 @@ TEST_F(ServiceTest, MalformedItemsAre400NamingTheProblem) {
       {R"({"items": [{"id": [1], "reference": "r", "candidate": "c"}]})", "\"id\""},
       {R"({"items": [{"id": "a", "reference": "r", "candidate": "c", "format": "fortran"}]})", "fortran"},
       {R"({"items": [{"id": "a", "reference": "r", "candidate": "c", "trails": 3}]})", "unknown key \"trails\""},
+      {R"({"items": [{"id": "a", "reference": "r", "candidate": "c", "policy": "lenient"}]})", "lenient"},
   };
   for (const auto& c : cases) {
     auto [status, body] = raw_post(port, "/v1/evaluations", c.body);
@@ -182,7 +191,7 @@ TEST_F(ServiceTest, UnknownIdsAndPathsAre404) {
 TEST_F(ServiceTest, BadReferenceIsAnsweredNotRefused) {
   start();
   ServiceClient c = client();
-  auto submission = c.submit({ServiceItem{"r", "x = 1\n", correct_candidate(), "torch", ""}});
+  auto submission = c.submit({ServiceItem{"r", "x = 1\n", correct_candidate(), "torch", "", ""}});
   ASSERT_TRUE(submission.ok());
   auto results = c.wait(submission->batch, std::chrono::seconds(30));
   ASSERT_TRUE(results.ok()) << results.status().to_string();

@@ -55,7 +55,7 @@ inline const std::string kRaisingCandidate =
     "        raise RuntimeError('kz-test: deliberate failure')\n";
 
 inline ServiceItem item(nlohmann::json id, const std::string& candidate) {
-  return ServiceItem{std::move(id), kTinyReference, candidate, "torch", ""};
+  return ServiceItem{std::move(id), kTinyReference, candidate, "torch", "", ""};
 }
 
 // A service on 127.0.0.1 (any free port), torch format, one trial, its own cache file.

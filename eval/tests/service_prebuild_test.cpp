@@ -32,7 +32,7 @@ std::string source(const std::string& relative) {
 }
 
 ServiceItem relu_item(const std::string& id, const std::string& candidate) {
-  return ServiceItem{id, source("suite/kzbench/level1/02_relu.py"), source(candidate), "auto", "02_relu"};
+  return ServiceItem{id, source("suite/kzbench/level1/02_relu.py"), source(candidate), "auto", "02_relu", ""};
 }
 
 TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {

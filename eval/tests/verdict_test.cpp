@@ -333,6 +333,33 @@ TEST(Verdict, JsonRoundTripKeepsTheChecksThatCouldNotRun) {
   EXPECT_EQ(back->unchecked, v.unchecked);
 }
 
+TEST(Verdict, JsonRoundTripKeepsThePolicyAndTheCustomKernelShare) {
+  Verdict v = make_verdict(EvalStatus::cheat_detected, {Check::no_kernel_effect}, "a decoy");
+  v.policy = "kernelbench";
+  v.custom_kernel_share = 0.25;
+  auto back = verdict_from_json(to_json(v));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->policy, "kernelbench");
+  EXPECT_EQ(back->custom_kernel_share, 0.25);
+  EXPECT_TRUE(back->has_check(Check::no_kernel_effect));
+}
+
+TEST(Verdict, JsonRoundTripKeepsTheSpeedupOverTorchCompile) {
+  Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
+  v.reference_timing = v.candidate_timing = TimingStats{.median_ms = 2, .runs = 100};
+  v.speedup = 1.0;
+  EXPECT_FALSE(to_json(v).contains("compile_speedup")) << "absent without a compile baseline";
+  v.compiled_reference_timing = TimingStats{.median_ms = 1, .runs = 100};
+  v.compile_speedup = 0.5;
+  auto json = to_json(v);
+  EXPECT_EQ(json["timing"]["compiled"]["median_ms"], 1.0);
+  auto back = verdict_from_json(json);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->compile_speedup, 0.5);
+  ASSERT_TRUE(back->compiled_reference_timing.has_value());
+  EXPECT_EQ(back->compiled_reference_timing->median_ms, 1.0);
+}
+
 TEST(Verdict, UnknownNamesFromTheWorkerAreErrors) {
   EXPECT_FALSE(verdict_from_json({{"status", "fine"}}).ok());
   EXPECT_FALSE(verdict_from_json({{"status", "ok"}, {"checks", {"made_up"}}}).ok());

@@ -107,8 +107,8 @@ Status generate_missing(const std::vector<Task>& tasks, Generator& generator, co
 // Extracts every generation's code, writes it under candidates/, and evaluates the samples that
 // have no verdict yet (results.jsonl is the record of what is done).
 Status evaluate_missing(const std::vector<Task>& tasks, const std::vector<Generation>& generations,
-                        const Evaluator& evaluator, const BenchOptions& options, int& evaluated, std::ostream& out) {
-  fs::path results = options.out_dir / "results.jsonl";
+                        const Evaluator& evaluator, const BenchOptions& options, const fs::path& results,
+                        int& evaluated, std::ostream& out) {
   auto done_rows = read_jsonl_log(results);
   if (!done_rows.ok()) return done_rows.status();
   std::set<std::string> done;
@@ -182,6 +182,8 @@ Status BenchOptions::validate() const {
   if (format != "cuda" && format != "triton" && format != "cuda-rtc")
     return invalid_argument(fmt::format("bench: format '{}' is not cuda, triton or cuda-rtc", format));
   if (generation_batch < 1) return invalid_argument("bench: generation_batch must be at least 1");
+  if (!also_policy.empty() && also_policy != "strict" && also_policy != "kernelbench")
+    return invalid_argument(fmt::format("bench: --also-policy '{}' is neither strict nor kernelbench", also_policy));
   return Status::ok();
 }
 
@@ -199,13 +201,26 @@ Result<BenchResult> run_bench(const std::vector<Task>& tasks, Generator& generat
   auto generations = load_generations(options.out_dir / "generations.jsonl");
   if (!generations.ok()) return generations.status();
   KZ_RETURN_IF_ERROR(generate_missing(tasks, generator, *prompt, options, *generations, result.samples_generated, out));
-  KZ_RETURN_IF_ERROR(evaluate_missing(tasks, *generations, evaluator, options, result.samples_evaluated, out));
+  const std::string& policy = evaluator.options().policy.mode;
+  fs::path results = options.out_dir / "results.jsonl";
+  KZ_RETURN_IF_ERROR(evaluate_missing(tasks, *generations, evaluator, options, results, result.samples_evaluated, out));
 
-  auto verdicts = load_verdicts(options.out_dir / "results.jsonl");
+  auto verdicts = load_verdicts(results);
   if (!verdicts.ok()) return verdicts.status();
   result.verdicts = std::move(*verdicts);
   RunInfo info{generator.describe(), options.suite_label, options.format, evaluator.options().device, today(), options.samples};
   auto summary = bench_summary(info, tasks, result.verdicts);
+  summary["policy"] = policy;
+  if (!options.also_policy.empty() && options.also_policy != policy) {
+    auto other = evaluator.with_policy(options.also_policy);
+    if (!other.ok()) return other.status();
+    fs::path other_results = options.out_dir / fmt::format("results.{}.jsonl", options.also_policy);
+    out << fmt::format("kz: the samples again under policy {}\n", options.also_policy);
+    KZ_RETURN_IF_ERROR(evaluate_missing(tasks, *generations, *other, options, other_results, result.samples_evaluated, out));
+    auto other_verdicts = load_verdicts(other_results);
+    if (!other_verdicts.ok()) return other_verdicts.status();
+    summary[options.also_policy] = bench_metrics(tasks, *other_verdicts);
+  }
   KZ_RETURN_IF_ERROR(write_file_atomic(options.out_dir / "summary.json", summary.dump(2) + "\n"));
   KZ_RETURN_IF_ERROR(write_file_atomic(options.out_dir / "report.html",
                                        render_bench_html(info, summary, tasks, result.verdicts)));

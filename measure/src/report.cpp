@@ -160,18 +160,39 @@ std::string legend() {
   return html + "</p>";
 }
 
+// The metrics over every level and per level, keyed as summary.json keeps them.
+nlohmann::json metrics_json(const std::vector<TaskOutcomes>& outcomes) {
+  nlohmann::json levels = nlohmann::json::object();
+  for (const auto& [level, metrics] : metrics_by_level(outcomes)) levels[std::to_string(level)] = to_json(metrics);
+  return {{"overall", to_json(compute_metrics(outcomes))}, {"levels", levels}};
+}
+
+// [timing] baseline = "compile": the same metrics with each sample's speedup over torch.compile of the
+// reference as its speedup (fast_p, geomean_speedup); null where no sample has one.
+nlohmann::json metrics_over_compile(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
+  if (std::none_of(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return v.compile_speedup.has_value(); }))
+    return nullptr;
+  std::vector<Verdict> over_compile = verdicts;
+  for (auto& v : over_compile) v.speedup = v.compile_speedup;
+  return metrics_json(outcomes_by_task(tasks, over_compile));
+}
+
 }  // namespace
 
+nlohmann::json bench_metrics(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
+  nlohmann::json metrics = metrics_json(outcomes_by_task(tasks, verdicts));
+  metrics["pass_at_k"] = metrics["overall"]["pass_at_k"];
+  metrics["fast_p"] = metrics["overall"]["fast_p"];
+  if (auto over_compile = metrics_over_compile(tasks, verdicts); !over_compile.is_null())
+    metrics["vs_compile"] = over_compile;
+  return metrics;
+}
+
 nlohmann::json bench_summary(const RunInfo& info, const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
-  auto outcomes = outcomes_by_task(tasks, verdicts);
   nlohmann::json summary = {{"model", info.model},   {"suite", info.suite},   {"format", info.format},
                             {"device", info.device}, {"date", info.date},     {"samples_per_task", info.samples},
                             {"tasks", tasks.size()}, {"evaluated_samples", verdicts.size()}};
-  summary["overall"] = to_json(compute_metrics(outcomes));
-  summary["pass_at_k"] = summary["overall"]["pass_at_k"];
-  summary["fast_p"] = summary["overall"]["fast_p"];
-  summary["levels"] = nlohmann::json::object();
-  for (const auto& [level, metrics] : metrics_by_level(outcomes)) summary["levels"][std::to_string(level)] = to_json(metrics);
+  summary.update(bench_metrics(tasks, verdicts));
   summary["exceeds_gpu_memory"] = std::count_if(verdicts.begin(), verdicts.end(), exceeds_gpu_memory);
   return summary;
 }
@@ -191,6 +212,9 @@ std::string render_bench_table(const nlohmann::json& summary) {
   };
   for (const auto& [level, metrics] : summary["levels"].items()) row(level, metrics);
   row("all", summary["overall"]);
+  if (summary.contains("vs_compile")) row("all, over torch.compile", summary["vs_compile"]["overall"]);
+  for (const char* policy : {"strict", "kernelbench"})
+    if (summary.contains(policy)) row(fmt::format("all, policy {}", policy), summary[policy]["overall"]);
   int too_big = summary.value("exceeds_gpu_memory", 0);  // absent from summaries written before it
   if (too_big == 0) return table.render();
   return table.render() + fmt::format("{} sample(s) of tasks that need more GPU memory than the card has: left "

@@ -1,6 +1,8 @@
 // bench summaries and the HTML report from hand-made verdicts.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kz/measure/report.h"
 
 namespace kz {
@@ -67,6 +69,33 @@ TEST_F(ReportTest, SamplesTooBigForTheGpuAreLeftOutOfTheMetricsAndCounted) {
   EXPECT_EQ(failed["exceeds_gpu_memory"], 0);
   EXPECT_EQ(failed["overall"]["tasks"], 3);
   EXPECT_DOUBLE_EQ(failed["pass_at_k"]["1"].get<double>(), 1.0 / 3);
+}
+
+// [timing] baseline = "compile": today's keys stay the speedups over eager PyTorch; vs_compile holds
+// the same metrics over torch.compile of the reference.
+TEST_F(ReportTest, SpeedupsOverTorchCompileAreSummarisedApart) {
+  EXPECT_FALSE(bench_summary(info, tasks, verdicts).contains("vs_compile")) << "absent without a compile baseline";
+  std::vector<Verdict> timed = verdicts;
+  timed[0].compile_speedup = 0.8;  // 2x over eager, slower than the compiled reference
+  timed[3].compile_speedup = 1.5;
+  auto s = bench_summary(info, tasks, timed);
+  EXPECT_DOUBLE_EQ(s["fast_p"]["1"].get<double>(), 0.25) << "over eager, as before";
+  EXPECT_DOUBLE_EQ(s["vs_compile"]["overall"]["fast_p"]["1"].get<double>(), 0.25);  // task b's sample only
+  EXPECT_NEAR(s["vs_compile"]["overall"]["geomean_speedup"].get<double>(), std::sqrt(0.8 * 1.5), 1e-12);
+  EXPECT_TRUE(s["vs_compile"]["levels"].contains("2"));
+  EXPECT_NE(render_bench_table(s).find("over torch.compile"), std::string::npos);
+}
+
+// kz bench --also-policy: the other policy's metrics sit under its name; the table adds a row for them.
+TEST_F(ReportTest, TheOtherPolicysMetricsAreARowOfTheTable) {
+  auto s = bench_summary(info, tasks, verdicts);
+  s["policy"] = "strict";
+  std::vector<Verdict> all_correct = {sample("a", 0, EvalStatus::ok, 2.0), sample("a", 1, EvalStatus::ok, 1.5),
+                                      sample("b", 0, EvalStatus::ok, 1.2), sample("b", 1, EvalStatus::ok, 0.5)};
+  s["kernelbench"] = bench_metrics(tasks, all_correct);
+  EXPECT_DOUBLE_EQ(s["kernelbench"]["pass_at_k"]["1"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(s["pass_at_k"]["1"].get<double>(), 0.5) << "today's keys: the default policy's";
+  EXPECT_NE(render_bench_table(s).find("all, policy kernelbench"), std::string::npos);
 }
 
 TEST_F(ReportTest, TableAndHtmlShowTheRun) {

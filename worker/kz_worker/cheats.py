@@ -14,6 +14,10 @@ worker: eval/src/static_checks.cpp). docs/evaluation.md describes them all; in s
                             TorchDispatchMode during one extra forward.
   no_custom_kernel          that forward launched no kernel of the candidate's own (kz_rtc / Triton
                             launch counters; on a GPU, the profiler's kernel list for `cuda`).
+  no_kernel_effect          policy kernelbench: the forward replayed with the candidate's own launches
+                            muted gives the same output (a decoy kernel beside PyTorch compute).
+  low_custom_kernel_share   the candidate's kernels' share of the audit's GPU time is below the
+                            policy's min_custom_kernel_share.
   background_thread         more Python threads after candidate code ran than before it was imported.
   output_aliases_reference  an output sharing memory with a reference output.
   replayed_output           bitwise the same output for two input sets whose references differ
@@ -29,6 +33,7 @@ import _thread
 import builtins
 import collections
 import contextlib
+import dataclasses
 import gc
 import inspect
 import json
@@ -51,7 +56,7 @@ import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import fingerprint, gpu_lock, sandbox
+from . import compare, fingerprint, gpu_lock, sandbox
 from . import verdict as v
 
 # ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
@@ -90,6 +95,49 @@ POLICY = {
     "triton": KERNEL_FORMAT_ALLOWED,
     "torch": None,
 }
+
+
+# ---- the policies: what ModelNew.forward may run besides the candidate's own kernels ---------------
+#
+# strict (the default): only what POLICY allows its format; any other ATen op is
+# torch_compute_in_forward. kernelbench: any PyTorch op, as KernelBench's rules allow (a partial answer
+# keeps cuBLAS's matmul or cuDNN's convolution and fuses the epilogue in a kernel of its own), but the
+# candidate's own kernels must run (no_custom_kernel) and their work must reach the output: the forward
+# replayed with their launches muted must give another output (no_kernel_effect, for the formats
+# probes_kernel_effect names). Under either, min_custom_kernel_share refuses a forward whose GPU time
+# is mostly not its own kernels' (low_custom_kernel_share).
+STRICT = "strict"
+KERNELBENCH = "kernelbench"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    mode: str = STRICT
+    min_custom_kernel_share: float = 0.0  # 0: off
+
+    @classmethod
+    def of(cls, request: dict) -> "Policy":
+        policy = request.get("policy") or {}
+        return cls(policy.get("mode", STRICT), float(policy.get("min_custom_kernel_share", 0.0)))
+
+    @property
+    def allows_torch_compute(self) -> bool:
+        return self.mode == KERNELBENCH
+
+    @property
+    def wants_kernel_share(self) -> bool:
+        """Whether every kernel format's audit is profiled on a GPU, for custom_kernel_share."""
+        return self.mode == KERNELBENCH or self.min_custom_kernel_share > 0
+
+
+# The formats whose kernels the effect probe can mute: the launches the harness makes (the launch
+# hooks: kz_rtc, Triton), and a `cuda` extension's functions (muteable_extension).
+MUTABLE_FORMATS = frozenset({"triton", "cuda-rtc", "cuda"})
+
+
+def probes_kernel_effect(fmt: str, policy: Policy) -> bool:
+    """Whether the forward is replayed with the candidate's launches muted (policy kernelbench)."""
+    return policy.mode == KERNELBENCH and fmt in MUTABLE_FORMATS
 
 
 def disallowed_ops(fmt: str, ops: dict) -> dict:
@@ -133,16 +181,23 @@ class _State:
         # did, an audit without one means the candidate's code stopped the profiler.
         self.profiler_worked = False
         self.suspended = 0  # > 0 while inside a launcher: its own torch calls are not the candidate's
+        self.muted = False  # the effect probe's replay: launches run nothing (muted_launches)
+        self.muted_calls = 0  # launches and extension calls muted so far
         self.installed = set()
 
 
 _state = _State()
 
 
-def _counting(original, count_if=lambda result, kwargs: True):
+def _counting(original, count_if=lambda result, kwargs: True, muted=lambda original, args, kwargs: None):
+    """A launcher that counts its launches (those count_if accepts) and, inside muted_launches(),
+    calls muted(original, args, kwargs) instead: no launch, and what a launch would return."""
     def launch(*args, **kwargs):
         _state.suspended += 1
         try:
+            if _state.muted:
+                _state.muted_calls += 1
+                return muted(original, args, kwargs)
             result = original(*args, **kwargs)
         finally:
             _state.suspended -= 1
@@ -199,13 +254,13 @@ def install_launch_hooks(fmt: str) -> None:
         import triton.runtime.autotuner as autotuner
         import triton.runtime.jit as jit
         _wrap(jit.JITFunction, "run", lambda f: _counting(
-            f, lambda result, kwargs: not kwargs.get("warmup") and result is not None))
+            f, lambda result, kwargs: not kwargs.get("warmup") and result is not None, _as_warm_up))
         if hasattr(jit.JITFunction, "_do_compile"):  # Triton 3.3+: the compile at a first launch
             _wrap(jit.JITFunction, "_do_compile", lambda f: gpu_lock.releasing(_loading_handles(f)))
         try:
             import triton.runtime.interpreter as interpreter
             _wrap(interpreter.InterpretedFunction, "run", lambda f: _counting(
-                f, lambda result, kwargs: not kwargs.get("warmup")))
+                f, lambda result, kwargs: not kwargs.get("warmup"), _as_warm_up))
         except ImportError:
             pass
         _wrap(autotuner.Autotuner, "run", _suspending)
@@ -213,6 +268,58 @@ def install_launch_hooks(fmt: str) -> None:
         import kz_rtc
         _wrap(kz_rtc.Kernel, "__call__", _counting)
         _wrap(kz_rtc, "compile", gpu_lock.releasing)
+
+
+def _as_warm_up(run, args, kwargs):
+    """A muted Triton launch: the run as a warm-up, which compiles and returns the compiled kernel (the
+    interpreter: None) as a launch does, but launches nothing, so the candidate cannot tell it apart by
+    what it returns."""
+    return run(*args, **{**kwargs, "warmup": True})
+
+
+def muteable_extension(module):
+    """A `cuda` candidate's extension module (load_inline's), each of its functions wrapped so that
+    inside muted_launches() its call is undone: its kernels launch from C++, out of the harness's
+    reach, so the function runs, then every tensor it returns is overwritten (NaN) and every tensor
+    argument gets back what it held before, as though its kernels had not run. ATen ops the
+    function calls from C++ are undone with them (docs/evaluation.md says what that leaves open)."""
+    for name in dir(module):
+        function = getattr(module, name, None)
+        if not name.startswith("_") and isinstance(function, types.BuiltinFunctionType):
+            setattr(module, name, _undone_when_muted(function))
+    return module
+
+
+def _undone_when_muted(function):
+    def call(*args, **kwargs):
+        if not _state.muted:
+            return function(*args, **kwargs)
+        _state.muted_calls += 1
+        tensors = [x for x in (*args, *kwargs.values()) if type(x) is torch.Tensor]
+        before = [x.clone() for x in tensors]
+        result = function(*args, **kwargs)
+        poison(leaves(result))  # first: a result that is an argument (an in-place op) gets it back below
+        with torch.no_grad():
+            for tensor, saved in zip(tensors, before):
+                tensor.copy_(saved)
+        return result
+
+    call.__wrapped__ = function
+    return call
+
+
+@contextlib.contextmanager
+def muted_launches():
+    """Meanwhile the candidate's kernel launches (kz_rtc, Triton: the launch hooks) run nothing and
+    count nothing, and its extension functions' calls are undone (muteable_extension): the effect
+    probe. Yields a dict whose "calls" is, on exit, how many launches and calls were muted."""
+    before, muted = _state.muted_calls, {"calls": 0}
+    _state.muted = True
+    try:
+        yield muted
+    finally:
+        _state.muted = False
+        muted["calls"] = _state.muted_calls - before
 
 
 def _wrap(cls, name, make):
@@ -223,11 +330,12 @@ def _wrap(cls, name, make):
     _state.installed.add(key)
 
 
-def profiles_audit(fmt: str, device: torch.device, kernel_share: str) -> bool:
+def profiles_audit(fmt: str, device: torch.device, kernel_share: str, policy: Policy = Policy()) -> bool:
     """Whether the audit forward runs under the profiler ([eval] kernel_share): on a GPU, for `cuda`,
-    whose no_custom_kernel check needs its kernel list, and for every format with "all" (the verdict's
-    custom_kernel_share, a report: the launch counters decide cuda-rtc's and triton's check)."""
-    return device.type == "cuda" and (fmt == "cuda" or kernel_share == "all")
+    whose no_custom_kernel check needs its kernel list, and for every format with "all" or where the
+    policy wants the verdict's custom_kernel_share (a report, or min_custom_kernel_share's input: the
+    launch counters decide cuda-rtc's and triton's no_custom_kernel)."""
+    return device.type == "cuda" and (fmt == "cuda" or kernel_share == "all" or policy.wants_kernel_share)
 
 
 def warm_up(device: torch.device, profiler: bool = True) -> None:
@@ -365,12 +473,13 @@ def audit_forward(fmt: str, model, inputs, device: torch.device, gpu_hold=contex
     return out, report
 
 
-def audit_failure(fmt: str, report: AuditReport):
-    """The Failure (or None) for an audit: torch compute in forward, no custom kernel."""
+def audit_failure(fmt: str, report: AuditReport, policy: Policy = Policy()):
+    """The Failure (or None) for an audit: torch compute in forward (policy strict), no custom kernel,
+    a custom kernel share below the policy's minimum."""
     if POLICY.get(fmt) is None:
         return None
     checks, parts = [], []
-    if report.disallowed:
+    if report.disallowed and not policy.allows_torch_compute:
         ops = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(report.disallowed.items()))
         checks.append(v.TORCH_COMPUTE_IN_FORWARD)
         parts.append(f"ModelNew.forward ran PyTorch compute ops: {ops} (format {fmt} allows allocation, "
@@ -391,6 +500,11 @@ def audit_failure(fmt: str, report: AuditReport):
     elif not launched:
         checks.append(v.NO_CUSTOM_KERNEL)
         parts.append(f"ModelNew.forward launched no custom kernel: {how}")
+    minimum = policy.min_custom_kernel_share
+    if minimum > 0 and report.custom_share is not None and report.custom_share < minimum:
+        checks.append(v.LOW_CUSTOM_KERNEL_SHARE)
+        parts.append(f"the candidate's own kernels took {report.custom_share:.1%} of ModelNew.forward's GPU time, "
+                     f"below the policy's min_custom_kernel_share of {minimum:.1%}")
     if not checks:
         return None
     return v.Failure(v.CHEAT_DETECTED, "; ".join(parts), checks)
@@ -401,14 +515,51 @@ def _profiler_stopped(report: AuditReport) -> bool:
     return report.no_kernel_list is not None and _state.profiler_worked
 
 
-def unchecked(fmt: str, report: AuditReport) -> dict:
+def unchecked(fmt: str, report: AuditReport, policy: Policy = Policy()) -> dict:
     """check -> why, for the audit's checks that could not run (the verdict's `unchecked`): `cuda`'s
     no_custom_kernel reads the profiler's kernel list, and where the profiler gave none at the
     warm-up either (no CUPTI) it passes (such a host must not cost the Coder its correct answers) but
-    says so. Where the warm-up got a list, the candidate stopped the profiler: audit_failure."""
+    says so. Where the warm-up got a list, the candidate stopped the profiler: audit_failure. Likewise
+    min_custom_kernel_share without a kernel share (the CPU, no CUPTI), and the effect probe for a
+    kernel format whose kernels it cannot mute."""
+    if POLICY.get(fmt) is None:
+        return {}
+    missing = {}
     if fmt == "cuda" and report.no_kernel_list is not None and not _state.profiler_worked:
-        return {v.NO_CUSTOM_KERNEL: f"{report.no_kernel_list}, so the kernels ModelNew.forward ran are unknown"}
-    return {}
+        missing[v.NO_CUSTOM_KERNEL] = f"{report.no_kernel_list}, so the kernels ModelNew.forward ran are unknown"
+    if policy.min_custom_kernel_share > 0 and report.custom_share is None:
+        missing[v.LOW_CUSTOM_KERNEL_SHARE] = ("no kernel profile of ModelNew.forward (the CPU, or no CUPTI), so its "
+                                              "custom kernel share is unknown")
+    if policy.mode == KERNELBENCH and fmt not in MUTABLE_FORMATS:
+        missing[v.NO_KERNEL_EFFECT] = (f"format {fmt} launches its kernels from C++, which the harness cannot mute, "
+                                       "so whether their work reaches the output is not probed")
+    return missing
+
+
+def unprobed(fmt: str, muted_calls: int) -> dict:
+    """The verdict's `unchecked` entry where the effect probe muted nothing of a `cuda` candidate's: its
+    kernels were reached otherwise than through its load_inline modules' functions (a torch.ops
+    registration), so muting could not reach them and the output says nothing."""
+    if fmt != "cuda" or muted_calls:
+        return {}
+    return {v.NO_KERNEL_EFFECT: "no function of the candidate's load_inline modules ran in the forward, so none was "
+                                "muted: whether its kernels' work reaches the output is not known"}
+
+
+def kernel_effect_failure(muted_out, out, tolerance: dict):
+    """The Failure (or None) of the effect probe: `muted_out`, the forward's output with the candidate's
+    launches muted (None: that forward raised, so it needed their work), against `out`, its output with
+    them. The same output within tolerance: their work never reached it."""
+    if muted_out is None:
+        return None
+    try:
+        compare.compare_outputs(muted_out, out, tolerance)
+    except v.Failure:
+        return None
+    return v.Failure(v.CHEAT_DETECTED,
+                     "with the candidate's own kernel launches turned into no-ops, ModelNew.forward returned the same "
+                     "output (within tolerance): its kernels' work never reaches the output (policy kernelbench "
+                     "allows PyTorch compute beside the candidate's kernels, not instead of them)", [v.NO_KERNEL_EFFECT])
 
 
 # ---- the identity snapshot ---------------------------------------------------------------------------

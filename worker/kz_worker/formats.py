@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from . import gpu_lock
+from . import cheats, gpu_lock
 from . import verdict as v
 
 _extension_builds = []  # names passed to load_inline in this process
@@ -31,9 +31,11 @@ _build_parts = {}        # where this process's load_inline builds spent their s
 _load_inline_calls = []  # time.monotonic() of each load_inline call
 
 
-def prepare(fmt: str, device: torch.device, extensions=None) -> None:
+def prepare(fmt: str, device: torch.device, extensions=None, mute_extensions: bool = False) -> None:
     """`extensions` (the request's, for a `cuda` candidate): {"dir": where its builds go, in its own
-    scratch dir; "prebuilt": the supervisor's kept builds of this very candidate, or None}."""
+    scratch dir; "prebuilt": the supervisor's kept builds of this very candidate, or None}.
+    mute_extensions: the modules load_inline returns can be muted for the effect probe
+    (cheats.muteable_extension; policy kernelbench)."""
     global _kept_builds
     # An fp32 reference means fp32: TF32 would put the reference itself ~1e-3 off.
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -50,7 +52,7 @@ def prepare(fmt: str, device: torch.device, extensions=None) -> None:
             # _get_cuda_arch_flags). Build for kz_rtc's compile-only target instead.
             os.environ["TORCH_CUDA_ARCH_LIST"] = _torch_arch_list(os.environ.get("KZ_RTC_ARCH", "sm_90"))
         _use_parallel_nvcc()
-        _count_extension_builds()
+        _count_extension_builds(mute_extensions)
 
 
 def _use_parallel_nvcc() -> None:
@@ -73,10 +75,11 @@ def _torch_arch_list(arch: str) -> str:
     return f"{match[1]}.{match[2]}{match[3]}" if match else "9.0"
 
 
-def _count_extension_builds() -> None:
+def _count_extension_builds(muteable: bool = False) -> None:
     """Wraps load_inline so the harness knows whether the candidate built an extension, so that
-    the build is named by its content (content_addressed_name), and so that it parses fewer
-    headers where it can (lighter_sources)."""
+    the build is named by its content (content_addressed_name), so that it parses fewer headers
+    where it can (lighter_sources), and, `muteable`, so that the effect probe can mute the module's
+    functions (cheats.muteable_extension)."""
     import torch.utils.cpp_extension as cpp_extension
     original = cpp_extension.load_inline
 
@@ -103,8 +106,11 @@ def _count_extension_builds() -> None:
             return kept
         return _timed_build(original, full_name, args, kwargs)
 
+    def load_muteable(name, *args, **kwargs):
+        return cheats.muteable_extension(load_inline(name, *args, **kwargs))
+
     # A build is CPU work: never inside a shared GPU hold (one called in a forward).
-    cpp_extension.load_inline = gpu_lock.releasing(load_inline)
+    cpp_extension.load_inline = gpu_lock.releasing(load_muteable if muteable else load_inline)
 
 
 _NVCC_REPORT = "kz_nvcc_report.jsonl"  # in the build dir: kz-nvcc's phases, one line per compile

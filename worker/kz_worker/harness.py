@@ -15,6 +15,7 @@ generated again from their seeds where they are used, reference outputs recomput
 reference, each checked against its fingerprint.
 """
 import contextlib
+import copy
 import os
 import pathlib
 import random
@@ -50,6 +51,8 @@ class Expected:
         self.reference, self.model, self.device, self.tolerances = reference, model, device, tolerances
         self.sets = {}  # key -> (seed, digest of the inputs, sketch of the reference output)
         self._differ = {}
+        # The float64 rule's reference (compare.py), copied before any candidate code runs.
+        self.model64 = _float64_copy(model) if tolerances.get("rule") == "float64" else None
 
     def add(self, key: str, seed: int) -> int:
         """Input set `key`'s fingerprints; returns the set's bytes."""
@@ -97,6 +100,18 @@ class Expected:
         self.verify(key, live)
         return live
 
+    def exact_output(self, inputs):
+        """The reference run in float64 on `inputs` (the float64 rule's), or None: no such rule, or a
+        reference that does not run in float64 (one that makes fp32 tensors of its own)."""
+        if self.model64 is None:
+            return None
+        try:
+            with torch.no_grad():
+                return self.model64(*[x.double() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+                                      for x in inputs])
+        except Exception:
+            return None
+
     def verify(self, key: str, live) -> None:
         why = self.sets[key][2].mismatch(fingerprint.Sketch(live), self._tolerance)
         if why is not None:
@@ -124,6 +139,7 @@ class Evaluation:
         self.channel = channel
         self.device = torch.device(request["device"])
         self.format = request["format"]
+        self.policy = cheats.Policy.of(request)
         self.seed = int(request["seed"])
         self.scratch = pathlib.Path(request["scratch_dir"])
         self.stage = "start"
@@ -140,6 +156,8 @@ class Evaluation:
         self.footprint = None  # the reference's memory (gpu_memory.Footprint), on a GPU
         self.memory_report = {}
         self.timing_sets = int(request.get("timing", {}).get("input_sets", 0))  # fewer for large inputs
+        self.compiled_reference = None  # torch.compile of the reference, timed beside it ([timing] baseline)
+        self.compile_baseline_error = None  # why there is none where one was asked for
 
     def enter(self, stage: str) -> None:
         self._note_gpu_wait()
@@ -183,7 +201,7 @@ class Evaluation:
     def _fail(self, status, message, checks):
         # A failed verdict carries no speed: the recheck can fail after _time recorded one.
         self.result.update(status=status, message=message, correct=False, timing=None)
-        for key in ("runtime_ms", "ref_runtime_ms", "speedup"):
+        for key in ("runtime_ms", "ref_runtime_ms", "speedup", "compile_speedup"):
             self.result.pop(key, None)
         self.result["checks"] += [c for c in checks if c not in self.result["checks"]]
 
@@ -197,7 +215,8 @@ class Evaluation:
             reference = loading.load_reference(self.request["reference_source"], self.scratch,
                                                use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
                                                overrides=self.request.get("size_overrides", {}))
-            formats.prepare(self.format, self.device, self.request.get("extensions"))
+            formats.prepare(self.format, self.device, self.request.get("extensions"),
+                            mute_extensions=cheats.probes_kernel_effect(self.format, self.policy))
             init_inputs = reference.init_inputs()
         # A compile-only request (a pre-build) builds the candidate and no more: the evaluation that
         # follows builds the reference (and reports it if it fails).
@@ -222,7 +241,11 @@ class Evaluation:
         if runs:
             with _seconds(loaded, "inputs"):
                 self._precompute(reference, reference_model, timed)
-        self.profiled = cheats.profiles_audit(self.format, self.device, self.request.get("kernel_share", "cuda"))
+        if timed and self.request["timing"].get("baseline") == "compile":
+            with _seconds(loaded, "compile_baseline"):
+                self._compile_reference(reference_model)
+        self.profiled = cheats.profiles_audit(self.format, self.device, self.request.get("kernel_share", "cuda"),
+                                              self.policy)
         with _seconds(loaded, "warm_up"):
             cheats.install_launch_hooks(self.format)
             if runs and cheats.POLICY.get(self.format) is not None:
@@ -275,7 +298,11 @@ class Evaluation:
                 self._check_once(candidate_model, RECHECK, recheck=True)
         self.result.update(status=v.OK, correct=True,
                            message="correct" + (f", speedup {self.result['speedup']:.3f}x"
-                                                if self.result.get("speedup") else ""))
+                                                if self.result.get("speedup") else "")
+                           + (f", {self.result['compile_speedup']:.3f}x over torch.compile"
+                              if self.result.get("compile_speedup") else "")
+                           + (f" (no torch.compile baseline: {self.compile_baseline_error})"
+                              if self.compile_baseline_error else ""))
 
     # ---- before the candidate --------------------------------------------------------------------
 
@@ -325,6 +352,23 @@ class Evaluation:
         for key, seed in sets:
             with self.gpu.shared():  # per input set: a waiting timing gets the GPU in between
                 self.expected.add(key, seed)
+
+    def _compile_reference(self, reference_model) -> None:
+        """torch.compile of the reference ([timing] baseline = "compile"), compiled now, on the first
+        trial's inputs: before any candidate code runs (Inductor's imports and code are in the identity
+        snapshot, none of the candidate's making), and outside the timing. A reference Inductor cannot
+        compile leaves the evaluation without the baseline, saying why, not without a verdict."""
+        try:
+            compiled = torch.compile(reference_model)
+            with self.gpu.shared(), torch.no_grad():
+                compiled(*self.expected.inputs(trial_key(0)))
+                formats.synchronize(self.device)
+            self.compiled_reference = compiled
+        except Exception as exc:
+            if formats.is_memory_exception(exc):
+                raise
+            text = str(exc).strip()
+            self.compile_baseline_error = f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
 
     # ---- GPU memory ------------------------------------------------------------------------------
 
@@ -426,7 +470,7 @@ class Evaluation:
             cheats.check_output_types(out, live)
             cheats.check_aliases_reference(out, [live])
             self.replays.check(key, out)
-            stats = compare.compare_outputs(out, live, self.request["tolerance"])
+            stats = compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
             compare.check_aliasing(out, inputs, live, inputs)
         return stats
 
@@ -444,19 +488,68 @@ class Evaluation:
         self.result["compiled"] = True
         if report.custom_share is not None:
             self.result["custom_kernel_share"] = report.custom_share
-        missing = cheats.unchecked(self.format, report)
+        missing = cheats.unchecked(self.format, report, self.policy)
         if missing:
             self.result["unchecked"] = missing
-        failure = cheats.audit_failure(self.format, report)
+        failure = cheats.audit_failure(self.format, report, self.policy)
         if failure is not None:
             raise failure
+        probing = cheats.probes_kernel_effect(self.format, self.policy)
         with self.gpu.shared():
             formats.synchronize(self.device)
             with self.guard.comparing("checking the inputs"):
                 live = self._reference_output(key, inputs)
             self._check_output(out, key, inputs, live)
+            # Overwritten before it is freed: on the CPU (no poisoned free memory) the effect probe's
+            # muted forward could otherwise be handed its block, the right values, as its output.
+            cheats.poison(cheats.leaves(live))
+            expected = self._kept_for_the_effect_probe(out, candidate_model) if probing else None
             del out, live
             cheats.poison(inputs)
+        if expected is not None:
+            self._probe_kernel_effect(candidate_model, key, expected)
+
+    def _kept_for_the_effect_probe(self, out, candidate_model):
+        """A copy of the audit's output, the output itself overwritten (NaN): an output buffer the
+        candidate reuses then holds nothing right for the muted forward to return."""
+        with self.guard.comparing("keeping the audit's output"):
+            expected = cheats.clone_output(out)
+            cheats.poison(cheats.leaves(out), keep=[*candidate_model.parameters(), *candidate_model.buffers()])
+        return expected
+
+    def _probe_kernel_effect(self, candidate_model, key, expected) -> None:
+        """The audit's forward again, on its input set, with the candidate's own launches muted: an
+        output that still matches the audit's (`expected`) means their work never reached it
+        (no_kernel_effect)."""
+        with self.gpu.shared():
+            inputs = self.expected.inputs(key)
+            formats.poison_free_memory(self.device, inputs)
+            muted, muted_calls = self._muted_forward(candidate_model, inputs)
+            if unprobed := cheats.unprobed(self.format, muted_calls):
+                self.result.setdefault("unchecked", {}).update(unprobed)
+                failure = None
+            else:
+                with self.guard.comparing("comparing the forward with muted kernels"):
+                    failure = cheats.kernel_effect_failure(muted, expected, self.request["tolerance"])
+            del muted, expected
+            cheats.poison(inputs)
+        if failure is not None:
+            raise failure
+
+    def _muted_forward(self, candidate_model, inputs):
+        """(the candidate's forward with its launches muted, how many were muted); the output None where
+        it raised: it could not go on without its kernels' work, which so reached it (running out of
+        memory is no such sign)."""
+        try:
+            with cheats.muted_launches() as muted:
+                out = candidate_model(*inputs)
+            formats.synchronize(self.device)
+        except Exception as exc:
+            if formats.is_memory_exception(exc):
+                raise
+            out = None
+        self.guard.verify("after the forward with muted kernels")
+        return out, muted["calls"]
 
     def _check_trials(self, candidate_model):
         errors = {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
@@ -532,6 +625,8 @@ class Evaluation:
         self.result["runtime_ms"] = measured["candidate"]["median_ms"]
         self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
         self.result["speedup"] = measured["speedup"]
+        if "compile_speedup" in measured:
+            self.result["compile_speedup"] = measured["compile_speedup"]
 
     def _timed_runs(self, reference_model, candidate_model, snapshots):
         """Inside the exclusive hold: the interleaved runs and the checks that must see each candidate
@@ -566,7 +661,8 @@ class Evaluation:
 
         measured = timing.time_interleaved(reference_model, candidate_model, buffers, settings, self.device,
                                            after_candidate=after_candidate,
-                                           new_round=new_round if n > 1 else None, seconds=parts)
+                                           new_round=new_round if n > 1 else None, seconds=parts,
+                                           compiled=self.compiled_reference)
         return measured
 
     def _check_timed(self, out, key, inputs, run, snapshots) -> None:
@@ -594,7 +690,16 @@ class Evaluation:
         self.expected.check_unchanged(key, inputs)
         live = self.expected.output(key, inputs)
         cheats.check_aliases_reference(out, [live])
-        compare.compare_outputs(out, live, self.request["tolerance"])
+        compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
+
+
+def _float64_copy(model):
+    """The reference Model in float64 (its floating-point parameters and buffers), or None where it
+    cannot be copied."""
+    try:
+        return copy.deepcopy(model).double()
+    except Exception:
+        return None
 
 
 # The copies of one timing's sampled runs (each its output and its inputs as the run left them),

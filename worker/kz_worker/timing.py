@@ -257,12 +257,15 @@ def choose_end(ref_stream, ref_synced, cand_stream, cand_synced) -> dict:
 
 
 def time_interleaved(reference, candidate, input_sets, settings: dict, device: torch.device,
-                     after_candidate=None, new_round=None, timer=None, seconds=None) -> dict:
+                     after_candidate=None, new_round=None, timer=None, seconds=None, compiled=None) -> dict:
     """Times both models alternately (ABBA order) over rotating input sets.
 
     after_candidate(set_index, output, run): called after each candidate run (run None: warm-up).
     new_round(r): called before run r * len(input_sets), r >= 1.
-    seconds: a dict that gets the host seconds of the "warmup" and the "timed" runs."""
+    seconds: a dict that gets the host seconds of the "warmup" and the "timed" runs.
+    compiled: the reference under torch.compile ([timing] baseline = "compile"), or None: timed
+    beside the reference in every run (reference, compiled, candidate; then the reverse), and
+    reported as "compiled" with its "compile_speedup", from the same end as the others."""
     timer = timer or Timer(device, settings["l2_flush_mb"], settings.get("launch_spin_us", 0))
     n = len(input_sets)
     seconds = {} if seconds is None else seconds
@@ -272,26 +275,42 @@ def time_interleaved(reference, candidate, input_sets, settings: dict, device: t
         after = None if after_candidate is None else (lambda output: after_candidate(k, output, run))
         return timer.time_once(candidate, input_sets[k], after)
 
+    def references_once(inputs, samples):
+        samples["reference"].append(timer.time_once(reference, inputs))
+        if compiled is not None:
+            samples["compiled"].append(timer.time_once(compiled, inputs))
+
     with torch.no_grad():
+        warm_up = {"reference": [], "compiled": []}
         for _ in range(settings["warmup_runs"]):
             for k, inputs in enumerate(input_sets):
-                timer.time_once(reference, inputs)
+                references_once(inputs, warm_up)
                 candidate_once(k, None)
         seconds["warmup"], clock = time.perf_counter() - clock, time.perf_counter()
-        ref_samples, cand_samples = [], []
+        samples, cand_samples = {"reference": [], "compiled": []}, []
         for i in range(settings["runs"]):
             k = i % n
             if new_round is not None and k == 0 and i > 0:
                 new_round(i // n)
             inputs = input_sets[k]
             if i % 2 == 0:
-                ref_samples.append(timer.time_once(reference, inputs))
+                references_once(inputs, samples)
                 cand_samples.append(candidate_once(k, i))
             else:
                 cand_samples.append(candidate_once(k, i))
-                ref_samples.append(timer.time_once(reference, inputs))
+                references_once(inputs, samples)
         seconds["timed"] = time.perf_counter() - clock
-    return {**report(ref_samples, cand_samples), "launch_spin": timer.launch_spin}
+    measured = {**report(samples["reference"], cand_samples), "launch_spin": timer.launch_spin}
+    if compiled is not None:
+        measured["compiled"] = summarize_at(samples["compiled"], measured["end"])
+        measured["compile_speedup"] = measured["compiled"]["median_ms"] / measured["candidate"]["median_ms"]
+    return measured
+
+
+def summarize_at(samples, end: str) -> dict:
+    """summarize() of (stream, synced) samples from the end report() chose."""
+    stream, synced = zip(*samples)
+    return summarize(synced if end == "device_sync" else stream)
 
 
 def report(ref_samples, cand_samples) -> dict:
@@ -299,7 +318,6 @@ def report(ref_samples, cand_samples) -> dict:
     ref_stream, ref_synced = zip(*ref_samples)
     cand_stream, cand_synced = zip(*cand_samples)
     decision = choose_end(ref_stream, ref_synced, cand_stream, cand_synced)
-    synced = decision["end"] == "device_sync"
-    ref = summarize(ref_synced if synced else ref_stream)
-    cand = summarize(cand_synced if synced else cand_stream)
+    ref = summarize_at(ref_samples, decision["end"])
+    cand = summarize_at(cand_samples, decision["end"])
     return {"reference": ref, "candidate": cand, "speedup": ref["median_ms"] / cand["median_ms"], **decision}

@@ -910,3 +910,26 @@ def test_the_audit_is_profiled_on_a_gpu_for_cuda_and_for_every_format_only_when_
     assert not cheats.profiles_audit("cuda-rtc", gpu, "cuda") and not cheats.profiles_audit("triton", gpu, "cuda")
     assert cheats.profiles_audit("cuda-rtc", gpu, "all") and cheats.profiles_audit("triton", gpu, "all")
     assert not any(cheats.profiles_audit(fmt, cpu, "all") for fmt in ("cuda", "cuda-rtc", "triton"))
+
+
+def test_the_compile_baseline_is_timed_beside_the_reference_from_the_same_end(tmp_path, monkeypatch):
+    """[timing] baseline = "compile": the compiled reference (here a stand-in: the reference itself)
+    runs beside the reference in every timed run, and the verdict gets its speedup over it."""
+    order = []
+
+    def recorded(name, model):
+        def run(*inputs):
+            order.append(name)
+            return model(*inputs)
+        return run
+
+    sets = [[torch.full((2,), float(k))] for k in range(2)]
+    settings = {"warmup_runs": 1, "runs": 4, "l2_flush_mb": 1}
+    measured = timing.time_interleaved(recorded("ref", Relu()), recorded("cand", Relu()), sets, settings,
+                                       torch.device("cpu"), timer=FakeTimer(), compiled=recorded("compiled", Relu()))
+    assert order[6:] == ["ref", "compiled", "cand", "cand", "ref", "compiled"] * 2
+    assert measured["compile_speedup"] == 1.0 and measured["compiled"]["runs"] == 4
+    evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
+    evaluation.compiled_reference = ref_model
+    evaluation._time(ref_model, Relu())
+    assert evaluation.result["compile_speedup"] > 0 and "compiled" in evaluation.result["timing"]

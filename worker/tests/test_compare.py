@@ -269,3 +269,82 @@ def test_no_temporary_larger_than_a_chunk(monkeypatch):
         float64 = [n for dtype, n in fresh.created if dtype == torch.float64]
         assert float64 and max(float64) <= chunk, max(float64)
         assert max(n for _, n in fresh.created) <= chunk, "no whole copy in any dtype (non-contiguous output)"
+
+
+# ---- the rules ([tolerance] rule) ------------------------------------------------------------------
+
+
+def cancelling_row_sums():
+    """fp32 rows of 8192 terms of magnitude ~100, every other row summing to ~0 (its terms cancel):
+    (the terms, the reference's torch.sum, the sums in float64)."""
+    terms = torch.randn(256, 8192, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 100
+    terms[::2, -1] -= terms[::2].sum(1)
+    terms = terms.float()
+    return terms, terms.sum(1), terms.double().sum(1)
+
+
+def test_the_float64_rule_passes_an_honest_sum_in_another_order():
+    terms, ref, exact = cancelling_row_sums()
+    blocked = terms.view(256, 64, 128).sum(2).sum(1)  # the same sums, blocked otherwise
+    with pytest.raises(v.Failure) as caught:  # the kz rule: the cancelling rows are off by ~1e-3
+        compare.compare_outputs(blocked, ref, SETTINGS, exact)
+    assert caught.value.checks == [v.OUTPUT_MISMATCH]
+    assert compare.compare_outputs(blocked, ref, {**SETTINGS, "rule": "float64"}, exact)["max_abs_error"] < 1e-2
+
+
+def test_the_float64_rule_still_refuses_zeros_and_wrong_values():
+    float64 = {**SETTINGS, "rule": "float64"}
+    near_zero = torch.randn(1000) * 1e-6  # every element within atol of zero, computed exactly
+    with pytest.raises(v.Failure) as caught:
+        compare.compare_outputs(torch.zeros_like(near_zero), near_zero, float64, near_zero.double())
+    assert caught.value.checks == [v.OUTPUT_NORM_MISMATCH]
+    terms, ref, exact = cancelling_row_sums()
+    with pytest.raises(v.Failure) as caught:
+        compare.compare_outputs(ref + 0.5, ref, float64, exact)
+    assert caught.value.checks == [v.OUTPUT_MISMATCH]
+
+
+def test_the_float64_rule_falls_back_where_the_float64_run_cannot_stand_in():
+    float64 = {**SETTINGS, "rule": "float64"}
+    terms, ref, exact = cancelling_row_sums()
+    blocked = terms.view(256, 64, 128).sum(2).sum(1)
+    for stand_in in (None, exact * 2, exact[:10]):  # none, a changed copy, another shape: the kz rule
+        with pytest.raises(v.Failure):
+            compare.compare_outputs(blocked, ref, float64, stand_in)
+
+
+def test_the_kernelbench_rule_is_its_allclose_without_a_norm_check():
+    kernelbench = {**SETTINGS, "rule": "kernelbench", "atol_fp32": 1.0}  # the request's values do not apply
+    ref = torch.randn(64)
+    with pytest.raises(v.Failure) as caught:
+        compare.compare_outputs(ref + 1e-2, ref, kernelbench)
+    assert caught.value.checks == [v.OUTPUT_MISMATCH]
+    near_zero = torch.randn(1000) * 1e-6
+    assert compare.compare_outputs(torch.zeros_like(near_zero), near_zero, kernelbench), "as in KernelBench"
+    half = torch.randn(256).half()
+    assert compare.compare_outputs((half.float() * 1.005).half(), half, kernelbench)
+
+
+def test_a_whole_evaluation_under_the_float64_rule(tmp_path, monkeypatch):
+    """Through the harness (format torch, on the CPU): every comparison is handed the reference's
+    float64 run, and a sum in another order passes."""
+    import pathlib
+    import types
+    from kz_worker import harness
+    reference = pathlib.Path(__file__).resolve().parents[2] / "suite" / "kzbench" / "level1" / "05_sum_dim1.py"
+    candidate = ("import torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+                 "    def forward(self, x):\n        return x.flip(1).sum(1)\n")
+    request = {"device": "cpu", "format": "torch", "seed": 5, "trials": 1, "scratch_dir": str(tmp_path),
+               "reference_source": reference.read_text(), "candidate_source": candidate,
+               "timing": {"enabled": False}, "tolerance": {**SETTINGS, "rule": "float64"}}
+    exact_outputs = []
+    original = harness.Expected.exact_output
+
+    def recorded(self, inputs):
+        exact_outputs.append(original(self, inputs))
+        return exact_outputs[-1]
+
+    monkeypatch.setattr(harness.Expected, "exact_output", recorded)
+    result = harness.Evaluation(request, types.SimpleNamespace(stage=lambda name: None)).run()
+    assert result["status"] == v.OK, result["message"]
+    assert exact_outputs and all(out.dtype == torch.float64 for out in exact_outputs)

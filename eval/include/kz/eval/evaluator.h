@@ -58,6 +58,8 @@ class Evaluator {
   const EvalOptions& options() const { return options_; }
   // A copy that evaluates in `format` (auto | cuda | triton | cuda-rtc | torch), sharing the cache.
   Result<Evaluator> with_format(const std::string& format) const;
+  // A copy that judges under policy `mode` ([policy] mode: strict | kernelbench), sharing the cache.
+  Result<Evaluator> with_policy(const std::string& mode) const;
   // Starts `count` fork servers ahead of the first requests of `mode` ([worker] fork_server; nothing
   // where it is off), so that a batch's first wave finds them prepared: evaluation servers, or build
   // servers for the `cuda` pre-builds (compile_only).

@@ -14,12 +14,30 @@
 namespace kz {
 
 struct ToleranceOptions {
+  // How outputs are compared (worker/kz_worker/compare.py; docs/evaluation.md, Correctness):
+  //   "kz": elementwise |out - ref| <= atol + rtol * |ref| and the relative norm, with the values below;
+  //   "kernelbench": KernelBench's own check (its per-precision tolerance as atol and rtol, fp32 1e-4,
+  //                  fp16/bf16 1e-2; no norm check), for verdicts that compare with its harness's;
+  //   "float64": fp32 outputs against the reference run in float64, the bounds widened by what fp32
+  //              costs the reference itself (an honest kernel summing in another order passes).
+  std::string rule = "kz";
   double atol_fp32 = 1e-4;      // |out - ref| <= atol + rtol * |ref|, elementwise (KernelBench fp32)
   double rtol_fp32 = 1e-4;
   double norm_tol_fp32 = 1e-3;  // ||out - ref|| / ||ref||: catches zeros for near-zero references
   double atol_half = 1e-2;      // fp16 and bf16
   double rtol_half = 1e-2;
   double norm_tol_half = 2e-2;
+};
+
+// What ModelNew.forward may run besides the candidate's own kernels (docs/evaluation.md, "Policies").
+struct PolicyOptions {
+  // "strict": the format's allocation, view, copy and fill ops only (training's rule);
+  // "kernelbench": any PyTorch op, as KernelBench allows, but the candidate's own kernels must run
+  // and their work must reach the output (the forward replayed with its launches muted must change).
+  std::string mode = "strict";
+  // A forward whose GPU time in the candidate's own kernels is below this share (the profiled audit's
+  // custom_kernel_share; GPU only) is refused (low_custom_kernel_share): lazy answers. 0: off.
+  double min_custom_kernel_share = 0;
 };
 
 struct TimingOptions {
@@ -41,6 +59,10 @@ struct TimingOptions {
   // busy with builds and other workers' start-up the CPU it needs for its runs' launches and checks
   // stretched the hold up to ~3x. Needs CAP_SYS_NICE (root), else nothing changes. -20..0; 0: off.
   int niceness = -10;
+  // What the candidate's speedup is measured against: "eager" (the reference as written: `speedup`)
+  // or "compile" (also torch.compile of the reference, compiled before the candidate is imported and
+  // timed beside it in every run: `compile_speedup`, besides `speedup`).
+  std::string baseline = "eager";
 };
 
 struct StageTimeouts {
@@ -218,6 +240,7 @@ struct EvalOptions {
   std::string kernel_share = "cuda";
   std::map<std::string, long long> size_overrides;  // module constant -> value, applied last
   int jobs = 0;                  // eval-suite workers at once; 0: CPU cores on cpu, 1 on a GPU
+  PolicyOptions policy;
   ToleranceOptions tolerance;
   TimingOptions timing;
   StageTimeouts timeouts;

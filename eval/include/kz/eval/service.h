@@ -12,7 +12,8 @@
 // API (JSON bodies; an error is {"error": message} with status 400, or 404 for unknown ids/paths):
 //   POST /v1/evaluations   {"items": [{"id": client id (string or integer), "reference": source,
 //                          "candidate": source, "format": "auto"|"cuda"|"triton"|"cuda-rtc"|"torch"
-//                          (optional: the server's --format), "task_id": optional label}]}
+//                          (optional: the server's --format), "task_id": optional label,
+//                          "policy": "strict"|"kernelbench" (optional: the server's --policy)}]}
 //                          -> 202 {"batch": B, "jobs": [{"id": client id, "job": J}, ...]}
 //   GET /v1/jobs/J         -> {"job", "id", "batch", "state": "queued"|"building"|"running"|"done",
 //                          "verdict" when done}
@@ -55,6 +56,7 @@ struct ServiceItem {
   std::string candidate;   // candidate module source defining ModelNew
   std::string format;      // empty: the server's configured format (EvalOptions::format)
   std::string task_id;     // the verdict's task_id; empty: the client id
+  std::string policy;      // strict | kernelbench; empty: the server's ([policy] mode, --policy)
 };
 
 nlohmann::json to_json(const ServiceItem& item);

@@ -35,7 +35,8 @@ namespace kz {
   X(input_mutated) X(wrong_after_timing) X(reference_failed)                    \
   /* anti-cheating (worker/kz_worker/cheats.py, eval/src/static_checks.cpp) */   \
   X(harness_patched) X(reference_tampered) X(torch_compute_in_forward)          \
-  X(no_custom_kernel) X(output_aliases_reference) X(replayed_output)            \
+  X(no_custom_kernel) X(no_kernel_effect) X(low_custom_kernel_share)            \
+  X(output_aliases_reference) X(replayed_output)                                \
   X(wrong_during_timing) X(background_thread) X(inherits_reference)             \
   X(side_stream) X(tensor_subclass) X(harness_access) X(forged_message)         \
   /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
@@ -89,6 +90,7 @@ struct Verdict {
   std::string candidate;            // the candidate's file (or label)
   std::string format;               // the format evaluated (after auto-detection)
   std::string device;
+  std::string policy;               // the policy it was judged under ([policy] mode): strict or kernelbench
   EvalStatus status = EvalStatus::infra_error;
   bool compiled = false;
   bool correct = false;
@@ -99,6 +101,10 @@ struct Verdict {
   double max_abs_error = 0, max_rel_norm_error = 0;
   std::optional<TimingStats> reference_timing, candidate_timing;
   std::optional<double> speedup;    // reference median / candidate median, when timed
+  // [timing] baseline = "compile": torch.compile of the reference, timed beside it, and its median
+  // over the candidate's. Unset otherwise, or where Inductor could not compile the reference.
+  std::optional<TimingStats> compiled_reference_timing;
+  std::optional<double> compile_speedup;
   // Where both models' timed samples ended (worker/kz_worker/timing.py): "stream" (the end event
   // on the current stream as the forward returned) or "device_sync" (after a device-wide
   // synchronize: the candidate left work running on another stream); empty when untimed. Why: each
@@ -109,8 +115,9 @@ struct Verdict {
   // most [timing] launch_spin_us), "fixed" (after launch_spin_us: the driver refused the gate) or
   // "none" (launch_spin_us = 0); empty when untimed or from before the gate.
   std::string launch_spin;
-  // GPU, where the audit was profiled (`cuda`, or every kernel format with kernel_share = "all"):
-  // the share of the audit forward's kernel time in the candidate's own kernels.
+  // GPU, where the audit was profiled (`cuda`, every kernel format with kernel_share = "all" or under
+  // policy kernelbench or a min_custom_kernel_share): the share of the audit forward's kernel time in
+  // the candidate's own kernels.
   std::optional<double> custom_kernel_share;
   // Checks that could not run in this evaluation, with why: on a GPU, `cuda`'s no_custom_kernel
   // when the profiler gave no kernel list (no CUPTI). It passes then, as a check that cannot tell

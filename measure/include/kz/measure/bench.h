@@ -10,7 +10,9 @@
 //   generations.jsonl      one line per sample: task, sample index, completion text, tokens
 //   candidates/<task>/<i>.py   the code extracted from sample i (absent when none was found)
 //   results.jsonl          one verdict per sample (eval's verdict JSON plus "sample", "level")
-//   summary.json           metrics: pass_at_k (keyed by k), fast_p (keyed by p), per level
+//   results.<policy>.jsonl the same under the other policy (--also-policy), where asked for
+//   summary.json           metrics: pass_at_k (keyed by k), fast_p (keyed by p), per level; "policy"
+//                          (the evaluator's), and the other policy's metrics under its name
 //   report.html            self-contained report with SVG charts
 //   requests/requests.jsonl  every HTTP request and response (the generator's log)
 #pragma once
@@ -39,6 +41,9 @@ struct BenchOptions {
   int max_tokens = 8192;
   uint64_t seed = 1234;                // generation seed base (per task: seed + task index)
   int generation_batch = 16;           // requests handed to the generator at once (then saved)
+  // Every sample evaluated a second time under this policy (strict | kernelbench; empty: none), its
+  // verdicts in results.<policy>.jsonl and its metrics in summary.json under its name.
+  std::string also_policy;
   ExtractOptions extract;
   Status validate() const;
 };
