@@ -41,10 +41,17 @@ Result<ProposerPipeline> ProposerPipeline::create(Generator& generator, Proposer
   return pipeline;
 }
 
-Result<std::vector<ChatMessage>> ProposerPipeline::messages_for(const std::vector<ApiEntry>& apis) const {
+Result<std::vector<ChatMessage>> proposer_messages(const PromptTemplate& prompt, const std::vector<std::string>& api_names,
+                                                   int level) {
   std::string list;
-  for (const auto& api : apis) list += (list.empty() ? "- " : "\n- ") + api.name;
-  return build_messages(prompt_, {{"apis", list}, {"level", std::to_string(options_.level)}});
+  for (const auto& name : api_names) list += (list.empty() ? "- " : "\n- ") + name;
+  return build_messages(prompt, {{"apis", list}, {"level", std::to_string(level)}});
+}
+
+Result<std::vector<ChatMessage>> ProposerPipeline::messages_for(const std::vector<ApiEntry>& apis) const {
+  std::vector<std::string> names;
+  for (const auto& api : apis) names.push_back(api.name);
+  return proposer_messages(prompt_, names, options_.level);
 }
 
 // A stable id from the content; a clash with an id already used (the same code twice) gets a suffix.

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "kz/core/hash.h"
+#include "kz/curriculum/proposer.h"
 #include "kz/model/chat_template.h"
 
 namespace kz::sft {
@@ -137,13 +138,6 @@ Status ExampleOptions::validate() const {
 
 Result<std::vector<ChatMessage>> coder_messages(const PromptTemplate& prompt, const std::string& reference) {
   return build_messages(prompt, {{"reference_source", reference}});
-}
-
-Result<std::vector<ChatMessage>> proposer_messages(const PromptTemplate& prompt, const std::vector<std::string>& apis,
-                                                   int level) {
-  std::string list;
-  for (const auto& api : apis) list += (list.empty() ? "- " : "\n- ") + api;
-  return build_messages(prompt, {{"apis", list}, {"level", std::to_string(level)}});
 }
 
 std::string fenced_reply(std::string_view code) {

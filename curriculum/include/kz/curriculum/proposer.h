@@ -123,4 +123,10 @@ class ProposerPipeline {
   std::set<std::string> ids_;
 };
 
+// The Proposer's chat messages for an API set: the names as a Markdown bullet list and the level,
+// rendered in `prompt` (prompts/proposer.toml). The pipeline prompts with it, and kz sft builds its
+// Proposer pairs with it, so the two agree token for token.
+Result<std::vector<ChatMessage>> proposer_messages(const PromptTemplate& prompt, const std::vector<std::string>& api_names,
+                                                   int level);
+
 }  // namespace kz

@@ -72,10 +72,8 @@ struct ExampleSet {
   size_t without_candidate = 0;  // coder: (module, format) pairs with no candidate passing the filters
 };
 
-// The roles' chat messages, as kz evolve builds them.
+// The Coder's chat messages, as kz evolve builds them (the Proposer's: curriculum's proposer_messages).
 Result<std::vector<ChatMessage>> coder_messages(const PromptTemplate& prompt, const std::string& reference);
-Result<std::vector<ChatMessage>> proposer_messages(const PromptTemplate& prompt, const std::vector<std::string>& apis,
-                                                   int level);
 
 // "```python\n" + code + "```" with code newline-terminated: extract_code gives back exactly the
 // code (with its final newline).
