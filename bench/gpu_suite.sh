@@ -47,6 +47,13 @@
 #                   the slots an H100's 71 GiB); KZ_MEMORY_RUNS picks
 #                   "default", "alone" or both (the default), so the two fit separate calls: the batch,
 #                   its verdicts, budgets and peaks, the out-of-memory count and both walls (report).
+#   PART = learn:   build kz and kz-engine; bench/learn.sh, the learning experiment (bench/README.md
+#                   "Learning"): teacher corpus, tokenizer, SFT of a Coder and a Proposer, then the
+#                   kz evolve runs of CA-GRPO and its ablations at equal training budgets, all under
+#                   runs/ on the host, so that the next call on the same machine goes on where this one
+#                   stopped; this call ends by KZ_LEARN_WALL_S (default 560 s, build included). The
+#                   archive holds the logs, metrics, reports and bench/learn_summary.py's table and
+#                   curves (learn.html), no weights.
 #   PART = evolve:  build kz and kz-engine; `kz evolve` for KZ_EVOLVE_ITERATIONS (3) iterations per
 #                   run of KZ_EVOLVE_RUNS (default "scripted gpu-small"), each timed: "scripted", both
 #                   roles at the scripted endpoint of loop/tests (modules chaining unary APIs, Triton
@@ -57,7 +64,7 @@
 #                   bench/evolve_summary.py: seconds by stage per iteration, evaluations, rewards, pass@1.
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model or evolve}
+PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve or learn}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive of it
 mkdir -p "$FINAL"
@@ -71,7 +78,7 @@ if [[ $PART == compare ]]; then
 fi
 [[ $PART == multigpu || $PART == service || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
-[[ $PART == evolve ]] && export KZ_BUILD_TARGETS="kz kz-engine"
+[[ $PART == evolve || $PART == learn ]] && export KZ_BUILD_TARGETS="kz kz-engine"
 scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build: ${SECONDS} s"
 if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:-0} > 0 )); }; then
@@ -230,6 +237,13 @@ elif [[ $PART == evolve ]]; then
   done
   [[ -n ${server:-} ]] && kill "$server"
   python3 bench/evolve_summary.py $(for run in "${runs[@]}"; do echo "$OUT/${run%%:*}"; done) | tee "$OUT/summary.txt"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+elif [[ $PART == learn ]]; then
+  bench/learn.sh "$OUT/learn" $(($(date +%s) + ${KZ_LEARN_WALL_S:-560} - SECONDS - 15))
+  step_done learn.sh $?
+  # Logs, metrics, reports and summaries; no weights, prompts or kernel files.
+  tar -czf "$OUT/runs-learn.tgz" --exclude=checkpoints --exclude=iterations --exclude=final \
+    --exclude='*.safetensors' runs/learn runs/sft-coder-gpu runs/sft-proposer-gpu 2>/dev/null
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 else
   suite triton suite/examples/triton

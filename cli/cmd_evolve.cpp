@@ -1,7 +1,9 @@
 // `kz evolve`: the co-evolution loop (kz/loop/evolve.h) as a command, run by kz-engine (it trains
 // models in process). A new run: --config FILE --out RUN_DIR; going on with one: --resume RUN_DIR.
 // --iterations N is the total the run reaches (a run stopped after 1 and resumed with
-// --iterations 2 does one more). Ends by writing the run's report (kz report).
+// --iterations 2 does one more). --set section.key=VALUE changes one key of a new run's config
+// (the ablations of one experiment: --set reward.mode=ungated --set run.seed=2); the resolved
+// config, overrides included, is the run dir's config.toml. Ends by writing the run's report.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -19,6 +21,7 @@ namespace kz::cli {
 Action add_evolve_command(CLI::App& app) {
   struct Args {
     std::string config, out, resume;
+    std::vector<std::string> overrides;
     int64_t iterations = 0;
   };
   auto args = std::make_shared<Args>();
@@ -31,6 +34,9 @@ Action add_evolve_command(CLI::App& app) {
   evolve->add_option("--iterations", args->iterations, "The total iterations the run reaches (default: the "
                                                        "config's run.iterations)")
       ->check(CLI::PositiveNumber);
+  auto* set = evolve->add_option("--set", args->overrides, "section.key=VALUE over the config's key, for a new run "
+                                                          "(repeatable): --set reward.mode=ungated");
+  set->excludes(resume);
   config->excludes(resume);
   out->excludes(resume);
   return [args] {
@@ -40,6 +46,7 @@ Action add_evolve_command(CLI::App& app) {
     options.resume = !args->resume.empty();
     options.run_dir = options.resume ? args->resume : args->out;
     options.config_path = args->config;
+    options.overrides = args->overrides;
     if (args->iterations > 0) options.iterations = args->iterations;
     options.default_prompts_dir = KZ_DEFAULT_PROMPTS_DIR;
     auto result = loop::run_evolve(options, std::cerr);

@@ -220,6 +220,22 @@ Status apply_config_file(const std::filesystem::path& path, const ConfigTable& t
   return apply_config_text(*text, path.string(), table);
 }
 
+Status apply_config_override(std::string_view assignment, const ConfigTable& table) {
+  const std::string origin = fmt::format("--set {}", assignment);
+  auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    return invalid_argument(fmt::format("{}: give section.key=VALUE", origin));
+  auto trim = [](std::string_view text) {
+    auto first = text.find_first_not_of(" \t"), last = text.find_last_not_of(" \t");
+    return first == std::string_view::npos ? std::string() : std::string(text.substr(first, last - first + 1));
+  };
+  std::string key = trim(assignment.substr(0, eq)), value = trim(assignment.substr(eq + 1));
+  if (!find_config_field(table, key)) return invalid_argument(fmt::format("{}: unknown config key '{}'", origin, key));
+  std::string text = fmt::format("{} = {}", key, value);
+  if (!parse_toml(text, origin).ok()) text = fmt::format("{} = {}", key, toml_quote(value));
+  return apply_config_text(text, origin, table);
+}
+
 std::string config_to_toml(const ConfigTable& table) {
   std::string out, section;
   for (const ConfigEntry& entry : table) {

@@ -64,6 +64,23 @@ mode = "slow"
   EXPECT_FALSE(o.enabled);
 }
 
+TEST(ConfigFields, OverridesSetOneKeyAsTomlOrAsAPlainString) {
+  Options o;
+  ASSERT_TRUE(apply_config_override("count=4", table(o)).is_ok());
+  ASSERT_TRUE(apply_config_override("text.mode = slow", table(o)).is_ok());     // a bare word: a string
+  ASSERT_TRUE(apply_config_override("name=\"b c\"", table(o)).is_ok());        // a quoted TOML string
+  ASSERT_TRUE(apply_config_override("text.stop=[\"x\", \"y\"]", table(o)).is_ok());
+  EXPECT_EQ(o.count, 4);
+  EXPECT_EQ(o.mode, "slow");
+  EXPECT_EQ(o.name, "b c");
+  EXPECT_EQ(o.stop, (std::vector<std::string>{"x", "y"}));
+  for (const char* bad : {"count=11", "counts=2", "count", "=2", "text.mode=medium", "count=two"}) {
+    Status status = apply_config_override(bad, table(o));
+    EXPECT_FALSE(status.is_ok()) << bad;
+    EXPECT_NE(status.message().find("--set"), std::string::npos) << status.message();
+  }
+}
+
 TEST(ConfigFields, UnknownKeysAndSectionsAreNamed) {
   EXPECT_NE(error_for("[limits]\nfractoin = 0.1\n").find("unknown config key 'limits.fractoin'"), std::string::npos);
   EXPECT_NE(error_for("[limit]\n").find("unknown config section 'limit'"), std::string::npos);

@@ -183,6 +183,9 @@ class Evolution {
   std::vector<Task> static_tasks_for(int64_t i) const;
   // 4. Held-out evaluation and checkpoint
   Status heldout(int64_t i);
+  bool budget_spent() const {
+    return config_.max_evaluations > 0 && training_evaluations_ >= config_.max_evaluations;
+  }
   Status checkpoint(int64_t i);
 
   // The Coder's samples at its sampling temperature, or at `temperature` where given (held-out).
@@ -227,6 +230,7 @@ class Evolution {
   // The loop's state (checkpointed with the models).
   int64_t iterations_done_ = 0;
   int64_t evaluations_ = 0;  // Coder samples evaluated so far (judge, Coder phase, held-out)
+  int64_t training_evaluations_ = 0;  // of them, the judge's and the Coder phase's ([run] max_evaluations)
   std::optional<curriculum::ApiStats> api_stats_;
   std::optional<curriculum::ApiSampler> sampler_;
   std::optional<curriculum::FrontierBuffer> frontier_;
@@ -248,8 +252,8 @@ Status Evolution::run_iteration(int64_t i, int64_t target) {
   // 3. Coder phase: frontier (or static) tasks, G samples each, CA-GRPO, update.
   KZ_RETURN_IF_ERROR(coder_phase(i));
 
-  // 4. Every K iterations and at the last: the held-out suite, then a checkpoint.
-  if (i % config_.heldout_every == 0 || i == target) {
+  // 4. Every K iterations and at the last (the budget's included): the held-out suite, then a checkpoint.
+  if (i % config_.heldout_every == 0 || i == target || budget_spent()) {
     KZ_RETURN_IF_ERROR(heldout(i));
     KZ_RETURN_IF_ERROR(checkpoint(i));
   }
@@ -519,6 +523,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
     if (entries.empty()) continue;
     evaluations_ += static_cast<int64_t>(entries.size());
+    if (phase != "heldout") training_evaluations_ += static_cast<int64_t>(entries.size());
     evaluating = std::async(std::launch::async, [&, entries = std::move(entries),
                                                  entry_sample = std::move(entry_sample)]() -> Status {
       auto started = Clock::now();
@@ -627,6 +632,7 @@ Status Evolution::checkpoint(int64_t i) {
   if (!provenance_bytes.ok()) return provenance_bytes.status();
   json state = {{"iteration", i},
                 {"evaluations", evaluations_},
+                {"training_evaluations", training_evaluations_},
                 {"api_stats", api_stats_->to_json()},
                 {"api_sampler", sampler_->to_json()},
                 {"frontier", frontier_->to_json()},
@@ -651,6 +657,7 @@ Status Evolution::log_metrics(int64_t i, const std::string& phase, json row, con
   row["phase"] = phase;
   row["frontier_size"] = frontier_->stats().size;
   row["evaluations"] = evaluations_;
+  row["training_evaluations"] = training_evaluations_;
   row["seconds"] = seconds.to_json();
   row["proposer_steps"] = proposer_->steps();
   row["coder_steps"] = coder_->steps();
@@ -733,7 +740,9 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
     return invalid_argument(fmt::format("{} already holds a run: resume it with --resume {}, or give another --out",
                                         dir.string(), dir.string()));
   // A resumed run reads the configs it started with, never the original files again.
-  auto config = load_evolve_config(options.resume ? saved : options.config_path);
+  if (options.resume && !options.overrides.empty())
+    return invalid_argument("a resumed run keeps the config it started with: --set is for a new run");
+  auto config = options.resume ? load_evolve_config(saved) : load_evolve_config(options.config_path, options.overrides);
   if (!config.ok()) return config.status();
   std::unique_ptr<Evolution> run(new Evolution(std::move(*config), dir, out));
   run->prompts_dir_ = run->config_.prompts_dir.empty() ? options.default_prompts_dir : run->config_.prompts_dir;
@@ -902,6 +911,7 @@ Status Evolution::restore(const fs::path& dir) {
   try {
     iterations_done_ = state.at("iteration").get<int64_t>();
     evaluations_ = state.at("evaluations").get<int64_t>();
+    training_evaluations_ = state.at("training_evaluations").get<int64_t>();
     kept_modules_ = state.at("kept_modules");
     used_ids_ = state.at("used_ids");
     auto stats = curriculum::ApiStats::from_json(state.at("api_stats"));
@@ -942,10 +952,13 @@ Result<EvolveResult> Evolution::run(std::optional<int64_t> wanted) {
   // Where training starts from, measured as every later held-out point is (heldout/iter-000000).
   // A run killed before its first checkpoint starts over, and measures it again.
   if (first == 1 && first <= target && config_.heldout_at_start) KZ_RETURN_IF_ERROR(heldout(0));
-  for (int64_t i = first; i <= target; ++i) {
+  for (int64_t i = first; i <= target && !budget_spent(); ++i) {
     KZ_RETURN_IF_ERROR(run_iteration(i, target));
     ++result.iterations_run;
   }
+  if (budget_spent())
+    out_ << fmt::format("the training budget is spent: {} evaluations of {} ([run] max_evaluations)\n",
+                        training_evaluations_, config_.max_evaluations);
   result.iterations_done = iterations_done_;
   return result;
 }

@@ -55,6 +55,7 @@ ConfigTable evolve_config_table(EvolveConfig& c) {
   ConfigTable t = {
       {"run.seed", c.seed},
       {"run.iterations", ConfigField(c.iterations).at_least(1)},
+      {"run.max_evaluations", ConfigField(c.max_evaluations).at_least(0)},
       {"run.heldout_every", ConfigField(c.heldout_every).at_least(1)},
       {"run.checkpoint_keep", ConfigField(c.checkpoint_keep).at_least(1)},
       {"run.format", ConfigField(c.format).matching("triton|cuda-rtc|cuda", "triton, cuda-rtc or cuda")},
@@ -138,9 +139,11 @@ Status EvolveConfig::validate() const {
   return frontier.validate();
 }
 
-Result<EvolveConfig> load_evolve_config(const fs::path& path) {
+Result<EvolveConfig> load_evolve_config(const fs::path& path, const std::vector<std::string>& overrides) {
   EvolveConfig config;
-  KZ_RETURN_IF_ERROR(apply_config_file(path, evolve_config_table(config)));
+  ConfigTable table = evolve_config_table(config);
+  KZ_RETURN_IF_ERROR(apply_config_file(path, table));
+  for (const auto& assignment : overrides) KZ_RETURN_IF_ERROR(apply_config_override(assignment, table));
   config.proposer.policy.name = "proposer";
   config.coder.policy.name = "coder";
   for (RoleConfig* role : {&config.proposer, &config.coder})

@@ -368,6 +368,36 @@ TEST_F(EvolveTest, TheCodersSamplesCanGoToAnEvaluationService) {
   service.kill_and_reap();
 }
 
+TEST_F(EvolveTest, ARunStopsWhereItsTrainingBudgetIsSpent) {
+  start_scripted_server();
+  fs::path run = dir_ / "budget";
+  // --set over the file: iterations 5, but a budget of one evaluation, spent by the first judge.
+  auto done = kz({"evolve", "--config", scripted_config().string(), "--out", run.string(), "--set", "run.iterations=5",
+                  "--set", "run.max_evaluations = 1", "--set", "reward.mode=ungated"});
+  ASSERT_EQ(done.exit.exit_code, 0) << done.stderr_text;
+  EXPECT_NE(done.stderr_text.find("the training budget is spent"), std::string::npos) << done.stderr_text;
+  std::vector<std::string> phases;
+  int64_t training = 0, all = 0;
+  for (const auto& row : rows(run / "metrics.jsonl")) {
+    phases.push_back(row.at("phase"));
+    training = row.at("training_evaluations").get<int64_t>(), all = row.at("evaluations").get<int64_t>();
+  }
+  EXPECT_EQ(phases, (std::vector<std::string>{"heldout", "proposer", "coder", "heldout"}));
+  EXPECT_GE(training, 1);
+  EXPECT_GE(all, training);  // the held-out suite's evaluations count in the total only
+  auto saved = read_file(run / "config.toml");
+  ASSERT_TRUE(saved.ok());
+  EXPECT_NE(saved->find("max_evaluations = 1\n"), std::string::npos) << "the overrides are the run's config";
+  EXPECT_NE(saved->find("mode = \"ungated\""), std::string::npos);
+
+  auto bad = kz({"evolve", "--config", scripted_config().string(), "--out", (dir_ / "bad").string(), "--set",
+                 "run.iteratoins=2"});
+  EXPECT_NE(bad.exit.exit_code, 0);
+  EXPECT_NE(bad.stderr_text.find("run.iteratoins"), std::string::npos) << bad.stderr_text;
+  auto resumed = kz({"evolve", "--resume", run.string(), "--set", "run.iterations=6"});
+  EXPECT_NE(resumed.exit.exit_code, 0) << "a resumed run keeps its config";
+}
+
 TEST_F(EvolveTest, AnUnknownConfigKeyIsNamed) {
   ASSERT_TRUE(write_file_atomic(dir_ / "bad.toml", "[coder]\ngroup_sise = 4\n").is_ok());
   auto run = kz({"evolve", "--config", (dir_ / "bad.toml").string(), "--out", (dir_ / "run").string()});

@@ -57,6 +57,9 @@ using ConfigTable = std::vector<ConfigEntry>;
 // error>", "cfg.toml: unknown config key 'timing.runz'".
 Status apply_config_text(std::string_view text, std::string_view origin, const ConfigTable& table);
 Status apply_config_file(const std::filesystem::path& path, const ConfigTable& table);
+// One command-line override "section.key=VALUE" (`--set`): VALUE as TOML ("2", "true", "[\"a\"]",
+// "\"text\""), or, where it does not read as TOML, as a plain string (--set reward.mode=ungated).
+Status apply_config_override(std::string_view assignment, const ConfigTable& table);
 
 // Checks the value `field` holds now against its bounds or pattern, as reading it from TOML does:
 // for values set another way (command-line flags). Errors name `key`.

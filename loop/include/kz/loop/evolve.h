@@ -46,6 +46,7 @@ namespace kz::loop {
 struct EvolveOptions {
   fs::path run_dir;
   fs::path config_path;               // a new run's config; empty with resume
+  std::vector<std::string> overrides; // a new run's "section.key=VALUE" over its config (--set)
   bool resume = false;                // go on from run_dir's newest checkpoint
   std::optional<int64_t> iterations;  // the total the run reaches; nullopt: the config's run.iterations
   fs::path default_prompts_dir;       // used when the config's run.prompts_dir is empty

@@ -37,6 +37,10 @@ struct EvolveConfig {
   // [run]
   uint64_t seed = 1;                 // every seed of the run derives from it
   int64_t iterations = 3;            // the total a run reaches when --iterations is not given
+  // The run's training budget: it stops after the iteration in which its training evaluations
+  // (the judge's and the Coder phase's, not the held-out suite's) reach this many; 0: no budget.
+  // Runs compared at equal cost (the ablations) share it.
+  int64_t max_evaluations = 0;
   int64_t heldout_every = 1;         // K: held-out evaluation and checkpoint every K iterations (and at the last)
   int checkpoint_keep = 2;           // checkpoints kept in the run dir
   std::string format = "triton";     // the Coder's kernel format: triton, cuda-rtc or cuda
@@ -94,8 +98,9 @@ struct EvolveConfig {
 
 // The table of every key (for reading and for printing the resolved config).
 ConfigTable evolve_config_table(EvolveConfig& config);
-// Defaults <- the file. Errors name the file and the key; the result is validated.
-Result<EvolveConfig> load_evolve_config(const fs::path& path);
+// Defaults <- the file <- `overrides` ("section.key=VALUE", kz evolve --set). Errors name the file
+// or the override, and the key; the result is validated.
+Result<EvolveConfig> load_evolve_config(const fs::path& path, const std::vector<std::string>& overrides = {});
 // Every key with its value, as TOML (reads back to the same config).
 std::string evolve_config_to_toml(const EvolveConfig& config);
 
