@@ -155,13 +155,14 @@ def wait_kz(process: subprocess.Popen, timeout: float) -> dict:
         return {"rc": None, "timed_out": True, "waited_s": time.monotonic() - started}
 
 
-def stop_group(pid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_group(pid: int, grace_s: float = 2.0) -> None:
+    """Ends a process group: SIGTERM, then SIGKILL after grace_s (0: SIGKILL at once)."""
+    for sig in ((signal.SIGTERM, signal.SIGKILL) if grace_s else (signal.SIGKILL,)):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        time.sleep(2)
+        time.sleep(grace_s)
 
 
 def read_kz(path: pathlib.Path, paths: dict) -> dict:
@@ -195,7 +196,8 @@ def _kb_child(result_path: str, log_path: str, gpu_arch: str, ref_src: str, src:
 def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pathlib.Path, deadline: float,
                 work: pathlib.Path) -> dict:
     """Samples evaluated `jobs` at a time on each device, each in a fresh process with a timeout,
-    until the deadline. Returns {id: outcome} and the ids left out."""
+    until the deadline. Returns {id: outcome} and the ids left out (not started, or stopped by the
+    deadline rather than by their own timeout: no verdict of KernelBench's)."""
     context = multiprocessing.get_context("spawn")
     pending, running, outcomes, skipped = list(samples), {}, {}, []
     slots = [d for d in devices for _ in range(jobs)]
@@ -216,12 +218,17 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
         time.sleep(0.2)
         for sample_id, (process, device, started, result) in list(running.items()):
             elapsed = time.monotonic() - started
-            over = elapsed > settings["timeout_s"] or time.monotonic() > deadline
-            if process.is_alive() and not over:
+            own_timeout = elapsed > settings["timeout_s"]
+            if process.is_alive() and not own_timeout and time.monotonic() <= deadline:
                 continue
+            del running[sample_id]
+            slots.append(device)
             if process.is_alive():
-                stop_group(process.pid)
+                stop_group(process.pid, grace_s=0)
                 process.join(5)
+                if not own_timeout:  # the budget's end, not the sample's: no verdict
+                    skipped.append(sample_id)
+                    continue
                 outcome = {"compiled": False, "correctness": False, "timeout": True,
                            "error": f"timed out after {elapsed:.0f} s"}
             elif result.exists():
@@ -232,8 +239,6 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
             outcome.update(wall_s=elapsed, device=device)
             outcome["class"] = kb_harness.verdict_class(outcome)
             outcomes[sample_id] = outcome
-            del running[sample_id]
-            slots.append(device)
     return {"outcomes": outcomes, "skipped": skipped}
 
 
@@ -543,10 +548,13 @@ def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
                              budget.deadline - MARGIN_S, results)
     retry = [s for s in to_eval if s["id"] in kb["eval"]["outcomes"] and needs_retry(kb["eval"]["outcomes"][s["id"]])]
     if retry:
-        again = kb_evaluate(retry, devices[:1], 1, settings, args.out / "kb-eval.log", budget.deadline - MARGIN_S, results)
+        again = kb_evaluate(retry, devices, 1, settings, args.out / "kb-eval.log", budget.deadline - MARGIN_S, results)
         for sample_id, outcome in again["outcomes"].items():
             outcome["retried_alone"] = True
             kb["eval"]["outcomes"][sample_id] = outcome
+        for sample_id in again["skipped"]:  # its first answer was our concurrency's, not a verdict
+            kb["eval"]["outcomes"].pop(sample_id, None)
+            kb["eval"]["skipped"].append(sample_id)
         kb["retried"] = [s["id"] for s in retry]
     kb["cut"] = cut + kb["eval"]["skipped"]
     note(data, "kb", f"{len(kb['eval']['outcomes'])} evaluated in {time.monotonic() - kb_started:.0f} s "
