@@ -496,13 +496,29 @@ def dry_run(args, data, samples, paths, kz_dir, cache_home, work):
         dest.write_text(s["source"])
         paths[str(dest)] = s["id"]
     for name, policy in (("kz-kernelbench", "kernelbench"), ("kz-strict", "strict")):
-        process = run_kz(args.kz, kz_dir, name, "cpu", policy, cache_home, args.out, subset)
+        try:
+            process = run_kz(args.kz, kz_dir, name, "cpu", policy, cache_home, args.out, subset)
+        except OSError as exc:
+            note(data, name, f"FAILED to start {args.kz}: {exc}")
+            continue
         data[name] = wait_kz(process, 900)
         note(data, name, f"exit {data[name]['rc']} in {data[name]['waited_s']:.0f} s on the CPU "
                          f"({len(chosen)} samples)")
     kz = read_kz(args.out / "kz-kernelbench.jsonl", paths)
     strict = read_kz(args.out / "kz-strict.jsonl", paths)
-    note(data, "kb", "not run: KernelBench's eval_kernel_against_ref needs CUDA (loaders checked above)")
+    nvcc = shutil.which("nvcc") or pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    if pathlib.Path(nvcc).exists():  # KernelBench's pre-build needs nvcc, not a GPU
+        builds = kb_harness.build_root()
+        for s in chosen:
+            s["build_dir"] = str(builds / s["id"])
+        prebuild = kb_harness.prebuild(chosen, max(1, min(args.kb_workers, len(chosen))), args.kb_gpu_arch,
+                                       args.out / "kb-prebuild.log", time.monotonic() + 900)
+        data["kb"] = {"prebuild": prebuild}
+        shutil.rmtree(builds, ignore_errors=True)
+        note(data, "kb pre-build", ", ".join(f"{i}: {'built' if r.get('built') else 'not built'} "
+                                             f"({r.get('compile_s') or 0:.0f} s) {r.get('error') or ''}".strip()
+                                             for i, r in prebuild["samples"].items()))
+    note(data, "kb", "evaluations not run: KernelBench's eval_kernel_against_ref needs CUDA")
     data["rows"] = join(samples, {}, kz, strict)
 
 
