@@ -60,6 +60,15 @@ KB_EVAL_S = 5.0      # one KernelBench evaluation of a pre-built sample, process
 KZ_STRICT_S = 1.2    # one kz evaluation whose build is kept, per sample, at kz's concurrency
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
+LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
+
+
+def end_on_sigterm(signum, frame):
+    """A `timeout` around the run: end what it started (in their own groups, out of the signal's
+    reach), then exit through main's finally, which writes the tables."""
+    for pid in list(LIVE):
+        stop_group(pid, grace_s=0)
+    raise SystemExit(128 + signum)
 
 
 class Budget:
@@ -139,8 +148,10 @@ def run_kz(kz: pathlib.Path, kz_dir: pathlib.Path, name: str, device: str, polic
                "--no-timing", "--no-cache", "--quiet", "--out", str(out / f"{name}.jsonl")]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
     (out / f"{name}.command").write_text(" ".join(command) + "\n")
-    return subprocess.Popen(command, stdout=open(out / f"{name}.txt", "w"), stderr=open(out / f"{name}.err", "w"),
-                            env=env, start_new_session=True)
+    process = subprocess.Popen(command, stdout=open(out / f"{name}.txt", "w"), stderr=open(out / f"{name}.err", "w"),
+                               env=env, start_new_session=True)
+    LIVE.add(process.pid)
+    return process
 
 
 def wait_kz(process: subprocess.Popen, timeout: float) -> dict:
@@ -148,11 +159,13 @@ def wait_kz(process: subprocess.Popen, timeout: float) -> dict:
     started = time.monotonic()
     try:
         rc = process.wait(timeout=max(1.0, timeout) if timeout != float("inf") else None)
-        return {"rc": rc, "timed_out": False, "waited_s": time.monotonic() - started}
+        result = {"rc": rc, "timed_out": False, "waited_s": time.monotonic() - started}
     except subprocess.TimeoutExpired:
         stop_group(process.pid)
         process.wait()
-        return {"rc": None, "timed_out": True, "waited_s": time.monotonic() - started}
+        result = {"rc": None, "timed_out": True, "waited_s": time.monotonic() - started}
+    LIVE.discard(process.pid)
+    return result
 
 
 def stop_group(pid: int, grace_s: float = 2.0) -> None:
@@ -214,6 +227,7 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
                 str(result), str(log), settings["gpu_arch"], sample["ref_source"], sample["source"],
                 sample["build_dir"], dict(settings, device=device)), daemon=True)
             process.start()
+            LIVE.add(process.pid)
             running[sample["id"]] = (process, device, time.monotonic(), result)
         time.sleep(0.2)
         for sample_id, (process, device, started, result) in list(running.items()):
@@ -223,8 +237,10 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
                 continue
             del running[sample_id]
             slots.append(device)
+            LIVE.discard(process.pid)
             if process.is_alive():
                 stop_group(process.pid, grace_s=0)
+                process.kill()  # where it had not yet made its own group
                 process.join(5)
                 if not own_timeout:  # the budget's end, not the sample's: no verdict
                     skipped.append(sample_id)
@@ -438,6 +454,7 @@ def main(argv=None):
         return 0
     budget = Budget(args.budget_s)
     started = time.monotonic()
+    previous_handler = signal.signal(signal.SIGTERM, end_on_sigterm)
     args.out.mkdir(parents=True, exist_ok=True)
     samples = load_samples(args.samples, args.limit)
     source = samples[0]["source"] if samples else {}
@@ -480,6 +497,7 @@ def main(argv=None):
         data["wall_s"] = time.monotonic() - started
         save(args.out, data)
         shutil.rmtree(work, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous_handler)
     print((args.out / "agreement.txt").read_text(), end="")
     return 1 if "failed" in data.get("notes", {}) else 0
 
