@@ -61,6 +61,7 @@ KZ_STRICT_S = 1.2    # one kz evaluation whose build is kept, per sample, at kz'
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
+PARTIAL = {"kb": {}, "kz": {}}  # the verdicts so far, for the tables of an interrupted run
 
 
 def end_on_sigterm(signum, frame):
@@ -207,12 +208,13 @@ def _kb_child(result_path: str, log_path: str, gpu_arch: str, ref_src: str, src:
 
 
 def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pathlib.Path, deadline: float,
-                work: pathlib.Path) -> dict:
+                work: pathlib.Path, outcomes: dict = None) -> dict:
     """Samples evaluated `jobs` at a time on each device, each in a fresh process with a timeout,
     until the deadline. Returns {id: outcome} and the ids left out (not started, or stopped by the
     deadline rather than by their own timeout: no verdict of KernelBench's)."""
     context = multiprocessing.get_context("spawn")
-    pending, running, outcomes, skipped = list(samples), {}, {}, []
+    pending, running, skipped = list(samples), {}, []
+    outcomes = {} if outcomes is None else outcomes  # filled as they come: an interrupted run keeps them
     slots = [d for d in devices for _ in range(jobs)]
     while pending or running:
         while pending and slots:
@@ -455,6 +457,8 @@ def main(argv=None):
     budget = Budget(args.budget_s)
     started = time.monotonic()
     previous_handler = signal.signal(signal.SIGTERM, end_on_sigterm)
+    PARTIAL.update(kb={}, kz={})
+    LIVE.clear()
     args.out.mkdir(parents=True, exist_ok=True)
     samples = load_samples(args.samples, args.limit)
     source = samples[0]["source"] if samples else {}
@@ -494,6 +498,9 @@ def main(argv=None):
         traceback.print_exc()
         note(data, "failed", f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
+        if data["rows"] is None and (PARTIAL["kb"] or PARTIAL["kz"]):
+            note(data, "interrupted", "the tables hold the verdicts in so far")
+            data["rows"] = join(samples, PARTIAL["kb"], PARTIAL["kz"], {})
         data["wall_s"] = time.monotonic() - started
         save(args.out, data)
         shutil.rmtree(work, ignore_errors=True)
@@ -568,7 +575,7 @@ def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
     if kz_process:
         data["kz-kernelbench"] = wait_kz(kz_process, max(1.0, budget.left() - evals_s - MARGIN_S))
         data["kz-kernelbench"]["wall_s"] = time.monotonic() - kz_started
-        kz = read_kz(args.out / "kz-kernelbench.jsonl", paths)
+        kz = PARTIAL["kz"] = read_kz(args.out / "kz-kernelbench.jsonl", paths)
         run = data["kz-kernelbench"]
         note(data, "kz", f"{len(kz)} of {len(samples)} verdicts, exit {run['rc']}, {run['wall_s']:.0f} s"
                          + (" (cut by the budget)" if run["timed_out"] else ""))
@@ -579,7 +586,7 @@ def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
     results.mkdir()
     kb_started = time.monotonic()
     kb["eval"] = kb_evaluate(to_eval, devices, args.kb_eval_jobs, settings, args.out / "kb-eval.log",
-                             budget.deadline - MARGIN_S, results)
+                             budget.deadline - MARGIN_S, results, PARTIAL["kb"])
     retry = [s for s in to_eval if s["id"] in kb["eval"]["outcomes"] and needs_retry(kb["eval"]["outcomes"][s["id"]])]
     if retry:
         again = kb_evaluate(retry, devices, 1, settings, args.out / "kb-eval.log", budget.deadline - MARGIN_S, results)
