@@ -273,7 +273,7 @@ def kb_messages(outcome: dict) -> str:
     for key in ("compilation_error", "runtime_error", "correctness_issue"):
         if key in meta:
             extra = f" (max diff {meta['max_difference']})" if key == "correctness_issue" and "max_difference" in meta else ""
-            return f"{key}: {meta[key]}{extra}"[:300]
+            return f"{key}: {brief(str(meta[key]))}{extra}"[:300]
     if outcome.get("error"):
         return str(outcome["error"])[:300]
     return f"trials {meta['correctness_trials']}" if "correctness_trials" in meta else ""
@@ -320,6 +320,16 @@ def gpu_devices(device: str) -> list:
 
 # ---- the table -------------------------------------------------------------------------------------------
 
+def brief(message: str) -> str:
+    """A message in one line: its first error line (a compiler's, an exception's), else its last line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    for pattern in (r"\berror\b[^:]*:", r"Error\b|Exception\b"):  # a compiler's error line first
+        found = [line for line in lines if re.search(pattern, line)]
+        if found:
+            return found[0][:240]
+    return lines[-1][:240] if lines else ""
+
+
 def correct_kz(verdict):
     return None if not verdict else verdict.get("status") == "ok"
 
@@ -337,7 +347,8 @@ def join(samples: list, kb: dict, kz: dict, kz_strict: dict) -> list:
                "recorded": (s.get("recorded") or {}).get("class"),
                "kb": o and o.get("class"), "kb_correct": correct_kb(o), "kb_message": kb_messages(o),
                "kz": v and v.get("status"), "kz_correct": correct_kz(v),
-               "kz_checks": (v or {}).get("checks") or [], "kz_message": ((v or {}).get("message") or "")[:300],
+               "kz_checks": (v or {}).get("checks") or [], "kz_message": brief((v or {}).get("message")),
+               "kz_detail": ((v or {}).get("message") or "")[-2000:],
                "kz_strict": st and st.get("status")}
         row["agree"] = None if row["kb_correct"] is None or row["kz_correct"] is None else \
             row["kb_correct"] == row["kz_correct"]
