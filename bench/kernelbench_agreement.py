@@ -552,7 +552,7 @@ def dry_run(args, data, samples, paths, kz_dir, cache_home, work):
         data["kb"] = {"prebuild": prebuild}
         shutil.rmtree(builds, ignore_errors=True)
         note(data, "kb pre-build", ", ".join(f"{i}: {'built' if r.get('built') else 'not built'} "
-                                             f"({r.get('compile_s') or 0:.0f} s) {r.get('error') or ''}".strip()
+                                             f"({r.get('compile_s') or 0:.0f} s) {brief(r.get('error'))}".strip()
                                              for i, r in prebuild["samples"].items()))
     note(data, "kb", "evaluations not run: KernelBench's eval_kernel_against_ref needs CUDA")
     data["rows"] = join(samples, {}, kz, strict)
@@ -591,7 +591,7 @@ def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
         note(data, "kz", f"{len(kz)} of {len(samples)} verdicts, exit {run['rc']}, {run['wall_s']:.0f} s"
                          + (" (cut by the budget)" if run["timed_out"] else ""))
     settings = {"correct_trials": 5, "perf_trials": 0, "measure_performance": False, "timeout_s": args.kb_timeout,
-                "min_eval_s": 10.0, "gpu_arch": args.kb_gpu_arch}
+                "min_eval_s": 10.0, "gpu_arch": args.kb_gpu_arch, "metadata_chars": 6000}
     to_eval = [s for s in samples if s["id"] not in cut]
     results = work / "kb-results"
     results.mkdir()
