@@ -57,7 +57,7 @@ mode = "kernelbench"
 rule = "kernelbench"
 """
 KB_EVAL_S = 5.0      # one KernelBench evaluation of a pre-built sample, process start included (H200, timed: ~4.3 s)
-KZ_STRICT_S = 1.2    # one kz evaluation whose build is kept, per sample, at kz's concurrency
+KZ_STRICT_S = 0.6    # one kz evaluation whose build is kept, per sample and GPU, at kz's concurrency (8)
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
@@ -616,8 +616,9 @@ def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
     strict = {}
     if args.no_strict or not kz_process:
         note(data, "kz strict", "skipped" + (" (--no-strict)" if args.no_strict else ""))
-    elif budget.left() - MARGIN_S < KZ_STRICT_S * len(samples) + 30:
-        note(data, "kz strict", f"cut: {budget.left():.0f} s left, ~{KZ_STRICT_S * len(samples) + 30:.0f} s needed")
+    elif budget.left() - MARGIN_S < KZ_STRICT_S * len(samples) / len(devices) + 30:
+        note(data, "kz strict", f"cut: {budget.left():.0f} s left, "
+                                f"~{KZ_STRICT_S * len(samples) / len(devices) + 30:.0f} s needed")
     else:
         strict_started = time.monotonic()
         process = run_kz(args.kz, kz_dir, "kz-strict", args.device, "strict", cache_home, args.out)
