@@ -62,9 +62,15 @@
 #                   configs/evolve-gpu-small.toml on random-init Qwen2.5-0.5B-shaped models (LoRA;
 #                   generation on the card; random weights write no code). Then
 #                   bench/evolve_summary.py: seconds by stage per iteration, evaluations, rewards, pass@1.
+#   PART = agree:   build kz only; bench/kernelbench_agreement.py: public KernelBench generations
+#                   (.kb-samples/: bench/fetch-kb-samples.sh, carried along) judged by KernelBench's own
+#                   harness ($KERNELBENCH, carried along) and by kz under --policy kernelbench with
+#                   KernelBench's tolerances, correctness only; the agreement table. KZ_AGREE_LIMIT
+#                   (default 110) samples, KZ_AGREE_DEVICE (default cuda:0; cuda:all on a kind with
+#                   several GPUs), all within KZ_AGREE_WALL_S (default 510 s, build included).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve or learn}
+PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve, learn or agree}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive of it
 mkdir -p "$FINAL"
@@ -79,6 +85,15 @@ fi
 [[ $PART == multigpu || $PART == service || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
 [[ $PART == evolve || $PART == learn ]] && export KZ_BUILD_TARGETS="kz kz-engine"
+# ---- PART = agree: its inputs, before the build ----
+if [[ $PART == agree ]]; then
+  KB_SAMPLES=${KB_SAMPLES:-.kb-samples}
+  [[ -f "$KERNELBENCH/src/kernelbench/eval.py" && -f "$KB_SAMPLES/manifest.jsonl" ]] || {
+    echo "agree needs $KERNELBENCH and $KB_SAMPLES: run bench/fetch-kernelbench.sh, then bench/fetch-kb-samples.sh where there is network, carry .kb/ and .kb-samples/"
+    exit 1; }
+  export KZ_BUILD_TARGETS=kz
+fi
+# ---- end of agree's inputs ----
 scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build: ${SECONDS} s"
 if [[ $PART == service ]] || { [[ $PART == compare ]] && (( ${KZ_SERVICE_ROUNDS:-0} > 0 )); }; then
@@ -109,6 +124,23 @@ suite() {  # suite NAME CANDIDATE_DIR [extra kz flags...]
   cat "$OUT/$name.txt"; tail -2 "$OUT/$name.err"; echo "$name: $((SECONDS - start)) s wall"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
 }
+
+# ---- PART = agree: kz and KernelBench's harness on the same public kernels ----
+if [[ $PART == agree ]]; then
+  WALL=${KZ_AGREE_WALL_S:-510}
+  BUDGET=$((WALL - SECONDS - 25))   # 25 s kept for the archive
+  ((BUDGET < 60)) && BUDGET=60
+  echo "== agree: ${KZ_AGREE_LIMIT:-110} samples on ${KZ_AGREE_DEVICE:-cuda:0}, --budget-s $BUDGET (of ${WALL} s, build included) =="
+  timeout -k 10 $((BUDGET + 30)) python3 bench/kernelbench_agreement.py --samples "$KB_SAMPLES" \
+    --kernelbench "$KERNELBENCH" --out "$OUT/agree" --device "${KZ_AGREE_DEVICE:-cuda:0}" \
+    --limit "${KZ_AGREE_LIMIT:-110}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
+  step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  head -12 "$OUT/agree/agreement.txt"; sed -n '/^disagreements:/,$p' "$OUT/agree/agreement.txt"
+  echo "full table: agree/agreement.txt in $FINAL/results-$PART.tgz"
+  exit $FAILED
+fi
+# ---- end of agree ----
 
 if [[ $PART == rtc ]]; then
   (cd worker && python3 -m pytest -q -p no:cacheprovider tests/test_kz_rtc.py 2>&1 | tail -5)

@@ -167,7 +167,9 @@ def compile_one(kernel_src: str, build_dir: str) -> dict:
 
 def evaluate_one(ref_src: str, kernel_src: str, build_dir: str, settings: dict) -> dict:
     """One sample of KernelBench's batch evaluation (evaluate_single_sample's work), in its own
-    spawned process; eval_s is the time inside eval_kernel_against_ref."""
+    spawned process; eval_s is the time inside eval_kernel_against_ref. settings: correct_trials,
+    perf_trials, and optionally measure_performance (default True), device (default cuda:0) and
+    metadata_chars (how much of each metadata value is kept, default 300)."""
     import torch
     from kernelbench import eval as kb_eval
     started = time.perf_counter()
@@ -175,21 +177,21 @@ def evaluate_one(ref_src: str, kernel_src: str, build_dir: str, settings: dict) 
         result = kb_eval.eval_kernel_against_ref(
             original_model_src=ref_src, custom_model_src=kernel_src,
             num_correct_trials=settings["correct_trials"], num_perf_trials=settings["perf_trials"],
-            measure_performance=True, timing_method="cuda_event", verbose=False, build_dir=build_dir,
-            device=torch.device("cuda:0"), backend="cuda",
+            measure_performance=settings.get("measure_performance", True), timing_method="cuda_event",
+            verbose=False, build_dir=build_dir, device=torch.device(settings.get("device", "cuda:0")), backend="cuda",
             precision=kb_eval.get_torch_dtype_from_string("fp32"))
-        summary = summarize(result)
+        summary = summarize(result, settings.get("metadata_chars", 300))
     except Exception as exc:  # its batch script counts these as not compiled
         summary = {"compiled": False, "correctness": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     summary["eval_s"] = time.perf_counter() - started
     return summary
 
 
-def summarize(result) -> dict:
+def summarize(result, metadata_chars: int = 300) -> dict:
     """KernelExecResult -> plain data (None: its 'lock file, please retry' answer)."""
     if result is None:
         return {"compiled": False, "correctness": False, "error": "KernelBench returned None (lock file; retry)"}
-    metadata = {str(k): str(v)[:300] for k, v in (result.metadata or {}).items()}
+    metadata = {str(k): str(v)[:metadata_chars] for k, v in (result.metadata or {}).items()}
     return {"compiled": bool(result.compiled), "correctness": bool(result.correctness),
             "runtime_ms": result.runtime, "ref_runtime_ms": result.ref_runtime,
             "runtime_stats": dict(result.runtime_stats or {}), "metadata": metadata}

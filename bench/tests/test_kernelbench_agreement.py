@@ -1,0 +1,209 @@
+"""bench/kernelbench_agreement.py on the CPU: the GPU path end to end with stand-ins for both
+harnesses (a `kz eval-suite` and a `kernelbench` package written here, answering from markers in
+each sample's source), and the table's logic on known verdicts. The real harnesses run on the GPU host."""
+import contextlib
+import io
+import json
+import pathlib
+import stat
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import kernelbench_agreement as agreement  # noqa: E402
+
+FAKE_KZ = '''
+import argparse, json, pathlib
+p = argparse.ArgumentParser()
+p.add_argument("command")
+for flag in ("--suite", "--candidates", "--device", "--config", "--policy", "--out"):
+    p.add_argument(flag)
+for flag in ("--no-timing", "--no-cache", "--quiet"):
+    p.add_argument(flag, action="store_true")
+a = p.parse_args()
+assert a.command == "eval-suite" and a.no_timing and a.no_cache
+assert 'rule = "kernelbench"' in pathlib.Path(a.config).read_text()
+with open(a.out, "w") as out:
+    for path in sorted(pathlib.Path(a.candidates).rglob("*.py")):
+        text = path.read_text()
+        status = "ok"
+        if "FAKE_COMPILE_FAIL" in text: status = "compile_error"
+        elif "FAKE_WRONG" in text or "FAKE_KZ_WRONG" in text: status = "incorrect"
+        elif a.policy == "strict" and "FAKE_TORCH_OP" in text: status = "cheat_detected"
+        checks = ["output_mismatch"] if status == "incorrect" else []
+        out.write(json.dumps({"task_id": path.parent.name, "candidate": str(path), "status": status,
+                              "checks": checks, "message": "max abs diff 1.5" if checks else "",
+                              "policy": a.policy}) + "\\n")
+'''
+
+FAKE_KB_EVAL = '''
+import os, pathlib
+
+
+class KernelExecResult:
+    def __init__(self, compiled=False, correctness=False, metadata=None):
+        self.compiled, self.correctness, self.metadata = compiled, correctness, metadata or {}
+        self.runtime = self.ref_runtime = -1.0
+        self.runtime_stats = {}
+
+
+def get_torch_dtype_from_string(name):
+    import torch
+    return {"fp32": torch.float32}[name]
+
+
+def load_original_model_and_inputs(source, context):
+    exec(source, context)
+    return context.get("Model"), context.get("get_init_inputs"), context.get("get_inputs")
+
+
+def build_compile_cache(custom_model_src, verbose=False, build_dir=None):
+    os.makedirs(build_dir, exist_ok=True)
+    if "FAKE_COMPILE_FAIL" in custom_model_src:
+        return False, "", "error: identifier undefined"
+    return True, "", None
+
+
+def eval_kernel_against_ref(original_model_src, custom_model_src, build_dir=None, **settings):
+    assert settings["num_correct_trials"] == 5 and settings["measure_performance"] is False
+    assert str(settings["device"]).startswith("cuda:")
+    if "FAKE_COMPILE_FAIL" in custom_model_src:
+        return KernelExecResult(compiled=False, metadata={"compilation_error": "identifier undefined"})
+    if "FAKE_OOM" in custom_model_src:
+        marker = pathlib.Path(build_dir) / "oom-once"
+        if not marker.exists():
+            marker.write_text("")
+            return KernelExecResult(compiled=True, metadata={"runtime_error": "CUDA out of memory"})
+    if "FAKE_HANG" in custom_model_src:
+        import time
+        time.sleep(600)
+    if "FAKE_WRONG" in custom_model_src:
+        return KernelExecResult(compiled=True, metadata={"correctness_issue": "Output mismatch",
+                                                          "max_difference": ["2.0"]})
+    return KernelExecResult(compiled=True, correctness=True, metadata={"correctness_trials": "(5 / 5)"})
+'''
+
+REFERENCE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(4)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# (marker, recorded class): what each stand-in answers; FAKE_KZ_WRONG is a disagreement.
+SAMPLES = [("", "correct"), ("FAKE_WRONG", "incorrect"), ("FAKE_COMPILE_FAIL", "compile_error"),
+           ("FAKE_KZ_WRONG", "correct"), ("FAKE_OOM", "correct"), ("FAKE_TORCH_OP", "correct"),
+           ("FAKE_HANG", "correct")]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    kb = root / "KernelBench"
+    for level in (1, 2):
+        (kb / "KernelBench" / f"level{level}").mkdir(parents=True)
+        (kb / "KernelBench" / f"level{level}" / "1_Relu.py").write_text(REFERENCE)
+    package = kb / "src" / "kernelbench"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "eval.py").write_text(FAKE_KB_EVAL)
+    (package / "utils.py").write_text("def set_gpu_arch(arches):\n    pass\n")
+    samples = root / "samples"
+    (samples / "kernels").mkdir(parents=True)
+    lines = []
+    for index, (marker, recorded) in enumerate(SAMPLES):
+        level = 1 + index % 2
+        kernel = f"kernels/s{index}.py"
+        (samples / kernel).write_text(f"# {marker}\nimport torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+        lines.append(json.dumps({"id": f"run-p1-s{index}", "level": level, "problem_id": 1, "problem": "1_Relu",
+                                 "reference": f"KernelBench/level{level}/1_Relu.py", "kernel": kernel,
+                                 "run": "run", "recorded": {"class": recorded},
+                                 "source": {"repo": "someone/KernelBench", "commit": "0" * 40, "path": kernel}}))
+    (samples / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    kz = root / "kz"
+    (root / "fake_kz.py").write_text(FAKE_KZ)
+    kz.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{root / 'fake_kz.py'}' \"$@\"\n")
+    kz.chmod(kz.stat().st_mode | stat.S_IEXEC)
+    return root, kb, samples, kz
+
+
+def run_main(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = agreement.main([str(a) for a in argv])
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def gpu_run(world, tmp_path_factory):
+    root, kb, samples, kz = world
+    out = tmp_path_factory.mktemp("run")
+    code, text = run_main(["--samples", samples, "--kernelbench", kb, "--kz", kz, "--out", out, "--device",
+                           "cuda:0", "--kb-workers", "2", "--kb-eval-jobs", "3", "--kb-timeout", "8",
+                           "--budget-s", "300"])
+    return code, text, out, json.loads((out / "agreement.json").read_text())
+
+
+def test_both_sides_judge_every_sample(gpu_run):
+    code, text, out, data = gpu_run
+    assert code == 0, text
+    rows = {r["id"]: r for r in data["rows"]}
+    assert len(rows) == len(SAMPLES)
+    assert rows["run-p1-s0"]["kb"] == "ok" and rows["run-p1-s0"]["kz"] == "ok" and rows["run-p1-s0"]["agree"]
+    assert rows["run-p1-s1"]["kb"] == "incorrect" and rows["run-p1-s1"]["agree"]
+    assert rows["run-p1-s2"]["kb"] == "compile_error" and rows["run-p1-s2"]["kz"] == "compile_error"
+    assert rows["run-p1-s4"]["kb"] == "ok"  # out of memory beside the others, then alone: correct
+    assert rows["run-p1-s6"]["kb"] == "timeout" and rows["run-p1-s6"]["kb_correct"] is False
+    assert data["kb"]["retried"] == ["run-p1-s4"]
+    assert rows["run-p1-s5"]["kz_strict"] == "cheat_detected" and rows["run-p1-s5"]["kz"] == "ok"
+
+
+def test_the_summary_counts_and_lists_the_disagreement(gpu_run):
+    _, text, out, data = gpu_run
+    s = data["summary"]
+    assert (s["judged"], s["agree"], s["kb_only_correct"], s["kz_only_correct"]) == (7, 5, 1, 1)
+    assert s["strict"]["kernelbench_ok_strict_not"] == 1
+    table = (out / "agreement.txt").read_text()
+    assert "agreement: 5 / 7 = 71.4%" in table and "disagreements: 2" in table
+    assert "- run-p1-s3 (1_Relu): KernelBench ok, kz incorrect ['output_mismatch']" in table
+    assert "kz: max abs diff 1.5" in table
+    assert "timed out after" in table  # the hanging sample: kz ok, KernelBench past its timeout
+    assert text.endswith(table)
+
+
+def test_the_kz_batch_has_level_prefixed_tasks_and_the_report_keeps_no_sources(gpu_run):
+    _, _, out, data = gpu_run
+    assert sorted(p.name for p in (out / "kz" / "suite").iterdir()) == ["l1_1_Relu.py", "l2_1_Relu.py"]
+    assert (out / "kz" / "candidates" / "l1_1_Relu" / "run-p1-s0.py").exists()
+    assert all("ref_source" not in s and "build_dir" not in s and isinstance(s.get("origin"), dict)
+               for s in data["samples"])
+    assert data["source"] == "someone/KernelBench@000000000000"
+
+
+def test_a_tight_budget_cuts_and_says_so(world, tmp_path):
+    root, kb, samples, kz = world
+    code, text = run_main(["--samples", samples, "--kernelbench", kb, "--kz", kz, "--out", tmp_path, "--device",
+                           "cuda:0", "--kb-workers", "2", "--kb-timeout", "8", "--budget-s", "5", "--no-strict"])
+    data = json.loads((tmp_path / "agreement.json").read_text())
+    assert code == 0
+    assert "cut by the budget" in data["notes"]["kb"] and data["kb"]["cut"]
+    assert data["summary"]["no_kb_verdict"] >= 1
+    assert data["notes"]["kz strict"] == "skipped (--no-strict)"
+
+
+def test_report_only_prints_the_saved_table(gpu_run):
+    _, _, out, _ = gpu_run
+    code, text = run_main(["--report-only", out / "agreement.json"])
+    assert code == 0 and text == (out / "agreement.txt").read_text()
