@@ -66,8 +66,10 @@
 #                   (.kb-samples/: bench/fetch-kb-samples.sh, carried along) judged by KernelBench's own
 #                   harness ($KERNELBENCH, carried along) and by kz under --policy kernelbench with
 #                   KernelBench's tolerances, correctness only; the agreement table. KZ_AGREE_LIMIT
-#                   (default 110) samples, KZ_AGREE_DEVICE (default cuda:0; cuda:all on a kind with
-#                   several GPUs), all within KZ_AGREE_WALL_S (default 510 s, build included).
+#                   (default 110) samples after the manifest's first KZ_AGREE_SKIP (0: calls that
+#                   share the manifest; --report-only A B joins their tables), KZ_AGREE_DEVICE
+#                   (default cuda:0; cuda:all on a kind with several GPUs), all within
+#                   KZ_AGREE_WALL_S (default 510 s, build included).
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve, learn or agree}
@@ -133,7 +135,7 @@ if [[ $PART == agree ]]; then
   echo "== agree: ${KZ_AGREE_LIMIT:-110} samples on ${KZ_AGREE_DEVICE:-cuda:0}, --budget-s $BUDGET (of ${WALL} s, build included) =="
   timeout -k 10 $((BUDGET + 30)) python3 bench/kernelbench_agreement.py --samples "$KB_SAMPLES" \
     --kernelbench "$KERNELBENCH" --out "$OUT/agree" --device "${KZ_AGREE_DEVICE:-cuda:0}" \
-    --limit "${KZ_AGREE_LIMIT:-110}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
+    --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
   step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   head -12 "$OUT/agree/agreement.txt"; sed -n '/^disagreements:/,$p' "$OUT/agree/agreement.txt"

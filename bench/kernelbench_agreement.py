@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--kz", type=pathlib.Path, default=ROOT / "build" / "kz")
     p.add_argument("--device", default="cuda:0", help="cuda:N, cuda:0,cuda:1, cuda:all, or cpu (a dry run)")
     p.add_argument("--limit", type=int, default=110, help="the first N samples of the manifest (default 110)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="start after the manifest's first N samples (a second call's share; default 0)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the whole run")
     p.add_argument("--kb-workers", type=int, default=os.cpu_count(), help="KernelBench's pre-build pool (default: the cores)")
     p.add_argument("--kb-eval-jobs", type=int, default=4, help="KernelBench evaluations at once per GPU (default 4)")
@@ -98,7 +100,8 @@ def parse_args(argv=None):
     p.add_argument("--kb-gpu-arch", default="Hopper", help="KernelBench's gpu_arch (Hopper: H100/H200)")
     p.add_argument("--no-strict", action="store_true", help="skip kz's second run under --policy strict")
     p.add_argument("--dry-limit", type=int, default=3, help="--device cpu: samples run through kz (default 3)")
-    p.add_argument("--report-only", type=pathlib.Path, help="print the table of a saved agreement.json and exit")
+    p.add_argument("--report-only", type=pathlib.Path, nargs="+",
+                   help="print the table of saved agreement.json files (several: their rows as one run) and exit")
     args = p.parse_args(argv)
     if args.limit < 1:
         p.error("--limit must be >= 1")
@@ -112,12 +115,25 @@ def task_id(sample: dict) -> str:
     return f"l{sample['level']}_{sample['problem']}"
 
 
-def load_samples(folder: pathlib.Path, limit: int) -> list:
+def load_samples(folder: pathlib.Path, limit: int, skip: int = 0) -> list:
     manifest = folder / "manifest.jsonl"
     if not manifest.is_file():
         raise SystemExit(f"no {manifest}: run bench/fetch-kb-samples.sh (after bench/fetch-kernelbench.sh)")
     rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
-    return rows[:limit]
+    return rows[skip:skip + limit]
+
+
+def merged(files: list) -> dict:
+    """Saved runs over disjoint shares of the manifest (--skip) as one: rows and samples joined."""
+    runs = [json.loads(f.read_text()) for f in files]
+    data = dict(runs[0])
+    if len(runs) > 1:
+        data["rows"] = [r for run in runs for r in run.get("rows") or []]
+        data["samples"] = [s for run in runs for s in run.get("samples") or []]
+        data["summary"] = summarize(data["rows"])
+        data["limit"] = sum(run.get("limit") or 0 for run in runs)
+        data["wall_s"] = sum(run.get("wall_s") or 0 for run in runs)
+    return data
 
 
 def write_kz_batch(samples: list, kernelbench: pathlib.Path, samples_dir: pathlib.Path, out: pathlib.Path) -> dict:
@@ -463,7 +479,7 @@ def gpu_name(device: str):
 def main(argv=None):
     args = parse_args(argv)
     if args.report_only:
-        print(render(json.loads(args.report_only.read_text())), end="")
+        print(render(merged(args.report_only)), end="")
         return 0
     budget = Budget(args.budget_s)
     started = time.monotonic()
@@ -471,7 +487,7 @@ def main(argv=None):
     PARTIAL.update(kb={}, kz={})
     LIVE.clear()
     args.out.mkdir(parents=True, exist_ok=True)
-    samples = load_samples(args.samples, args.limit)
+    samples = load_samples(args.samples, args.limit, args.skip)
     source = samples[0]["source"] if samples else {}
     data = {"device": args.device, "gpu": gpu_name(args.device), "limit": args.limit, "budget_s": args.budget_s,
             "kz_commit": os.environ.get("KZ_COMMIT") or git_commit(ROOT),
