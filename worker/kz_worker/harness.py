@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from . import cheats, compare, fingerprint, formats, gpu_lock, gpu_memory, loading, timing
+from . import cheats, correctness, errors, fingerprint, gpu_lock, gpu_memory, loading, timing
+from .compile import formats, load_inline
 from . import verdict as v
 
 
@@ -51,7 +52,7 @@ class Expected:
         self.reference, self.model, self.device, self.tolerances = reference, model, device, tolerances
         self.sets = {}  # key -> (seed, digest of the inputs, sketch of the reference output)
         self._differ = {}
-        # The float64 rule's reference (compare.py), copied before any candidate code runs.
+        # The float64 rule's reference (correctness.py), copied before any candidate code runs.
         self.model64 = _float64_copy(model) if tolerances.get("rule") == "float64" else None
 
     def add(self, key: str, seed: int) -> int:
@@ -66,10 +67,10 @@ class Expected:
         try:
             with torch.no_grad():
                 out = self.model(*loading.clone_all(inputs))
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
             return out
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise  # gpu_memory's to judge: the harness's, the task's or another evaluation's
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to run:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
@@ -121,7 +122,7 @@ class Expected:
                             [v.REFERENCE_TAMPERED])
 
     def _tolerance(self, dtype):
-        tol = compare.tolerance_for(dtype, self.tolerances)
+        tol = correctness.tolerance_for(dtype, self.tolerances)
         return tol.atol, tol.rtol
 
     def differ(self, a: str, b: str) -> bool:
@@ -179,10 +180,10 @@ class Evaluation:
         except v.Failure as failure:
             self._fail(failure.status, failure.message, failure.checks)
         except Exception as exc:  # the candidate's own exception: classify by stage and type
-            if formats.is_memory_exception(exc) and self.device.type == "cuda":
+            if errors.is_memory_exception(exc) and self.device.type == "cuda":
                 self._fail(*self._out_of_memory(exc))
             else:
-                status, check = formats.classify_exception(exc, self.stage)
+                status, check = errors.classify_exception(exc, self.stage)
                 self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
         self._note_gpu_wait()
@@ -192,7 +193,7 @@ class Evaluation:
         except Exception:
             pass
         try:
-            if build_s := formats.build_parts(self.compile_started):
+            if build_s := load_inline.builds.build_parts(self.compile_started):
                 self.result["build_s"] = build_s
         except Exception:
             pass
@@ -230,7 +231,7 @@ class Evaluation:
             with _seconds(loaded, "build"):
                 reference_model = None if pre_build else reference.build(init_inputs, self.seed, self.device)
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to build:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
@@ -362,10 +363,10 @@ class Evaluation:
             compiled = torch.compile(reference_model)
             with self.gpu.shared(), torch.no_grad():
                 compiled(*self.expected.inputs(trial_key(0)))
-                formats.synchronize(self.device)
+                correctness.synchronize(self.device)
             self.compiled_reference = compiled
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             text = str(exc).strip()
             self.compile_baseline_error = f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
@@ -451,7 +452,7 @@ class Evaluation:
     def _forward(self, model, inputs, where: str):
         out = model(*inputs)
         self.guard.verify(f"after {where}")
-        formats.synchronize(self.device)
+        correctness.synchronize(self.device)
         # Triton compiles at the first launch: a forward that returned has compiled, even
         # when a check below fails (as for cuda/cuda-rtc, where compiled is set before).
         self.result["compiled"] = True
@@ -470,8 +471,8 @@ class Evaluation:
             cheats.check_output_types(out, live)
             cheats.check_aliases_reference(out, [live])
             self.replays.check(key, out)
-            stats = compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
-            compare.check_aliasing(out, inputs, live, inputs)
+            stats = correctness.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
+            correctness.check_aliasing(out, inputs, live, inputs)
         return stats
 
     def _audit(self, candidate_model) -> None:
@@ -480,7 +481,7 @@ class Evaluation:
         key = trial_key(0)
         with self.gpu.shared():
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
         # Holds the GPU for the forward only, not for the profiler's own CPU work.
         out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device, self.gpu.shared,
                                            profiled=self.profiled)
@@ -496,7 +497,7 @@ class Evaluation:
             raise failure
         probing = cheats.probes_kernel_effect(self.format, self.policy)
         with self.gpu.shared():
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
             with self.guard.comparing("checking the inputs"):
                 live = self._reference_output(key, inputs)
             self._check_output(out, key, inputs, live)
@@ -523,7 +524,7 @@ class Evaluation:
         (no_kernel_effect)."""
         with self.gpu.shared():
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             muted, muted_calls = self._muted_forward(candidate_model, inputs)
             if unprobed := cheats.unprobed(self.format, muted_calls):
                 self.result.setdefault("unchecked", {}).update(unprobed)
@@ -543,9 +544,9 @@ class Evaluation:
         try:
             with cheats.muted_launches() as muted:
                 out = candidate_model(*inputs)
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             out = None
         self.guard.verify("after the forward with muted kernels")
@@ -565,7 +566,7 @@ class Evaluation:
         """One trial: the candidate, the live reference, the candidate again, on one input set."""
         try:
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             first = self._forward(candidate_model, inputs, "a correctness trial")
             with self.guard.comparing("checking the inputs"):
                 live = self._reference_output(key, inputs)
@@ -573,7 +574,7 @@ class Evaluation:
             del first
             # Run again into fresh, poisoned memory, with the reference's output alive: an output
             # fished out of freed memory is caught.
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             second = self._forward(candidate_model, inputs, "a correctness trial")
             with self.guard.comparing("checking the inputs"):
                 self.expected.check_unchanged(key, inputs)
@@ -672,7 +673,7 @@ class Evaluation:
         with _timed_run(run), self.guard.comparing("checking a timed output", in_hold=True):
             expected = self.expected.skeleton(key)
             cheats.check_output_types(out, expected)
-            compare.check_structure(out, expected)
+            correctness.check_structure(out, expected)
             if not snapshots.take(run, key, out, inputs):
                 self._compare_timed(key, out, inputs)
 
@@ -690,7 +691,7 @@ class Evaluation:
         self.expected.check_unchanged(key, inputs)
         live = self.expected.output(key, inputs)
         cheats.check_aliases_reference(out, [live])
-        compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
+        correctness.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
 
 
 def _float64_copy(model):
@@ -747,7 +748,7 @@ class Snapshots:
         try:
             block = torch.empty(size, dtype=torch.uint8, device=self.device)
         except Exception as exc:
-            if not formats.is_memory_exception(exc):
+            if not errors.is_memory_exception(exc):
                 raise
             return  # the copies that do not fit are compared at once (take)
         del block
@@ -759,12 +760,12 @@ class Snapshots:
         try:
             self.runs.append((run, key, cheats.clone_output(out), loading.clone_all(inputs)))
         except Exception as exc:
-            if not formats.is_memory_exception(exc):
+            if not errors.is_memory_exception(exc):
                 raise
             return False
         # Copied before the candidate runs again: its next forward may write these buffers from a
         # stream that does not wait for the copy.
-        formats.synchronize(self.device)
+        correctness.synchronize(self.device)
         self.used_bytes += size
         return True
 
@@ -843,12 +844,12 @@ def load_check_kernels(device: torch.device) -> None:
     with torch.device(device):
         reference = torch.randn(256)
     out = reference.clone()
-    compare.compare_outputs(out, reference, _WARM_UP_TOLERANCE)
+    correctness.compare_outputs(out, reference, _WARM_UP_TOLERANCE)
     fingerprint.check_unchanged([out], fingerprint.digest([reference]))
     fingerprint.Sketch(out).mismatch(fingerprint.Sketch(reference), lambda dtype: (1e-4, 1e-4))
-    formats.poison_free_memory(device, [reference])
+    correctness.poison_free_memory(device, [reference])
     cheats.poison([out, reference])
-    formats.synchronize(device)
+    correctness.synchronize(device)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from kz_worker import cheats, compare, fingerprint, gpu_lock, harness, loading, timing
+from kz_worker import cheats, correctness, fingerprint, gpu_lock, harness, loading, timing
 from kz_worker import verdict as v
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -190,23 +190,23 @@ def test_audit_failure_names_no_custom_kernel_and_compute():
 
 
 def test_guard_detects_and_restores_what_changed():
-    from kz_worker import compare
+    from kz_worker import correctness
     guard = cheats.Guard("triton")
     assert guard.changes() == []
-    relu, norm, code = torch.relu, torch.Tensor.norm, compare.compare_outputs.__code__
+    relu, norm, code = torch.relu, torch.Tensor.norm, correctness.compare_outputs.__code__
     torch.relu = lambda x: x
     torch.Tensor.any = lambda self, *a, **k: torch.tensor(False)
-    compare.compare_outputs.__code__ = (lambda out, ref, settings: {}).__code__
+    correctness.compare_outputs.__code__ = (lambda out, ref, settings: {}).__code__
     torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
     handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
     gc.callbacks.append(lambda *a: None)
     torch.overrides.TorchFunctionMode().__enter__()
     changed = guard.changes()
-    for part in ("torch.relu", "torch.Tensor.any", "kz_worker.compare.compare_outputs.__code__",
+    for part in ("torch.relu", "torch.Tensor.any", "kz_worker.correctness.compare_outputs.__code__",
                  "allow_tf32", "global module hooks", "gc.callbacks", "TorchFunctionMode left active"):
         assert any(part in c for c in changed), (part, changed)
     assert torch.relu is relu and torch.Tensor.norm is norm and "any" not in vars(torch.Tensor)
-    assert compare.compare_outputs.__code__ is code
+    assert correctness.compare_outputs.__code__ is code
     assert guard.changes() == [], "everything was restored"
     handle.remove()
 

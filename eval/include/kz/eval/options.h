@@ -14,7 +14,7 @@
 namespace kz {
 
 struct ToleranceOptions {
-  // How outputs are compared (worker/kz_worker/compare.py; docs/evaluation.md, Correctness):
+  // How outputs are compared (worker/kz_worker/correctness.py; docs/evaluation.md, Correctness):
   //   "kz": elementwise |out - ref| <= atol + rtol * |ref| and the relative norm, with the values below;
   //   "kernelbench": KernelBench's own check (its per-precision tolerance as atol and rtol, fp32 1e-4,
   //                  fp16/bf16 1e-2; no norm check), for verdicts that compare with its harness's;
