@@ -251,6 +251,15 @@ struct EvalOptions {
   Status validate() const;
 };
 
+// Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
+// [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
+int default_jobs(const EvalOptions& options);
+// Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
+int spare_servers(const EvalOptions& options);
+// Sets [worker] gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
+// fork servers, each of which may hold a CUDA context on the GPU.
+void set_gpu_memory_processes(EvalOptions& options, int jobs);
+
 // Overrides fields of `options` with the keys present in the TOML table; unknown keys and
 // wrongly typed values are errors naming the key.
 // `origin` names the text in error messages (a file path, "--config", ...).
