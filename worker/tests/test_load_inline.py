@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from kz_worker.compile import lighter_headers, load_inline
+from kz_worker.compile import lighter_headers
+from kz_worker.compile import load_inline as inline_builds  # the tests' load_inline is the wrapped function
 
 @pytest.fixture(scope="module")
 def module_extensions_dir(tmp_path_factory):
@@ -29,7 +30,7 @@ CUDA = "__global__ void relu_kernel(const float* x, float* y, long n) {}"
 
 
 def name(cuda_source, **extra):
-    return load_inline.content_addressed_name("relu_ext", (), {"cpp_sources": CPP, "cuda_sources": cuda_source,
+    return inline_builds.content_addressed_name("relu_ext", (), {"cpp_sources": CPP, "cuda_sources": cuda_source,
                                                            "functions": ["relu_cuda"], **extra})
 
 
@@ -46,15 +47,15 @@ def test_build_flags_count_verbosity_does_not():
 
 
 def test_positional_sources_count_too():
-    first = load_inline.content_addressed_name("ext", (CPP, CUDA), {})
-    assert first != load_inline.content_addressed_name("ext", (CPP, CUDA + " "), {})
+    first = inline_builds.content_addressed_name("ext", (CPP, CUDA), {})
+    assert first != inline_builds.content_addressed_name("ext", (CPP, CUDA + " "), {})
 
 
 def test_a_module_bound_under_a_literal_name_keeps_it():
     own_binding = CPP + "\nPYBIND11_MODULE(relu_ext, m) { m.def(\"relu_cuda\", &relu_cuda); }"
-    assert load_inline.content_addressed_name("relu_ext", (own_binding,), {"cuda_sources": CUDA}) == "relu_ext"
+    assert inline_builds.content_addressed_name("relu_ext", (own_binding,), {"cuda_sources": CUDA}) == "relu_ext"
     macro_binding = CPP + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
-    assert load_inline.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
+    assert inline_builds.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
 
 
 # ---- lighter headers for load_inline's sources ---------------------------------------------------
@@ -234,8 +235,8 @@ def recorded_builds(tmp_path, monkeypatch):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.setenv("KZ_NVCC_REPORT", "")  # the wrapper points it into each build's dir
-    monkeypatch.setattr(load_inline, "builds", load_inline.LoadInlineBuilds())  # a fresh worker's
-    load_inline.builds.install()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
+    monkeypatch.setattr(inline_builds, "builds", inline_builds.LoadInlineBuilds())  # a fresh worker's
+    inline_builds.builds.install()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
     return cpp_extension.load_inline, built, tmp_path
 
 
@@ -249,7 +250,7 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     main = (ext_dir / built[0] / "main.cpp").read_text()
     assert "torch/extension.h" not in main and lighter_headers._LIGHT_MAIN_PRELUDE[0] in main
     if os.environ.get("KZ_NVCC_SIDE_BY_SIDE") == "always":  # under CTest: nvcc was kz-nvcc, its two halves at once
-        report = [json.loads(line) for line in (ext_dir / built[0] / load_inline._NVCC_REPORT).read_text().splitlines()]
+        report = [json.loads(line) for line in (ext_dir / built[0] / inline_builds._NVCC_REPORT).read_text().splitlines()]
         assert report and all(r["parallel"] and r["module_ids_agree"] and r["status"] == 0 for r in report), report
 
 
@@ -258,7 +259,7 @@ def test_a_build_reports_where_its_seconds_went(recorded_builds):
     compile_started = time.monotonic()
     load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
                 cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
-    parts = load_inline.builds.build_parts(compile_started)
+    parts = inline_builds.builds.build_parts(compile_started)
     for step in ("load_inline", "ninja", "ninja_cuda", "ninja_cpp", "ninja_link", "import_to_build"):
         assert step in parts, parts
     assert parts["ninja"] <= parts["load_inline"]
@@ -274,13 +275,13 @@ def test_a_build_reports_where_its_seconds_went(recorded_builds):
     before = dict(parts)
     load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
                 cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
-    after = load_inline.builds.build_parts(compile_started)
+    after = inline_builds.builds.build_parts(compile_started)
     assert {k: after[k] for k in after if k != "load_inline"} == {k: before[k] for k in before if k != "load_inline"}
 
 
 @pytest.fixture
 def fresh_parts(monkeypatch):
-    monkeypatch.setattr(load_inline, "builds", load_inline.LoadInlineBuilds())
+    monkeypatch.setattr(inline_builds, "builds", inline_builds.LoadInlineBuilds())
     monkeypatch.setenv("KZ_NVCC_REPORT", "")
 
 
@@ -292,8 +293,8 @@ def test_build_parts_come_from_ninjas_log_and_kz_nvccs_report(tmp_path, fresh_pa
                   "device_chain_s": 2.5, "device_rerun_s": 1.0, "final_started_s": 4.0, "total_s": 5.5}
         pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text(json.dumps(report) + "\n")
         return "module"
-    assert load_inline.builds.timed_build(build, "kz_parts", (), {"build_directory": str(tmp_path)}) == "module"
-    parts = load_inline.builds.build_parts()
+    assert inline_builds.builds.timed_build(build, "kz_parts", (), {"build_directory": str(tmp_path)}) == "module"
+    parts = inline_builds.builds.build_parts()
     assert {k: parts[k] for k in parts if k != "load_inline"} == {
         "ninja_cuda": 6.0, "ninja_cpp": 2.0, "ninja_link": 0.5, "ninja": 6.5, "nvcc_plan": 0.25,
         "nvcc_host_chain": 3.0, "nvcc_device_wait": 0.5, "nvcc_device_chain": 3.0, "nvcc_host_compile": 1.5}
@@ -311,8 +312,8 @@ def test_a_malformed_report_or_log_never_gets_in_the_builds_way(tmp_path, fresh_
             pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_bytes(report)
             (tmp_path / ".ninja_log").write_bytes(log)
         return "module"
-    assert load_inline.builds.timed_build(build, "kz_bad", (), {"build_directory": str(tmp_path)}) == "module"
-    assert set(load_inline.builds.build_parts()) == {"load_inline"}
+    assert inline_builds.builds.timed_build(build, "kz_bad", (), {"build_directory": str(tmp_path)}) == "module"
+    assert set(inline_builds.builds.build_parts()) == {"load_inline"}
 
 
 def test_a_failed_build_keeps_its_error_and_reports_no_ninja_steps(tmp_path, fresh_parts):
@@ -321,14 +322,14 @@ def test_a_failed_build_keeps_its_error_and_reports_no_ninja_steps(tmp_path, fre
         pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text("not json\n")
         raise RuntimeError("Error building extension 'kz_broken'")
     with pytest.raises(RuntimeError, match="kz_broken"):
-        load_inline.builds.timed_build(build, "kz_broken", (), {"build_directory": str(tmp_path)})
-    assert set(load_inline.builds.build_parts()) == {"load_inline"}, "ninja logs no failed step: main.o alone would mislead"
+        inline_builds.builds.timed_build(build, "kz_broken", (), {"build_directory": str(tmp_path)})
+    assert set(inline_builds.builds.build_parts()) == {"load_inline"}, "ninja logs no failed step: main.o alone would mislead"
 
 
 def test_only_names_and_finite_seconds_leave_build_parts(fresh_parts):
-    load_inline.builds.parts.update({"load_inline": 2.0, ("a",): 1.0, "nan": float("nan"), "text": "1"})
-    load_inline.builds.calls.append(None)  # what a candidate in the process could do
-    assert load_inline.builds.build_parts(0.5) == {"load_inline": 2.0}
+    inline_builds.builds.parts.update({"load_inline": 2.0, ("a",): 1.0, "nan": float("nan"), "text": "1"})
+    inline_builds.builds.calls.append(None)  # what a candidate in the process could do
+    assert inline_builds.builds.build_parts(0.5) == {"load_inline": 2.0}
 
 
 def keep_like_the_supervisor(ext_dir, kept_dir):
@@ -336,7 +337,7 @@ def keep_like_the_supervisor(ext_dir, kept_dir):
     each extension's library and the failed-lighter-build marker."""
     import shutil
     for build in ext_dir.iterdir():
-        for file in (build.name + ".so", load_inline._LIGHTER_BUILD_FAILED):
+        for file in (build.name + ".so", inline_builds._LIGHTER_BUILD_FAILED):
             if (build / file).is_file():
                 (kept_dir / build.name).mkdir(parents=True, exist_ok=True)
                 shutil.copy(build / file, kept_dir / build.name / file)
@@ -352,7 +353,7 @@ def test_the_evaluation_after_a_pre_build_imports_the_kept_build(recorded_builds
     # The evaluation: another, empty scratch dir, and the kept build, read-only.
     evaluation_dir = tmp_path_factory.mktemp("evaluation")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
-    monkeypatch.setattr(load_inline.builds, "kept_dir", str(kept))
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(kept))
     module = load_inline("kz_kept", **kwargs)
     # (This process loaded the pre-build's library already, so its __file__ is that one's; an
     # evaluation is a fresh process.)
@@ -373,13 +374,13 @@ def test_a_kept_build_is_imported_only_where_load_inline_would_return_a_module(t
                       "  PyObject* m = PyModule_Create(&tiny); PyModule_AddIntConstant(m, \"answer\", 42); return m;\n}\n")
     subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
                     "-o", str(tmp_path / "kz_tiny" / "kz_tiny.so")], check=True)
-    monkeypatch.setattr(load_inline.builds, "kept_dir", None)
-    assert load_inline.builds.kept_build("kz_tiny", {}) is None, "no kept builds: build it"
-    monkeypatch.setattr(load_inline.builds, "kept_dir", str(tmp_path))
-    assert load_inline.builds.kept_build("kz_tiny", {}).answer == 42
-    assert load_inline.builds.kept_build("kz_other", {}) is None
-    assert load_inline.builds.kept_build("kz_tiny", {"is_python_module": False}) is None
-    assert load_inline.builds.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", None)
+    assert inline_builds.builds.kept_build("kz_tiny", {}) is None, "no kept builds: build it"
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(tmp_path))
+    assert inline_builds.builds.kept_build("kz_tiny", {}).answer == 42
+    assert inline_builds.builds.kept_build("kz_other", {}) is None
+    assert inline_builds.builds.kept_build("kz_tiny", {"is_python_module": False}) is None
+    assert inline_builds.builds.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
 
 
 def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(recorded_builds, tmp_path_factory,
@@ -394,7 +395,7 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(rec
                   functions=["twice"])
     assert hasattr(load_inline("kz_full", **kwargs), "twice")  # the pre-build: lighter (fails), then as written
     light, full = built
-    assert (ext_dir / light / load_inline._LIGHTER_BUILD_FAILED).exists()
+    assert (ext_dir / light / inline_builds._LIGHTER_BUILD_FAILED).exists()
     assert "#include <torch/extension.h>" in (ext_dir / full / "cuda.cu").read_text()
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[2:] == [full], "a second load goes straight to the build as written"
@@ -403,7 +404,7 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(rec
     keep_like_the_supervisor(ext_dir, kept)
     evaluation_dir = tmp_path_factory.mktemp("evaluation")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
-    monkeypatch.setattr(load_inline.builds, "kept_dir", str(kept))
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(kept))
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[3:] == [], f"the evaluation built again: {built}"
     assert not any(evaluation_dir.iterdir())
