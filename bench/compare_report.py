@@ -489,7 +489,7 @@ def timeline_lines(data: dict) -> list:
     return lines + own_phase_lines(batch) + host_cpu_lines(batch) + cpu_seconds_lines(batch)
 
 
-# A pre-build's parts (the verdict's build_s: worker/kz_worker/formats.py, build_parts) in the order
+# A pre-build's parts (the verdict's build_s: worker/kz_worker/compile/load_inline.py, build_parts) in the order
 # they run, as (label, part or parts summed).
 _BUILD_STEPS = [("worker", "worker_start"), ("import", "import_to_build"), ("load_inline", "load_inline"),
                 ("ninja", "ninja")]

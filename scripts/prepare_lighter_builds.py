@@ -1,11 +1,11 @@
 """What the workers' lighter `load_inline` builds read, prepared once at setup for the worker
-interpreter (kz_worker.formats): `python scripts/prepare_lighter_builds.py OUTDIR`.
+interpreter (kz_worker/compile/lighter_headers.py): `python scripts/prepare_lighter_builds.py OUTDIR`.
 
   - the names the full torch header declares: a lightened build that fails is built again as
     written only when a name it misses could come from <torch/extension.h>
-    (formats.may_need_the_full_header), which needs every name the header declares: ~2.6 s of the
+    (lighter_headers.may_need_the_full_header), which needs every name the header declares: ~2.6 s of the
     preprocessor and a walk of torch's header tree;
-  - main.cpp's prelude precompiled (formats.keep_main_prelude_pch): pybind11 and torch's casters,
+  - main.cpp's prelude precompiled (lighter_headers.keep_main_prelude_pch): pybind11 and torch's casters,
     ~3 s of the host compiler in every build, ~1.6 s with the precompiled header (~200 MB).
 
 The supervisor hands OUTDIR to its workers (KZ_LIGHTER_BUILDS_DIR), so even a cold batch's builds
@@ -28,12 +28,12 @@ def main(out: str) -> int:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     out = str(pathlib.Path(out).resolve())
     try:
-        from kz_worker import formats
+        from kz_worker.compile import lighter_headers
     except Exception as error:
         print(f"[setup] lighter builds not prepared ({type(error).__name__}: {error})", file=sys.stderr)
         return 0
-    for what, prepare in (("the full header's names", formats.keep_full_header_names),
-                          ("main.cpp's prelude, precompiled", formats.keep_main_prelude_pch)):
+    for what, prepare in (("the full header's names", lighter_headers.keep_full_header_names),
+                          ("main.cpp's prelude, precompiled", lighter_headers.keep_main_prelude_pch)):
         try:
             print(f"[setup] for the workers' lighter builds, {what}: {prepare(out)}")
         except Exception as error:  # no compiler, no torch headers...: the workers do without

@@ -249,7 +249,8 @@ Result<std::string> worker_code_version(const fs::path& worker_dir) {
   std::error_code ec;
   for (const char* package : {"kz_worker", "kz_rtc"}) {
     if (!fs::is_directory(worker_dir / package, ec)) continue;
-    for (const auto& entry : fs::directory_iterator(worker_dir / package, ec))
+    // Recursive: kz_worker has subpackages (compile/).
+    for (const auto& entry : fs::recursive_directory_iterator(worker_dir / package, ec))
       if (entry.is_regular_file() && entry.path().extension() == ".py") files.push_back(entry.path());
   }
   if (ec) return io_error(fmt::format("listing the worker code in {}: {}", worker_dir.string(), ec.message()));

@@ -20,7 +20,6 @@
 #include "kz/eval/sandbox.h"
 #include "kz/eval/scratch_dirs.h"
 #include "kz/eval/static_checks.h"
-#include "kz/eval/suite.h"
 #include "kz/eval/worker_client.h"
 
 namespace kz {

@@ -1,9 +1,13 @@
-// EvalOptions: validation and the TOML mapping (one table of keys, used both ways).
+// EvalOptions: validation, the TOML mapping (one table of keys, used both ways), and the evaluations
+// at once they ask for.
 #include "kz/eval/options.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kz/core/config_fields.h"
+#include "kz/core/parallel.h"
 #include "kz/eval/format.h"
 
 namespace kz {
@@ -85,6 +89,18 @@ ConfigTable config_table(EvalOptions& o) {
 }
 
 }  // namespace
+
+int default_jobs(const EvalOptions& options) {
+  if (options.jobs > 0) return options.jobs;
+  if (options.device == "cpu") return cpu_cores();
+  return options.timing.exclusive ? std::min(options.timing.gpu_jobs, cpu_cores()) : 1;
+}
+
+int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.worker.spare_servers; }
+
+void set_gpu_memory_processes(EvalOptions& options, int jobs) {
+  options.worker.gpu_memory_processes = std::max(1, jobs + spare_servers(options));
+}
 
 Status EvalOptions::validate() const {
   if (device != "cpu" && device.rfind("cuda", 0) != 0)

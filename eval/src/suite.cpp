@@ -102,18 +102,6 @@ class SuiteRecorder {
 
 }  // namespace
 
-int default_jobs(const EvalOptions& options) {
-  if (options.jobs > 0) return options.jobs;
-  if (options.device == "cpu") return cpu_cores();
-  return options.timing.exclusive ? std::min(options.timing.gpu_jobs, cpu_cores()) : 1;
-}
-
-int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.worker.spare_servers; }
-
-void set_gpu_memory_processes(EvalOptions& options, int jobs) {
-  options.worker.gpu_memory_processes = std::max(1, jobs + spare_servers(options));
-}
-
 Result<std::vector<SuiteEntry>> discover_candidates(const std::vector<Task>& tasks, const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found(fmt::format("candidate directory {} does not exist", dir.string()));

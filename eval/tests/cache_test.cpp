@@ -303,7 +303,11 @@ TEST(CacheKey, WorkerCodeVersionFollowsThePythonFiles) {
   ASSERT_TRUE(write_file_atomic(*dir / "kz_worker" / "notes.txt", "not code").is_ok());
   EXPECT_EQ(*worker_code_version(*dir), *v1) << "only .py files count";
   ASSERT_TRUE(write_file_atomic(*dir / "kz_rtc" / "_nvrtc.py", "y = 2\n").is_ok());
-  EXPECT_NE(*worker_code_version(*dir), *v1);
+  auto v2 = worker_code_version(*dir);
+  EXPECT_NE(*v2, *v1);
+  fs::create_directories(*dir / "kz_worker" / "compile");
+  ASSERT_TRUE(write_file_atomic(*dir / "kz_worker" / "compile" / "formats.py", "z = 1\n").is_ok());
+  EXPECT_NE(*worker_code_version(*dir), *v2) << "a subpackage's files count";
   fs::remove_all(*dir);
 }
 

@@ -479,7 +479,7 @@ TEST_F(EvaluatorTest, WrongDtypeIsIncorrect) {
 
 // Subclassing torch.Tensor is refused by the static checks before any worker starts (a subclass
 // could fake values lazily); the worker's exact-type rule (output_type) stays as the second line,
-// tested in worker/tests/test_compare.py.
+// tested in worker/tests/test_correctness.py.
 TEST_F(EvaluatorTest, TensorSubclassOutputIsCaught) {
   Verdict v = evaluate(kRelu, kFixtures + "triton_tensor_subclass.py");
   expect_verdict(v, EvalStatus::cheat_detected, {Check::tensor_subclass});

@@ -74,7 +74,7 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   EXPECT_GT(*cuda.prebuild_s, 0);
   EXPECT_GE(*cuda.started_s, *cuda.prebuild_started_s + *cuda.prebuild_s - 0.5) << "evaluated after its build";
   EXPECT_LT(cuda.wall_s, *cuda.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
-  // Where the pre-build's seconds went, reported by the worker that built (formats.build_parts).
+  // Where the pre-build's seconds went, reported by the worker that built (load_inline.py, build_parts).
   std::map<std::string, double> parts(cuda.build_s.begin(), cuda.build_s.end());
   for (const char* part : {"worker_start", "import_to_build", "load_inline", "ninja", "ninja_cuda", "ninja_cpp",
                            "ninja_link", "nvcc_host_chain", "nvcc_device_chain", "nvcc_host_compile"})

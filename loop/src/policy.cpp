@@ -36,8 +36,6 @@ constexpr const char* kAdapterDir = "adapter";
 constexpr const char* kTrainerDir = "trainer";
 constexpr const char* kAdapterWeights = "adapter_model.safetensors";
 constexpr const char* kPeftPrefix = "base_model.model.";  // PEFT's names wrap ours (lora.h)
-// Besides the weights and config.json, what Engine::load reads from a checkpoint dir.
-const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
 
 std::string role_label(const PolicyOptions& options) {
   return options.name.empty() ? std::string("policy") : "policy " + options.name;
@@ -154,16 +152,6 @@ Status fill_reference_logprobs(model::CausalLM& reference, std::vector<rl::Rollo
 }
 
 // ---- checkpoint files -------------------------------------------------------------------------
-
-Status copy_tokenizer_files(const fs::path& from, const fs::path& to) {
-  for (const char* name : kTokenizerFiles) {
-    if (!fs::exists(from / name)) continue;
-    std::error_code ec;
-    fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return io_error(fmt::format("copying {} to {}: {}", (from / name).string(), to.string(), ec.message()));
-  }
-  return Status::ok();
-}
 
 Result<at::ScalarType> float_type(model::StDType dtype) {
   switch (dtype) {

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "kz/core/jsonl.h"
+#include "kz/core/svg_chart.h"
 #include "kz/core/text.h"
 
 namespace kz::loop {
@@ -123,46 +124,20 @@ Range value_range(const std::vector<Series>& series, bool rate) {
   return {r.lo - pad, r.hi + pad};
 }
 
-// One chart's plot area and its mapping from (iteration, value) to pixels; the right margin holds
-// the legend.
-struct Frame {
-  static constexpr int w = 560, h = 250, left = 56, right = 180, top = 14, bottom = 40;
-  Range iterations, values;
-
-  double x(double iteration) const {
-    double span = iterations.hi - iterations.lo;
-    return left + (span == 0 ? 0.5 : (iteration - iterations.lo) / span) * (w - left - right);
-  }
-  double y(double value) const { return top + (values.hi - value) / (values.hi - values.lo) * (h - top - bottom); }
-};
-
-std::string svg_open() {
-  return fmt::format(R"(<svg width="{}" height="{}" font-size="12">)", Frame::w, Frame::h);
+// One chart's plot area, (iteration, value) mapped onto pixels; the right margin holds the legend.
+ChartFrame frame(Range iterations, Range values) {
+  return ChartFrame{560, 250, 56, 180, 14, 40, iterations.lo, iterations.hi, values.lo, values.hi};
 }
 
 // Horizontal grid lines with their values, and the iterations under the plot (at most ~8 labels).
-std::string axes_svg(const Frame& f, bool rate) {
-  std::string svg;
-  for (int k = 0; k <= 4; ++k) {
-    double value = f.values.lo + k * (f.values.hi - f.values.lo) / 4;
-    std::string label = rate ? fmt::format("{:.0f}%", 100 * value) : fmt::format("{:.4g}", value);
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/>)", Frame::left,
-                       Frame::w - Frame::right, f.y(value), f.y(value));
-    svg += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{}</text>)", Frame::left - 6, f.y(value) + 4,
-                       label);
-  }
-  double step = std::max(1.0, std::ceil((f.iterations.hi - f.iterations.lo) / 8));
-  for (double i = std::ceil(f.iterations.lo); i <= f.iterations.hi; i += step)
-    svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:g}</text>)", f.x(i),
-                       Frame::h - Frame::bottom + 16, i);
-  svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">iteration</text>)",
-                     (Frame::left + Frame::w - Frame::right) / 2, Frame::h - 6);
-  return svg;
-}
-
-std::string legend_entry_svg(int index, const std::string& label, const char* color) {
-  return fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", Frame::w - Frame::right + 10,
-                     Frame::top + 16 * index + 10, color, html_escape(label));
+std::string axes_svg(const ChartFrame& f, bool rate) {
+  std::vector<std::pair<double, std::string>> ticks;
+  double step = std::max(1.0, std::ceil((f.x_hi - f.x_lo) / 8));
+  for (double i = std::ceil(f.x_lo); i <= f.x_hi; i += step) ticks.emplace_back(i, fmt::format("{:g}", i));
+  auto label = [rate](double value) {
+    return rate ? fmt::format("{:.0f}%", 100 * value) : fmt::format("{:.4g}", value);
+  };
+  return chart_axes_svg(f, label, ticks, "iteration");
 }
 
 const char* series_color(size_t index) {
@@ -170,17 +145,14 @@ const char* series_color(size_t index) {
   return colors[index % (sizeof(colors) / sizeof(colors[0]))];
 }
 
-// A polyline with a dot (its value on hover) per point; a lone point shows as its dot.
-std::string series_svg(const Frame& f, const Series& s, const char* color, bool rate) {
-  std::string points, dots;
+// A polyline with a dot (its value on hover) per point.
+std::string series_svg(const ChartFrame& f, const Series& s, const char* color, bool rate) {
+  std::vector<ChartPoint> points;
   for (const auto& p : s.points) {
-    points += fmt::format("{:.1f},{:.1f} ", f.x(p.iteration), f.y(p.value));
     std::string value = rate ? fmt::format("{:.1f}%", 100 * p.value) : fmt::format("{:.4g}", p.value);
-    dots += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"><title>{}, iteration {:g}: {}</title>)"
-                        "</circle>",
-                        f.x(p.iteration), f.y(p.value), color, html_escape(s.label), p.iteration, value);
+    points.push_back({p.iteration, p.value, fmt::format("{}, iteration {:g}: {}", s.label, p.iteration, value)});
   }
-  return fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>)", points, color) + dots;
+  return chart_series_svg(f, points, color);
 }
 
 // "a, b, c": the fields a chart with nothing to draw names.
@@ -196,11 +168,11 @@ std::string line_chart(const std::vector<json>& rows, const std::vector<std::str
   for (const auto& key : keys)
     for (auto& s : series_of(rows, key)) series.push_back(std::move(s));
   if (series.empty()) return "<p><em>No " + join(keys) + " logged yet.</em></p>";
-  Frame f{iteration_range(rows), value_range(series, rate)};
-  std::string svg = svg_open() + axes_svg(f, rate);
+  ChartFrame f = frame(iteration_range(rows), value_range(series, rate));
+  std::string svg = chart_open_svg(f) + axes_svg(f, rate);
   for (size_t i = 0; i < series.size(); ++i) {
     svg += series_svg(f, series[i], series_color(i), rate);
-    svg += legend_entry_svg(static_cast<int>(i), series[i].label, series_color(i));
+    svg += chart_legend_svg(f, static_cast<int>(i), series[i].label, series_color(i));
   }
   return svg + "</svg>";
 }
@@ -225,7 +197,7 @@ std::map<double, StageSeconds> seconds_by_iteration(const std::vector<json>& row
   return totals;
 }
 
-std::string stage_bar_svg(const Frame& f, double iteration, const StageSeconds& seconds, double bar_w) {
+std::string stage_bar_svg(const ChartFrame& f, double iteration, const StageSeconds& seconds, double bar_w) {
   std::string svg;
   double base = 0;
   for (size_t s = 0; s < kStages.size(); ++s) {
@@ -247,11 +219,11 @@ std::string seconds_chart(const std::vector<json>& rows) {
   if (peak <= 0) return "<p><em>No seconds logged yet.</em></p>";
   // Half an iteration of room either side, so the first and last bars stay inside the plot.
   Range iterations = iteration_range(rows);
-  Frame f{{iterations.lo - 0.5, iterations.hi + 0.5}, {0, peak}};
+  ChartFrame f = frame({iterations.lo - 0.5, iterations.hi + 0.5}, {0, peak});
   double bar_w = std::min(40.0, 0.7 * (f.x(1) - f.x(0)));
-  std::string svg = svg_open() + axes_svg(f, false);
+  std::string svg = chart_open_svg(f) + axes_svg(f, false);
   for (const auto& [iteration, seconds] : totals) svg += stage_bar_svg(f, iteration, seconds, bar_w);
-  for (size_t s = 0; s < kStages.size(); ++s) svg += legend_entry_svg(static_cast<int>(s), kStages[s], kStageColors[s]);
+  for (size_t s = 0; s < kStages.size(); ++s) svg += chart_legend_svg(f, static_cast<int>(s), kStages[s], kStageColors[s]);
   return svg + "</svg>";
 }
 

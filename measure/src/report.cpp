@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "kz/core/svg_chart.h"
 #include "kz/core/terminal.h"
 #include "kz/core/text.h"
 #include "kz/rl/metrics.h"
@@ -67,34 +68,24 @@ const char* status_color(EvalStatus s) {
 
 // pass@k against k, one polyline per group (all, level 1, ...).
 std::string pass_at_k_svg(const nlohmann::json& summary) {
-  const int w = 520, h = 300, left = 50, bottom = 40, top = 20, right = 120;
   std::vector<std::pair<std::string, nlohmann::json>> series = {{"all", summary["overall"]["pass_at_k"]}};
   for (const auto& [level, metrics] : summary["levels"].items()) series.emplace_back("level " + level, metrics["pass_at_k"]);
   int max_k = 1;
   for (const auto& [name, curve] : series)
     for (const auto& [k, v] : curve.items()) max_k = std::max(max_k, std::stoi(k));
-  auto x = [&](int k) { return left + (max_k == 1 ? 0.5 : double(k - 1) / (max_k - 1)) * (w - left - right); };
-  auto y = [&](double p) { return top + (1 - p) * (h - top - bottom); };
-  std::string svg = fmt::format(R"(<svg width="{}" height="{}" xmlns="http://www.w3.org/2000/svg" font-size="12">)", w, h);
-  for (double p : {0.0, 0.25, 0.5, 0.75, 1.0})
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{:.0f}%</text>)",
-                       left, w - right, y(p), y(p), left - 6, y(p) + 4, 100 * p);
-  for (int k = 1; k <= max_k; ++k)
-    svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{}</text>)", x(k), h - bottom + 16, k);
-  svg += fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">k</text>)", (left + w - right) / 2, h - 6);
+  const ChartFrame frame{520, 300, 50, 120, 20, 40, 1.0, double(max_k), 0.0, 1.0};
+  std::vector<std::pair<double, std::string>> ticks;
+  for (int k = 1; k <= max_k; ++k) ticks.emplace_back(k, std::to_string(k));
+  std::string svg = chart_open_svg(frame) +
+                    chart_axes_svg(frame, [](double p) { return fmt::format("{:.0f}%", 100 * p); }, ticks, "k");
   const char* colors[] = {"#222", "#2e7dd6", "#e0662b", "#2e9e44", "#9b4fc2"};
   int index = 0;
   for (const auto& [name, curve] : series) {
-    std::string points;
-    const char* color = colors[index % 5];
-    for (const auto& [k, v] : curve.items()) {
-      points += fmt::format("{:.1f},{:.1f} ", x(std::stoi(k)), y(v.get<double>()));
-      svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"><title>{} pass@{} = {:.3f}</title></circle>)",
-                         x(std::stoi(k)), y(v.get<double>()), color, name, k, v.get<double>());
-    }
-    svg += fmt::format(R"(<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>)", points, color);
-    svg += fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", w - right + 10, top + 16 * index + 10, color,
-                       html_escape(name));
+    std::vector<ChartPoint> points;
+    for (const auto& [k, v] : curve.items())
+      points.push_back({double(std::stoi(k)), v.get<double>(), fmt::format("{} pass@{} = {:.3f}", name, k, v.get<double>())});
+    svg += chart_series_svg(frame, points, colors[index % 5]);
+    svg += chart_legend_svg(frame, index, name, colors[index % 5]);
     ++index;
   }
   return svg + "</svg>";

@@ -16,14 +16,6 @@ namespace {
 
 using json = nlohmann::json;
 
-Result<std::optional<at::ScalarType>> parse_dtype(const std::string& name) {
-  if (name.empty()) return std::optional<at::ScalarType>();
-  if (name == "fp32" || name == "float32") return std::optional(at::kFloat);
-  if (name == "bf16" || name == "bfloat16") return std::optional(at::kBFloat16);
-  if (name == "fp16" || name == "float16") return std::optional(at::kHalf);
-  return invalid_argument(fmt::format("dtype \"{}\" is not fp32, bf16 or fp16", name));
-}
-
 // generation_config.json's ids ("eos_token_id": int or list; "pad_token_id": int), when present.
 struct GenerationConfig {
   std::vector<int64_t> eos;

@@ -358,4 +358,17 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   return tokenizer;
 }
 
+Status copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  static const char* const kFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                       "vocab.json",     "merges.txt",            "special_tokens_map.json",
+                                       "added_tokens.json"};
+  for (const char* name : kFiles) {
+    std::error_code ec;
+    if (!fs::exists(from / name, ec)) continue;
+    fs::copy_file(from / name, to / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return io_error(fmt::format("copying {} to {}: {}", (from / name).string(), to.string(), ec.message()));
+  }
+  return Status::ok();
+}
+
 }  // namespace kz

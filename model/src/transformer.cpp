@@ -405,6 +405,14 @@ at::ScalarType to_scalar_type(WeightDType dtype) {
   return at::kFloat;
 }
 
+Result<std::optional<at::ScalarType>> parse_dtype(const std::string& name) {
+  if (name.empty()) return std::optional<at::ScalarType>();
+  if (name == "fp32" || name == "float32") return std::optional(at::kFloat);
+  if (name == "bf16" || name == "bfloat16") return std::optional(at::kBFloat16);
+  if (name == "fp16" || name == "float16") return std::optional(at::kHalf);
+  return invalid_argument(fmt::format("dtype \"{}\" is not fp32, bf16 or fp16", name));
+}
+
 Result<WeightDType> to_weight_dtype(at::ScalarType type) {
   if (type == at::kFloat) return WeightDType::f32;
   if (type == at::kBFloat16) return WeightDType::bf16;

@@ -29,12 +29,6 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// Files of a Hugging Face checkpoint besides config.json and the weights, carried from the model
-// trained into every checkpoint written (those that exist).
-const char* const kCarriedFiles[] = {"tokenizer.json",   "tokenizer_config.json", "generation_config.json",
-                                     "vocab.json",       "merges.txt",            "special_tokens_map.json",
-                                     "added_tokens.json"};
-
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // ---- the model -------------------------------------------------------------------------------
@@ -42,14 +36,6 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 bool is_preset(const std::string& init) {
   const auto& names = model::model_preset_names();
   return std::find(names.begin(), names.end(), init) != names.end();
-}
-
-Result<std::optional<at::ScalarType>> parse_dtype(const std::string& name) {
-  if (name.empty()) return std::optional<at::ScalarType>();
-  if (name == "fp32") return std::optional<at::ScalarType>(at::kFloat);
-  if (name == "bf16") return std::optional<at::ScalarType>(at::kBFloat16);
-  if (name == "fp16") return std::optional<at::ScalarType>(at::kHalf);
-  return invalid_argument(fmt::format("dtype \"{}\" is not fp32, bf16 or fp16", name));
 }
 
 // The preset written fresh into OUT/init with the trained tokenizer, or the checkpoint dir as is.
@@ -90,7 +76,7 @@ Result<fs::path> initial_model_dir(const SftConfig& c, const fs::path& out_dir, 
 }
 
 Result<std::shared_ptr<model::CausalLM>> load_model(const fs::path& dir, const ModelSection& m) {
-  auto dtype = parse_dtype(m.dtype);
+  auto dtype = model::parse_dtype(m.dtype);
   if (!dtype.ok()) return dtype.status();
   model::LoadOptions load;
   load.dtype = *dtype;
@@ -105,13 +91,7 @@ Result<std::shared_ptr<model::CausalLM>> load_model(const fs::path& dir, const M
 // A Hugging Face checkpoint of `model` in `dir`, with the tokenizer and generation config of `from`.
 Status save_hf_checkpoint(const model::CausalLM& model, const fs::path& from, const fs::path& dir) {
   KZ_RETURN_IF_ERROR(model.save(dir));
-  for (const char* name : kCarriedFiles) {
-    std::error_code ec;
-    if (!fs::exists(from / name, ec)) continue;
-    fs::copy_file(from / name, dir / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return io_error(fmt::format("copying {} to {}: {}", (from / name).string(), dir.string(), ec.message()));
-  }
-  return Status::ok();
+  return copy_tokenizer_files(from, dir);
 }
 
 // ---- the data --------------------------------------------------------------------------------

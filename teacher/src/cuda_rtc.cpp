@@ -83,14 +83,8 @@ std::string flat_kernel(const std::string& name, const std::vector<Step>& chain)
 }
 
 std::string flat_launch(const Step& step, const std::string& in, const std::string& out) {
-  std::vector<std::string> args = {in};
-  if (text::is_tensor_operand(step.operand)) args.push_back(step.value);
-  args.push_back(out);
-  if (step.operand == Operand::scalar) args.push_back(step.value);
-  args.push_back("n");
-  if (text::needs_cols({step})) args.push_back("cols");
   return fmt::format("self.kernels.{}_kernel({}, grid=grid, block=(THREADS,))", text::step_kernel_name(step),
-                     text::joined(args));
+                     text::joined(text::flat_arguments(step, in, out)));
 }
 
 std::string step_kernels(const std::vector<Step>& chain) {
@@ -255,55 +249,28 @@ struct Source {
   std::vector<std::string> forward;
 };
 
+const text::Launches kLaunches = {
+    flat_setup_lines, flat_launch,
+    [](const std::vector<std::string>& args) {
+      return fmt::format("self.kernels.fused_kernel({}, grid=grid, block=(THREADS,))", text::joined(args));
+    },
+    row_launch};
+
 Source elementwise(const ModuleSpec& spec, Fusion fusion, int threads) {
-  Source source;
-  std::vector<std::string> lines = text::contiguous_inputs(spec);
-  lines.push_back(fmt::format("THREADS = {}", threads));
-  for (const std::string& l : flat_setup_lines(spec.chain, "x.numel()", "x.shape[-1]")) lines.push_back(l);
-  if (fusion == Fusion::fused) {
-    source.kernels = flat_kernel("fused_kernel", spec.chain);
-    std::vector<std::string> args = {"x"};
-    for (const std::string& name : operand_inputs(spec)) args.push_back(name);
-    args.push_back("out");
-    args.push_back("n");
-    if (text::needs_cols(spec.chain)) args.push_back("cols");
-    lines.push_back("out = torch.empty_like(x)");
-    lines.push_back(fmt::format("self.kernels.fused_kernel({}, grid=grid, block=(THREADS,))", text::joined(args)));
-    lines.push_back("return out");
-  } else {
-    source.kernels = step_kernels(spec.chain);
-    std::string result;
-    for (const std::string& l : text::unfused_chain_lines(spec.chain, "x", flat_launch, result)) lines.push_back(l);
-    lines.push_back("return " + result);
-  }
-  source.forward = lines;
-  return source;
+  const bool fused = fusion == Fusion::fused;
+  return {fused ? flat_kernel("fused_kernel", spec.chain) : step_kernels(spec.chain),
+          text::elementwise_forward(spec, fused, fmt::format("THREADS = {}", threads), kLaunches)};
 }
 
 Source reduction(const ModuleSpec& spec, Fusion fusion, int threads) {
-  Source source;
-  std::vector<std::string> lines = text::contiguous_inputs(spec);
-  lines.push_back("rows, cols = x.shape");
-  lines.push_back(fmt::format("THREADS = {}", threads));
-  std::string in = "x";
-  std::vector<std::string> operands;
+  const bool fused = fusion == Fusion::fused;
   const std::vector<Step> none;
-  if (fusion == Fusion::fused) {
-    operands = operand_inputs(spec);
-    source.kernels = std::string(kBlockReduce) + "\n" + load_h_function(spec.chain) + "\n" + row_kernel(spec.reducer, spec.chain);
-  } else {
-    source.kernels = std::string(kBlockReduce) + step_kernels(spec.chain) + "\n" + load_h_function(none) + "\n" +
-                     row_kernel(spec.reducer, none);
-    if (!spec.chain.empty()) {
-      for (const std::string& l : flat_setup_lines(spec.chain, "x.numel()", "")) lines.push_back(l);
-      for (const std::string& l : text::unfused_chain_lines(spec.chain, "x", flat_launch, in)) lines.push_back(l);
-    }
-  }
-  lines.push_back(text::keeps_row_shape(spec.reducer) ? "out = torch.empty_like(x)" : "out = torch.empty(rows, device=x.device, dtype=x.dtype)");
-  lines.push_back(row_launch(spec.reducer, in, operands));
-  lines.push_back("return out");
-  source.forward = lines;
-  return source;
+  std::string kernels = fused ? std::string(kBlockReduce) + "\n" + load_h_function(spec.chain) + "\n" +
+                                    row_kernel(spec.reducer, spec.chain)
+                              : std::string(kBlockReduce) + step_kernels(spec.chain) + "\n" + load_h_function(none) +
+                                    "\n" + row_kernel(spec.reducer, none);
+  // forward names the row length `cols` itself: the chain's set-up need not.
+  return {kernels, text::reduction_forward(spec, fused, "cols", "", fmt::format("THREADS = {}", threads), kLaunches)};
 }
 
 Source gemm(const ModuleSpec& spec, Fusion fusion, int tile) {
@@ -315,11 +282,9 @@ Source gemm(const ModuleSpec& spec, Fusion fusion, int tile) {
   std::string define = fmt::format("#define TILE {}\n\n", tile);
   if (fusion == Fusion::fused) {
     source.kernels = define + gemm_kernel("linear_kernel", true, spec.chain);
-    std::vector<std::string> args = {"x", "w", "self.linear.bias"};
-    for (const std::string& name : operand_inputs(spec)) args.push_back(name);
-    for (const char* a : {"out", "M", "N", "K"}) args.push_back(a);
     lines.push_back("out = torch.empty((M, N), device=x.device, dtype=x.dtype)");
-    lines.push_back(fmt::format("self.kernels.linear_kernel({}, grid=tiles, block=(TILE, TILE))", text::joined(args)));
+    lines.push_back(fmt::format("self.kernels.linear_kernel({}, grid=tiles, block=(TILE, TILE))",
+                                text::joined(text::gemm_fused_arguments(spec))));
     lines.push_back("return out");
   } else {
     // The bias add is an op of its own: a row vector added to every row of the product.
@@ -329,10 +294,7 @@ Source gemm(const ModuleSpec& spec, Fusion fusion, int tile) {
     lines.push_back("h0 = torch.empty((M, N), device=x.device, dtype=x.dtype)");
     lines.push_back("self.kernels.matmul_kernel(x, w, h0, M, N, K, grid=tiles, block=(TILE, TILE))");
     lines.push_back("THREADS = TILE * TILE");
-    for (const std::string& l : flat_setup_lines(chain, "h0.numel()", "N")) lines.push_back(l);
-    std::string result;
-    for (const std::string& l : text::unfused_chain_lines(chain, "h0", flat_launch, result)) lines.push_back(l);
-    lines.push_back("return " + result);
+    for (const std::string& l : text::unfused_chain_return(chain, "h0", "h0.numel()", "N", kLaunches)) lines.push_back(l);
   }
   source.forward = lines;
   return source;

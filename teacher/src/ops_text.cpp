@@ -138,4 +138,84 @@ std::string joined(const std::vector<std::string>& items, const char* separator)
   return fmt::format("{}", fmt::join(items, separator));
 }
 
+// --- The forwards of the kernel formats ---
+
+std::vector<std::string> flat_arguments(const Step& step, const std::string& in, const std::string& out) {
+  std::vector<std::string> args = {in};
+  if (is_tensor_operand(step.operand)) args.push_back(step.value);
+  args.push_back(out);
+  if (step.operand == Operand::scalar) args.push_back(step.value);
+  args.push_back("n");
+  if (needs_cols({step})) args.push_back("cols");
+  return args;
+}
+
+namespace {
+
+void append(std::vector<std::string>& lines, const std::vector<std::string>& more) {
+  lines.insert(lines.end(), more.begin(), more.end());
+}
+
+}  // namespace
+
+std::vector<std::string> elementwise_forward(const ModuleSpec& spec, bool fused, const std::string& size,
+                                             const Launches& launches) {
+  std::vector<std::string> lines = contiguous_inputs(spec);
+  lines.push_back(size);
+  append(lines, launches.flat_setup(spec.chain, "x.numel()", "x.shape[-1]"));
+  if (!fused) {
+    std::string result;
+    append(lines, unfused_chain_lines(spec.chain, "x", launches.flat, result));
+    lines.push_back("return " + result);
+    return lines;
+  }
+  std::vector<std::string> args = {"x"};
+  append(args, operand_inputs(spec));
+  args.push_back("out");
+  args.push_back("n");
+  if (needs_cols(spec.chain)) args.push_back("cols");
+  lines.push_back("out = torch.empty_like(x)");
+  lines.push_back(launches.fused(args));
+  lines.push_back("return out");
+  return lines;
+}
+
+std::vector<std::string> reduction_forward(const ModuleSpec& spec, bool fused, const std::string& cols,
+                                           const std::string& chain_cols, const std::string& size,
+                                           const Launches& launches) {
+  std::vector<std::string> lines = contiguous_inputs(spec);
+  lines.push_back("rows, " + cols + " = x.shape");
+  lines.push_back(size);
+  std::string in = "x";
+  std::vector<std::string> operands;
+  if (fused) {
+    operands = operand_inputs(spec);
+  } else if (!spec.chain.empty()) {
+    append(lines, launches.flat_setup(spec.chain, "x.numel()", chain_cols));
+    append(lines, unfused_chain_lines(spec.chain, "x", launches.flat, in));
+  }
+  lines.push_back(keeps_row_shape(spec.reducer) ? "out = torch.empty_like(x)"
+                                                : "out = torch.empty(rows, device=x.device, dtype=x.dtype)");
+  lines.push_back(launches.row(spec.reducer, in, operands));
+  lines.push_back("return out");
+  return lines;
+}
+
+std::vector<std::string> gemm_fused_arguments(const ModuleSpec& spec) {
+  std::vector<std::string> args = {"x", "w", "self.linear.bias"};
+  append(args, operand_inputs(spec));
+  for (const char* a : {"out", "M", "N", "K"}) args.push_back(a);
+  return args;
+}
+
+std::vector<std::string> unfused_chain_return(const std::vector<Step>& chain, const std::string& in,
+                                              const std::string& numel, const std::string& cols,
+                                              const Launches& launches) {
+  std::vector<std::string> lines = launches.flat_setup(chain, numel, cols);
+  std::string result;
+  append(lines, unfused_chain_lines(chain, in, launches.flat, result));
+  lines.push_back("return " + result);
+  return lines;
+}
+
 }  // namespace kz::teacher::text

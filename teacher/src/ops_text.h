@@ -1,6 +1,7 @@
 // What the teacher's three writers (reference.cpp, triton.cpp, cuda_rtc.cpp) share: each op
 // spelled in PyTorch, Triton and CUDA C, the unfused chains' one-op kernels and buffers, the
-// module frame (__init__ arguments, weight submodules, contiguous inputs), and text helpers.
+// module frame (__init__ arguments, weight submodules, contiguous inputs), the forwards of the two
+// kernel formats, and text helpers.
 #pragma once
 
 #include <functional>
@@ -65,6 +66,48 @@ std::vector<std::string> contiguous_inputs(const ModuleSpec& spec);
 bool is_norm(Reducer reducer);
 // Whether the reducer's output has the row's shape (softmax, the norms) rather than one per row.
 bool keeps_row_shape(Reducer reducer);
+
+// --- The forwards of the kernel formats (triton.cpp, cuda_rtc.cpp) ---
+
+// How a kernel format spells the launches in a candidate's forward: the forwards below have the
+// same shape in every format, only these lines differ.
+struct Launches {
+  // The lines before flat launches over `numel` elements: n, the row length `cols` where the chain
+  // needs one, the grid.
+  std::function<std::vector<std::string>(const std::vector<Step>& chain, const std::string& numel,
+                                         const std::string& cols)>
+      flat_setup;
+  // One unfused step's launch from `in` into `out`.
+  std::function<std::string(const Step& step, const std::string& in, const std::string& out)> flat;
+  // The fused flat kernel's launch over `args`.
+  std::function<std::string(const std::vector<std::string>& args)> fused;
+  // The reducer's row launch from `in`, with the fused chain's tensor operands.
+  std::function<std::string(Reducer reducer, const std::string& in, const std::vector<std::string>& operands)> row;
+};
+
+// A flat kernel's arguments for one step from `in` into `out`: its tensor operand, its scalar, n
+// and the row length where it needs one.
+std::vector<std::string> flat_arguments(const Step& step, const std::string& in, const std::string& out);
+
+// An elementwise module's forward: the fused kernel over x, or one launch per step. `size`: the
+// line giving the launches' size ("BLOCK = 256", "THREADS = 256"), after the contiguous inputs.
+std::vector<std::string> elementwise_forward(const ModuleSpec& spec, bool fused, const std::string& size,
+                                             const Launches& launches);
+
+// A row reduction's forward from `rows, <cols> = x.shape` and `size`: where unfused, the chain's
+// launches first (their set-up given `chain_cols` as the row length), then the row launch into out.
+std::vector<std::string> reduction_forward(const ModuleSpec& spec, bool fused, const std::string& cols,
+                                           const std::string& chain_cols, const std::string& size,
+                                           const Launches& launches);
+
+// The fused gemm kernel's arguments: x, the weight, the bias, the chain's operands, out, M, N, K.
+std::vector<std::string> gemm_fused_arguments(const ModuleSpec& spec);
+
+// The unfused chain's set-up over `numel` elements of `in` (row length `cols`), its launches, and
+// the return of its last buffer.
+std::vector<std::string> unfused_chain_return(const std::vector<Step>& chain, const std::string& in,
+                                              const std::string& numel, const std::string& cols,
+                                              const Launches& launches);
 
 // Lines joined with "\n", each prefixed by `indent` spaces (blank lines stay blank).
 std::string indented(const std::vector<std::string>& lines, int indent);

@@ -83,12 +83,7 @@ std::string flat_kernel(const std::string& name, const std::vector<Step>& chain)
 
 // The launch of a flat kernel from forward: `in` through `step` into `out`.
 std::string flat_launch(const Step& step, const std::string& in, const std::string& out) {
-  std::vector<std::string> args = {in};
-  if (text::is_tensor_operand(step.operand)) args.push_back(step.value);
-  args.push_back(out);
-  if (step.operand == Operand::scalar) args.push_back(step.value);
-  args.push_back("n");
-  if (text::needs_cols({step})) args.push_back("cols");
+  std::vector<std::string> args = text::flat_arguments(step, in, out);
   args.push_back("BLOCK=BLOCK");
   return fmt::format("_{}_kernel[grid]({})", text::step_kernel_name(step), text::joined(args));
 }
@@ -247,56 +242,29 @@ std::vector<std::string> flat_setup_lines(const std::vector<Step>& chain, const 
   return lines;
 }
 
+const text::Launches kLaunches = {
+    flat_setup_lines, flat_launch,
+    [](const std::vector<std::string>& args) {
+      return fmt::format("_fused_kernel[grid]({}, BLOCK=BLOCK)", text::joined(args));
+    },
+    row_launch};
+
 CandidateCode elementwise(const ModuleSpec& spec, Fusion fusion, int block) {
+  const bool fused = fusion == Fusion::fused;
   CandidateCode code;
-  std::vector<std::string> lines = text::contiguous_inputs(spec);
-  lines.push_back(fmt::format("BLOCK = {}", block));
-  if (fusion == Fusion::fused) {
-    code.kernels = "\n\n" + flat_kernel("_fused_kernel", spec.chain);
-    for (const std::string& l : flat_setup_lines(spec.chain, "x.numel()", "x.shape[-1]")) lines.push_back(l);
-    std::vector<std::string> args = {"x"};
-    for (const std::string& name : operand_inputs(spec)) args.push_back(name);
-    args.push_back("out");
-    args.push_back("n");
-    if (text::needs_cols(spec.chain)) args.push_back("cols");
-    args.push_back("BLOCK=BLOCK");
-    lines.push_back("out = torch.empty_like(x)");
-    lines.push_back(fmt::format("_fused_kernel[grid]({})", text::joined(args)));
-    lines.push_back("return out");
-  } else {
-    code.kernels = step_kernels(spec.chain);
-    for (const std::string& l : flat_setup_lines(spec.chain, "x.numel()", "x.shape[-1]")) lines.push_back(l);
-    std::string result;
-    for (const std::string& l : text::unfused_chain_lines(spec.chain, "x", flat_launch, result)) lines.push_back(l);
-    lines.push_back("return " + result);
-  }
-  code.forward = lines;
+  code.kernels = fused ? "\n\n" + flat_kernel("_fused_kernel", spec.chain) : step_kernels(spec.chain);
+  code.forward = text::elementwise_forward(spec, fused, fmt::format("BLOCK = {}", block), kLaunches);
   return code;
 }
 
 CandidateCode reduction(const ModuleSpec& spec, Fusion fusion, int block) {
-  CandidateCode code;
-  std::vector<std::string> lines = text::contiguous_inputs(spec);
-  lines.push_back("rows, N = x.shape");
-  lines.push_back(fmt::format("BLOCK = {}", block));
-  std::string in = "x";
-  std::vector<std::string> operands;
+  const bool fused = fusion == Fusion::fused;
   const std::vector<Step> none;
-  if (fusion == Fusion::fused) {
-    operands = operand_inputs(spec);
-    code.kernels = "\n\n" + load_chunk_function(spec.chain) + "\n\n" + row_kernel(spec.reducer, spec.chain);
-  } else {
-    code.kernels = step_kernels(spec.chain) + "\n\n" + load_chunk_function(none) + "\n\n" + row_kernel(spec.reducer, none);
-    if (!spec.chain.empty()) {
-      for (const std::string& l : flat_setup_lines(spec.chain, "x.numel()", "N")) lines.push_back(l);
-      for (const std::string& l : text::unfused_chain_lines(spec.chain, "x", flat_launch, in)) lines.push_back(l);
-    }
-  }
-  lines.push_back(text::keeps_row_shape(spec.reducer) ? "out = torch.empty_like(x)"
-                                                : "out = torch.empty(rows, device=x.device, dtype=x.dtype)");
-  lines.push_back(row_launch(spec.reducer, in, operands));
-  lines.push_back("return out");
-  code.forward = lines;
+  CandidateCode code;
+  code.kernels = fused ? "\n\n" + load_chunk_function(spec.chain) + "\n\n" + row_kernel(spec.reducer, spec.chain)
+                       : step_kernels(spec.chain) + "\n\n" + load_chunk_function(none) + "\n\n" +
+                             row_kernel(spec.reducer, none);
+  code.forward = text::reduction_forward(spec, fused, "N", "N", fmt::format("BLOCK = {}", block), kLaunches);
   return code;
 }
 
@@ -309,11 +277,8 @@ CandidateCode gemm(const ModuleSpec& spec, Fusion fusion, int tile) {
   std::string blocks = fmt::format("BLOCK_M=TILE, BLOCK_N=TILE, BLOCK_K={}", kGemmBlockK);
   if (fusion == Fusion::fused) {
     code.kernels = "\n\n" + gemm_kernel("_linear_kernel", true, spec.chain);
-    std::vector<std::string> args = {"x", "w", "self.linear.bias"};
-    for (const std::string& name : operand_inputs(spec)) args.push_back(name);
-    for (const char* a : {"out", "M", "N", "K"}) args.push_back(a);
     lines.push_back("out = torch.empty((M, N), device=x.device, dtype=x.dtype)");
-    lines.push_back(fmt::format("_linear_kernel[tiles]({}, {})", text::joined(args), blocks));
+    lines.push_back(fmt::format("_linear_kernel[tiles]({}, {})", text::joined(text::gemm_fused_arguments(spec)), blocks));
     lines.push_back("return out");
   } else {
     // The bias add is an op of its own: a row vector added to every row of the product.
@@ -323,10 +288,7 @@ CandidateCode gemm(const ModuleSpec& spec, Fusion fusion, int tile) {
     lines.push_back("h0 = torch.empty((M, N), device=x.device, dtype=x.dtype)");
     lines.push_back(fmt::format("_matmul_kernel[tiles](x, w, h0, M, N, K, {})", blocks));
     lines.push_back("BLOCK = TILE * TILE");
-    for (const std::string& l : flat_setup_lines(chain, "h0.numel()", "N")) lines.push_back(l);
-    std::string result;
-    for (const std::string& l : text::unfused_chain_lines(chain, "h0", flat_launch, result)) lines.push_back(l);
-    lines.push_back("return " + result);
+    for (const std::string& l : text::unfused_chain_return(chain, "h0", "h0.numel()", "N", kLaunches)) lines.push_back(l);
   }
   code.forward = lines;
   return code;

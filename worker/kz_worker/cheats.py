@@ -56,7 +56,7 @@ import torch.overrides
 import torch.utils._python_dispatch as python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import compare, fingerprint, gpu_lock, sandbox
+from . import correctness, fingerprint, gpu_lock, sandbox
 from . import verdict as v
 
 # ---- the ATen policy of ModelNew.forward, per format ------------------------------------------------
@@ -553,7 +553,7 @@ def kernel_effect_failure(muted_out, out, tolerance: dict):
     if muted_out is None:
         return None
     try:
-        compare.compare_outputs(muted_out, out, tolerance)
+        correctness.compare_outputs(muted_out, out, tolerance)
     except v.Failure:
         return None
     return v.Failure(v.CHEAT_DETECTED,

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from . import compare
+from . import correctness
 from . import verdict as v
 
 # Elements per chunk: the hash's and the sums' temporaries (float64 / int64: 32 MiB each).
@@ -57,7 +57,7 @@ def bits_hash(t: torch.Tensor) -> int:
     (at most 4 bytes each), word k weighted by a secret odd number, wrapping at 2^64. Word k's
     weight is the k mod CHUNK-th of CHUNK secret weights times a secret odd key of block k // CHUNK,
     so that no change in two blocks cancels out without the secret. Equal bytes give equal hashes;
-    any change gives another but with probability ~2^-63. Work goes chunk by chunk (compare._chunks:
+    any change gives another but with probability ~2^-63. Work goes chunk by chunk (correctness._chunks:
     a non-contiguous tensor is never copied whole), with one synchronisation for all chunks."""
     x = t.detach()
     if x.numel() == 0:
@@ -65,7 +65,7 @@ def bits_hash(t: torch.Tensor) -> int:
     word = _WORDS.get(x.element_size(), torch.int32)
     weights = _hash_weights(x.device)
     sums, blocks, position = [], [], 0
-    for (piece,) in compare._chunks(x):
+    for (piece,) in correctness._chunks(x):
         words = piece.contiguous().view(word)
         done = 0
         while done < words.numel():
@@ -84,7 +84,7 @@ def bits_hash(t: torch.Tensor) -> int:
 def digest(values) -> tuple:
     """Exact: the type, shape, dtype and bytes of every tensor, the value of everything else."""
     parts = []
-    for x in compare.flatten(values):
+    for x in correctness.flatten(values):
         if isinstance(x, torch.Tensor):
             parts.append((type(x).__name__, tuple(x.shape), str(x.dtype), bits_hash(x)))
         else:
@@ -106,7 +106,7 @@ def check_unchanged(inputs, expected: tuple) -> None:
 
 def skeleton(value):
     """The output's structure, with each tensor as an empty meta tensor of its shape and dtype: what
-    the type and structure checks (cheats.check_output_types, compare.check_structure) look at."""
+    the type and structure checks (cheats.check_output_types, correctness.check_structure) look at."""
     if isinstance(value, torch.Tensor):
         return torch.empty(value.shape, dtype=value.dtype, device="meta")
     if isinstance(value, (tuple, list)):
@@ -166,7 +166,7 @@ class Sketch:
     def __init__(self, output):
         self.skeleton = skeleton(output)
         self.parts = []
-        for x in compare.flatten(output):
+        for x in correctness.flatten(output):
             if isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
                 real = torch.view_as_real(x) if x.dtype.is_complex else x
                 self.parts.append(("float", type(x), tuple(x.shape), x.dtype, _FloatSketch(real)))

@@ -191,7 +191,7 @@ def for_request(request: dict, device: torch.device):
 
 
 # The evaluation's lock, set before the harness's identity snapshot (which then protects it): the
-# compile hooks (cheats.install_launch_hooks, formats' load_inline) reach it through released().
+# compile hooks (cheats.install_launch_hooks, compile/load_inline.py's wrapper) reach it through released().
 _process_lock = NoLock()
 
 

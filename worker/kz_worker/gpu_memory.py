@@ -5,7 +5,7 @@ on PyTorch's meta device (shapes only, no data), which gives its weights, its in
 the tensors alive during its forward (intermediates and output). The harness's own footprint is a
 fixed multiple of those (`budget_bytes`): it holds one input set at a time, regenerates the others
 from their seeds and keeps only fingerprints of the reference outputs (harness.Expected), and
-compares in chunks (compare.py). Where the meta run fails (an op without a meta kernel, a
+compares in chunks (correctness.py). Where the meta run fails (an op without a meta kernel, a
 data-dependent shape), the evaluation reserves the whole GPU, measures the reference for real and
 gives back what it does not need.
 
@@ -37,7 +37,7 @@ SLOTS = 16
 # an H200), counted for every process that may live on the GPU, waiting or working.
 CONTEXT_BYTES = 768 << 20
 # Room beyond the estimate: library workspaces (cuBLAS, cuDNN), the allocator's rounding and
-# fragmentation, the poison fill (formats.poison_free_memory, at most 1 GiB), chunked comparisons.
+# fragmentation, the poison fill (correctness.poison_free_memory, at most 1 GiB), chunked comparisons.
 MARGIN_BYTES = 1 << 30
 MARGIN_SHARE = 0.10
 # The timing's rotating input buffers (harness._timed_runs) take at most this much where the request

@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from . import cheats, compare, fingerprint, formats, gpu_lock, gpu_memory, loading, timing
+from . import cheats, correctness, errors, fingerprint, gpu_lock, gpu_memory, loading, timing
+from .compile import formats, load_inline
 from . import verdict as v
 
 
@@ -51,7 +52,7 @@ class Expected:
         self.reference, self.model, self.device, self.tolerances = reference, model, device, tolerances
         self.sets = {}  # key -> (seed, digest of the inputs, sketch of the reference output)
         self._differ = {}
-        # The float64 rule's reference (compare.py), copied before any candidate code runs.
+        # The float64 rule's reference (correctness.py), copied before any candidate code runs.
         self.model64 = _float64_copy(model) if tolerances.get("rule") == "float64" else None
 
     def add(self, key: str, seed: int) -> int:
@@ -66,10 +67,10 @@ class Expected:
         try:
             with torch.no_grad():
                 out = self.model(*loading.clone_all(inputs))
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
             return out
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise  # gpu_memory's to judge: the harness's, the task's or another evaluation's
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to run:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
@@ -121,7 +122,7 @@ class Expected:
                             [v.REFERENCE_TAMPERED])
 
     def _tolerance(self, dtype):
-        tol = compare.tolerance_for(dtype, self.tolerances)
+        tol = correctness.tolerance_for(dtype, self.tolerances)
         return tol.atol, tol.rtol
 
     def differ(self, a: str, b: str) -> bool:
@@ -179,10 +180,10 @@ class Evaluation:
         except v.Failure as failure:
             self._fail(failure.status, failure.message, failure.checks)
         except Exception as exc:  # the candidate's own exception: classify by stage and type
-            if formats.is_memory_exception(exc) and self.device.type == "cuda":
+            if errors.is_memory_exception(exc) and self.device.type == "cuda":
                 self._fail(*self._out_of_memory(exc))
             else:
-                status, check = formats.classify_exception(exc, self.stage)
+                status, check = errors.classify_exception(exc, self.stage)
                 self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
         self._note_gpu_wait()
@@ -192,7 +193,7 @@ class Evaluation:
         except Exception:
             pass
         try:
-            if build_s := formats.build_parts(self.compile_started):
+            if build_s := load_inline.builds.build_parts(self.compile_started):
                 self.result["build_s"] = build_s
         except Exception:
             pass
@@ -230,7 +231,7 @@ class Evaluation:
             with _seconds(loaded, "build"):
                 reference_model = None if pre_build else reference.build(init_inputs, self.seed, self.device)
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             raise v.Failure(v.INFRA_ERROR, "reference Model failed to build:\n" + v.describe_exception(exc),
                             [v.REFERENCE_FAILED])
@@ -347,8 +348,8 @@ class Evaluation:
             # Drawn before any candidate code runs, from the OS rather than the request's seed: which
             # timed runs get checked is nothing the candidate can compute or influence.
             rng = random.Random(os.urandom(16))
-            self.sampled_runs = sample_runs(settings["runs"], self.timing_sets, rng)
-            self.guarded_runs = guard_runs(settings["runs"], rng)
+            self.sampled_runs = timing.sample_runs(settings["runs"], self.timing_sets, rng)
+            self.guarded_runs = timing.guard_runs(settings["runs"], rng)
         for key, seed in sets:
             with self.gpu.shared():  # per input set: a waiting timing gets the GPU in between
                 self.expected.add(key, seed)
@@ -362,10 +363,10 @@ class Evaluation:
             compiled = torch.compile(reference_model)
             with self.gpu.shared(), torch.no_grad():
                 compiled(*self.expected.inputs(trial_key(0)))
-                formats.synchronize(self.device)
+                correctness.synchronize(self.device)
             self.compiled_reference = compiled
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             text = str(exc).strip()
             self.compile_baseline_error = f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
@@ -451,7 +452,7 @@ class Evaluation:
     def _forward(self, model, inputs, where: str):
         out = model(*inputs)
         self.guard.verify(f"after {where}")
-        formats.synchronize(self.device)
+        correctness.synchronize(self.device)
         # Triton compiles at the first launch: a forward that returned has compiled, even
         # when a check below fails (as for cuda/cuda-rtc, where compiled is set before).
         self.result["compiled"] = True
@@ -470,8 +471,8 @@ class Evaluation:
             cheats.check_output_types(out, live)
             cheats.check_aliases_reference(out, [live])
             self.replays.check(key, out)
-            stats = compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
-            compare.check_aliasing(out, inputs, live, inputs)
+            stats = correctness.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
+            correctness.check_aliasing(out, inputs, live, inputs)
         return stats
 
     def _audit(self, candidate_model) -> None:
@@ -480,7 +481,7 @@ class Evaluation:
         key = trial_key(0)
         with self.gpu.shared():
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
         # Holds the GPU for the forward only, not for the profiler's own CPU work.
         out, report = cheats.audit_forward(self.format, candidate_model, inputs, self.device, self.gpu.shared,
                                            profiled=self.profiled)
@@ -496,7 +497,7 @@ class Evaluation:
             raise failure
         probing = cheats.probes_kernel_effect(self.format, self.policy)
         with self.gpu.shared():
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
             with self.guard.comparing("checking the inputs"):
                 live = self._reference_output(key, inputs)
             self._check_output(out, key, inputs, live)
@@ -523,7 +524,7 @@ class Evaluation:
         (no_kernel_effect)."""
         with self.gpu.shared():
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             muted, muted_calls = self._muted_forward(candidate_model, inputs)
             if unprobed := cheats.unprobed(self.format, muted_calls):
                 self.result.setdefault("unchecked", {}).update(unprobed)
@@ -543,9 +544,9 @@ class Evaluation:
         try:
             with cheats.muted_launches() as muted:
                 out = candidate_model(*inputs)
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
         except Exception as exc:
-            if formats.is_memory_exception(exc):
+            if errors.is_memory_exception(exc):
                 raise
             out = None
         self.guard.verify("after the forward with muted kernels")
@@ -565,7 +566,7 @@ class Evaluation:
         """One trial: the candidate, the live reference, the candidate again, on one input set."""
         try:
             inputs = self.expected.inputs(key)
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             first = self._forward(candidate_model, inputs, "a correctness trial")
             with self.guard.comparing("checking the inputs"):
                 live = self._reference_output(key, inputs)
@@ -573,7 +574,7 @@ class Evaluation:
             del first
             # Run again into fresh, poisoned memory, with the reference's output alive: an output
             # fished out of freed memory is caught.
-            formats.poison_free_memory(self.device, inputs)
+            correctness.poison_free_memory(self.device, inputs)
             second = self._forward(candidate_model, inputs, "a correctness trial")
             with self.guard.comparing("checking the inputs"):
                 self.expected.check_unchanged(key, inputs)
@@ -611,7 +612,7 @@ class Evaluation:
         """The timed runs, alone on the GPU (exclusive hold); then, sharing it, the comparisons of the
         sampled outputs that the hold only copied; the speedup is recorded only once they passed."""
         with self.gpu.shared():
-            snapshots = Snapshots(self.device, self.memory)
+            snapshots = timing.Snapshots(self.device, self.memory)
             key = timing_key(0)
             inputs = self.expected.inputs(key)
             snapshots.reserve(len(self.sampled_runs), self.expected.skeleton(key), inputs)
@@ -672,7 +673,7 @@ class Evaluation:
         with _timed_run(run), self.guard.comparing("checking a timed output", in_hold=True):
             expected = self.expected.skeleton(key)
             cheats.check_output_types(out, expected)
-            compare.check_structure(out, expected)
+            correctness.check_structure(out, expected)
             if not snapshots.take(run, key, out, inputs):
                 self._compare_timed(key, out, inputs)
 
@@ -690,7 +691,7 @@ class Evaluation:
         self.expected.check_unchanged(key, inputs)
         live = self.expected.output(key, inputs)
         cheats.check_aliases_reference(out, [live])
-        compare.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
+        correctness.compare_outputs(out, live, self.request["tolerance"], self.expected.exact_output(inputs))
 
 
 def _float64_copy(model):
@@ -700,73 +701,6 @@ def _float64_copy(model):
         return copy.deepcopy(model).double()
     except Exception:
         return None
-
-
-# The copies of one timing's sampled runs (each its output and its inputs as the run left them),
-# taken in the exclusive hold and compared after it, take at most this many bytes. A kzbench task at
-# its GPU sizes copies 32-384 MiB per sampled run (19_scale_residual_gelu the most), so all 8 samples
-# of the default timing (SAMPLED_PER_BUFFER for each of 4 buffers) fit. A device copy costs little
-# beside the float64 comparisons it moves out of the hold.
-SNAPSHOT_BUDGET_BYTES = 3 << 30
-# On a GPU also at most this share of what the allocator can still get (free device memory, within
-# set_per_process_memory_fraction), and no more than the evaluation's memory slots hold beyond its
-# budget (gpu_memory): the copies must not make the candidate's own allocations fail (an
-# out-of-memory verdict it would not otherwise get) nor crowd the other workers on the GPU.
-SNAPSHOT_FREE_SHARE = 0.25
-
-
-def snapshot_budget(device: torch.device, memory=None) -> int:
-    if device.type != "cuda":
-        return SNAPSHOT_BUDGET_BYTES
-    free, total = torch.cuda.mem_get_info(device)
-    # The allocator's limit counts what it reserved (cached blocks included) against fraction * total.
-    allowed = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
-    budget = min(SNAPSHOT_BUDGET_BYTES, SNAPSHOT_FREE_SHARE * max(0.0, min(free, allowed)))
-    if memory is not None:
-        budget = min(budget, memory.spare_bytes)
-    return int(budget)
-
-
-class Snapshots:
-    """Device copies of sampled timed runs, within snapshot_budget: a run whose copy would exceed it,
-    or whose copy the allocator refuses, is not taken (its caller compares it at once instead)."""
-
-    def __init__(self, device: torch.device, memory=None):
-        self.device = device
-        self.budget_bytes = snapshot_budget(device, memory)
-        self.used_bytes = 0
-        self.runs = []  # (run, input-set key, copy of the output, copy of the inputs), in run order
-
-    def reserve(self, count: int, out, inputs) -> None:
-        """Before the exclusive hold: has the caching allocator keep the memory `count` copies of an
-        output like `out` and inputs like `inputs` take (one block, allocated and freed at once, which
-        the copies then split), so taking them in the hold costs no cudaMalloc of hundreds of MiB."""
-        size = min(count * (gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)), self.budget_bytes)
-        if self.device.type != "cuda" or size == 0:
-            return
-        try:
-            block = torch.empty(size, dtype=torch.uint8, device=self.device)
-        except Exception as exc:
-            if not formats.is_memory_exception(exc):
-                raise
-            return  # the copies that do not fit are compared at once (take)
-        del block
-
-    def take(self, run, key, out, inputs) -> bool:
-        size = gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)
-        if self.used_bytes + size > self.budget_bytes:
-            return False
-        try:
-            self.runs.append((run, key, cheats.clone_output(out), loading.clone_all(inputs)))
-        except Exception as exc:
-            if not formats.is_memory_exception(exc):
-                raise
-            return False
-        # Copied before the candidate runs again: its next forward may write these buffers from a
-        # stream that does not wait for the copy.
-        formats.synchronize(self.device)
-        self.used_bytes += size
-        return True
 
 
 def _refill(buffers, inputs) -> None:
@@ -789,43 +723,6 @@ def _timed_run(run: int):
                         failure.checks + [v.WRONG_DURING_TIMING])
 
 
-# Sampled timed runs per input buffer: 8 comparisons in all with the default 4 buffers.
-SAMPLED_PER_BUFFER = 2
-
-
-def sample_runs(runs: int, n: int, rng: random.Random) -> frozenset:
-    """The timed runs whose candidate output is checked: for every buffer, SAMPLED_PER_BUFFER of its
-    runs drawn at random from the rounds that hold other data than the warm-up's (round % n != 0,
-    where a result cached by pointer is stale), topped up from its other runs where those are too
-    few. A fixed choice (each buffer's last runs, as before) let a candidate that counts its calls
-    be right on exactly those and return anything in the others; now it cannot tell which runs are
-    checked, and being wrong in half of them (to move the median) is caught but for 1 in 2^8."""
-    sampled = set()
-    for k in range(n):
-        mine = [i for i in range(runs) if i % n == k]
-        moved = [i for i in mine if (i // n) % n != 0]
-        chosen = rng.sample(moved, min(SAMPLED_PER_BUFFER, len(moved)))
-        rest = [i for i in mine if i not in chosen]
-        chosen += rng.sample(rest, min(SAMPLED_PER_BUFFER - len(chosen), len(rest)))
-        sampled.update(chosen)
-    return frozenset(sampled)
-
-
-# The share of timed runs after which the Guard is verified (besides every warm-up run, the sampled
-# runs, the last run and the end of the hold). A verify is ~0.5-0.9 ms on the H200 in a loop, ~2 ms
-# between timed runs (112 of them were a third of the exclusive hold). What it catches persists (a
-# patch, a thread): one left in place is caught at the next verify and at the end, so only a patch
-# made and undone between verifies escapes, and to move the median it must span half of the 100
-# runs, escaping a random quarter of them with probability 0.75^50, ~6e-7.
-GUARDED_SHARE = 0.25
-
-
-def guard_runs(runs: int, rng: random.Random) -> frozenset:
-    """The timed runs after which the Guard is verified: each with probability GUARDED_SHARE, and the
-    last. Drawn with sample_runs, before any candidate code runs, from the OS's randomness."""
-    return frozenset(i for i in range(runs) if rng.random() < GUARDED_SHARE) | {runs - 1}
-
-
 # Any values: the warm-up compares a tensor with its copy, which passes every tolerance.
 _WARM_UP_TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
                       "atol_half": 1e-2, "rtol_half": 1e-2, "norm_tol_half": 2e-2}
@@ -843,12 +740,12 @@ def load_check_kernels(device: torch.device) -> None:
     with torch.device(device):
         reference = torch.randn(256)
     out = reference.clone()
-    compare.compare_outputs(out, reference, _WARM_UP_TOLERANCE)
+    correctness.compare_outputs(out, reference, _WARM_UP_TOLERANCE)
     fingerprint.check_unchanged([out], fingerprint.digest([reference]))
     fingerprint.Sketch(out).mismatch(fingerprint.Sketch(reference), lambda dtype: (1e-4, 1e-4))
-    formats.poison_free_memory(device, [reference])
+    correctness.poison_free_memory(device, [reference])
     cheats.poison([out, reference])
-    formats.synchronize(device)
+    correctness.synchronize(device)
 
 
 @contextlib.contextmanager

@@ -19,13 +19,20 @@ The harness gets every candidate output after its run, outside the timed region
 (`after_candidate`, to verify a sample of them: cheats.py), and is told when a new round over the
 input sets begins (`new_round`, to move the input data between buffers, so that a result cached by
 pointer turns stale).
+
+Which timed runs have their output checked (sample_runs) and after which the Guard is verified
+(guard_runs) is drawn before any candidate code runs; the sampled outputs are copied inside the
+exclusive hold (Snapshots) and compared after it.
 """
 import ctypes
+import random
 import statistics
 import time
 from typing import NamedTuple
 
 import torch
+
+from . import cheats, correctness, errors, gpu_memory, loading
 
 # How much the candidate's median gap may exceed the reference's before its side work counts: above
 # the gap's own noise (the host's wake-up after the synchronize), small beside the candidate's time.
@@ -321,3 +328,110 @@ def report(ref_samples, cand_samples) -> dict:
     ref = summarize_at(ref_samples, decision["end"])
     cand = summarize_at(cand_samples, decision["end"])
     return {"reference": ref, "candidate": cand, "speedup": ref["median_ms"] / cand["median_ms"], **decision}
+
+
+# ---- which timed runs are checked, and the copies of their outputs ----------------------------
+
+
+# Sampled timed runs per input buffer: 8 comparisons in all with the default 4 buffers.
+SAMPLED_PER_BUFFER = 2
+
+
+def sample_runs(runs: int, n: int, rng: random.Random) -> frozenset:
+    """The timed runs whose candidate output is checked: for every buffer, SAMPLED_PER_BUFFER of its
+    runs drawn at random from the rounds that hold other data than the warm-up's (round % n != 0,
+    where a result cached by pointer is stale), topped up from its other runs where those are too
+    few. A fixed choice (each buffer's last runs, as before) let a candidate that counts its calls
+    be right on exactly those and return anything in the others; now it cannot tell which runs are
+    checked, and being wrong in half of them (to move the median) is caught but for 1 in 2^8."""
+    sampled = set()
+    for k in range(n):
+        mine = [i for i in range(runs) if i % n == k]
+        moved = [i for i in mine if (i // n) % n != 0]
+        chosen = rng.sample(moved, min(SAMPLED_PER_BUFFER, len(moved)))
+        rest = [i for i in mine if i not in chosen]
+        chosen += rng.sample(rest, min(SAMPLED_PER_BUFFER - len(chosen), len(rest)))
+        sampled.update(chosen)
+    return frozenset(sampled)
+
+
+# The share of timed runs after which the Guard is verified (besides every warm-up run, the sampled
+# runs, the last run and the end of the hold). A verify is ~0.5-0.9 ms on the H200 in a loop, ~2 ms
+# between timed runs (112 of them were a third of the exclusive hold). What it catches persists (a
+# patch, a thread): one left in place is caught at the next verify and at the end, so only a patch
+# made and undone between verifies escapes, and to move the median it must span half of the 100
+# runs, escaping a random quarter of them with probability 0.75^50, ~6e-7.
+GUARDED_SHARE = 0.25
+
+
+def guard_runs(runs: int, rng: random.Random) -> frozenset:
+    """The timed runs after which the Guard is verified: each with probability GUARDED_SHARE, and the
+    last. Drawn with sample_runs, before any candidate code runs, from the OS's randomness."""
+    return frozenset(i for i in range(runs) if rng.random() < GUARDED_SHARE) | {runs - 1}
+
+
+# The copies of one timing's sampled runs (each its output and its inputs as the run left them),
+# taken in the exclusive hold and compared after it, take at most this many bytes. A kzbench task at
+# its GPU sizes copies 32-384 MiB per sampled run (19_scale_residual_gelu the most), so all 8 samples
+# of the default timing (SAMPLED_PER_BUFFER for each of 4 buffers) fit. A device copy costs little
+# beside the float64 comparisons it moves out of the hold.
+SNAPSHOT_BUDGET_BYTES = 3 << 30
+# On a GPU also at most this share of what the allocator can still get (free device memory, within
+# set_per_process_memory_fraction), and no more than the evaluation's memory slots hold beyond its
+# budget (gpu_memory): the copies must not make the candidate's own allocations fail (an
+# out-of-memory verdict it would not otherwise get) nor crowd the other workers on the GPU.
+SNAPSHOT_FREE_SHARE = 0.25
+
+
+def snapshot_budget(device: torch.device, memory=None) -> int:
+    if device.type != "cuda":
+        return SNAPSHOT_BUDGET_BYTES
+    free, total = torch.cuda.mem_get_info(device)
+    # The allocator's limit counts what it reserved (cached blocks included) against fraction * total.
+    allowed = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
+    budget = min(SNAPSHOT_BUDGET_BYTES, SNAPSHOT_FREE_SHARE * max(0.0, min(free, allowed)))
+    if memory is not None:
+        budget = min(budget, memory.spare_bytes)
+    return int(budget)
+
+
+class Snapshots:
+    """Device copies of sampled timed runs, within snapshot_budget: a run whose copy would exceed it,
+    or whose copy the allocator refuses, is not taken (its caller compares it at once instead)."""
+
+    def __init__(self, device: torch.device, memory=None):
+        self.device = device
+        self.budget_bytes = snapshot_budget(device, memory)
+        self.used_bytes = 0
+        self.runs = []  # (run, input-set key, copy of the output, copy of the inputs), in run order
+
+    def reserve(self, count: int, out, inputs) -> None:
+        """Before the exclusive hold: has the caching allocator keep the memory `count` copies of an
+        output like `out` and inputs like `inputs` take (one block, allocated and freed at once, which
+        the copies then split), so taking them in the hold costs no cudaMalloc of hundreds of MiB."""
+        size = min(count * (gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)), self.budget_bytes)
+        if self.device.type != "cuda" or size == 0:
+            return
+        try:
+            block = torch.empty(size, dtype=torch.uint8, device=self.device)
+        except Exception as exc:
+            if not errors.is_memory_exception(exc):
+                raise
+            return  # the copies that do not fit are compared at once (take)
+        del block
+
+    def take(self, run, key, out, inputs) -> bool:
+        size = gpu_memory.nbytes(out) + gpu_memory.nbytes(inputs)
+        if self.used_bytes + size > self.budget_bytes:
+            return False
+        try:
+            self.runs.append((run, key, cheats.clone_output(out), loading.clone_all(inputs)))
+        except Exception as exc:
+            if not errors.is_memory_exception(exc):
+                raise
+            return False
+        # Copied before the candidate runs again: its next forward may write these buffers from a
+        # stream that does not wait for the copy.
+        correctness.synchronize(self.device)
+        self.used_bytes += size
+        return True

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from . import compare, formats, gpu_lock, loading, syntax_check
+from . import correctness, gpu_lock, loading, syntax_check
 from . import verdict as v
 from .cheats import AuditMode
 
@@ -173,7 +173,7 @@ class Validation:
         try:
             with torch.no_grad():
                 output = model(*loading.clone_all(inputs))
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
             return output
         except Exception as exc:
             raise Reject("runs", "forward failed:\n" + v.describe_exception(exc))
@@ -181,7 +181,7 @@ class Validation:
     # -- deterministic -------------------------------------------------------------------------
     def check_deterministic(self, reference, model, inputs, output) -> None:
         self.enter("determinism")
-        if not all(isinstance(t, torch.Tensor) for t in compare.flatten(output)):
+        if not all(isinstance(t, torch.Tensor) for t in correctness.flatten(output)):
             return  # not comparable bit for bit: the outputs check rejects it with the real reason
         # A different RNG state before the repeat: random ops in forward draw different values.
         torch.random.manual_seed(self.seed + 7_777)
@@ -198,7 +198,7 @@ class Validation:
     # -- outputs -------------------------------------------------------------------------------
     def check_outputs(self, output) -> None:
         self.enter("outputs")
-        tensors = compare.flatten(output)
+        tensors = correctness.flatten(output)
         if not tensors:
             raise Reject("outputs", "forward returned an empty tuple/list")
         for index, tensor in enumerate(tensors):
@@ -233,7 +233,7 @@ class Validation:
         try:
             with torch.no_grad(), recorder:
                 model(*cloned)
-            formats.synchronize(self.device)
+            correctness.synchronize(self.device)
         except Exception as exc:
             raise Reject("runs", "forward failed while tracing ATen ops:\n" + v.describe_exception(exc))
         ops = collections.Counter(recorder.ops)
@@ -322,7 +322,7 @@ def perturbed(x: torch.Tensor, fresh):
 
 def bitwise_equal(a, b) -> bool:
     """Same structure, shapes, dtypes and bytes (NaN == NaN when the bits agree)."""
-    a_items, b_items = compare.flatten(a), compare.flatten(b)
+    a_items, b_items = correctness.flatten(a), correctness.flatten(b)
     if type(a) is not type(b) or len(a_items) != len(b_items):
         return False
     for x, y in zip(a_items, b_items):

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from kz_worker import cheats, compare, fingerprint, gpu_lock, harness, loading, timing
+from kz_worker import cheats, correctness, fingerprint, gpu_lock, harness, loading, timing
 from kz_worker import verdict as v
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -190,23 +190,23 @@ def test_audit_failure_names_no_custom_kernel_and_compute():
 
 
 def test_guard_detects_and_restores_what_changed():
-    from kz_worker import compare
+    from kz_worker import correctness
     guard = cheats.Guard("triton")
     assert guard.changes() == []
-    relu, norm, code = torch.relu, torch.Tensor.norm, compare.compare_outputs.__code__
+    relu, norm, code = torch.relu, torch.Tensor.norm, correctness.compare_outputs.__code__
     torch.relu = lambda x: x
     torch.Tensor.any = lambda self, *a, **k: torch.tensor(False)
-    compare.compare_outputs.__code__ = (lambda out, ref, settings: {}).__code__
+    correctness.compare_outputs.__code__ = (lambda out, ref, settings: {}).__code__
     torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
     handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
     gc.callbacks.append(lambda *a: None)
     torch.overrides.TorchFunctionMode().__enter__()
     changed = guard.changes()
-    for part in ("torch.relu", "torch.Tensor.any", "kz_worker.compare.compare_outputs.__code__",
+    for part in ("torch.relu", "torch.Tensor.any", "kz_worker.correctness.compare_outputs.__code__",
                  "allow_tf32", "global module hooks", "gc.callbacks", "TorchFunctionMode left active"):
         assert any(part in c for c in changed), (part, changed)
     assert torch.relu is relu and torch.Tensor.norm is norm and "any" not in vars(torch.Tensor)
-    assert compare.compare_outputs.__code__ is code
+    assert correctness.compare_outputs.__code__ is code
     assert guard.changes() == [], "everything was restored"
     handle.remove()
 
@@ -343,21 +343,21 @@ def test_poison_overwrites_but_spares_parameters():
 
 
 def test_sample_runs_cover_every_buffer_in_moved_rounds():
-    sampled = harness.sample_runs(100, 4, random.Random(1))
+    sampled = timing.sample_runs(100, 4, random.Random(1))
     for k in range(4):
         mine = [i for i in sampled if i % 4 == k]
-        assert len(mine) == harness.SAMPLED_PER_BUFFER
+        assert len(mine) == timing.SAMPLED_PER_BUFFER
         assert all((i // 4) % 4 != 0 for i in mine), "rounds whose data differs from the warm-up's"
-    assert harness.sample_runs(3, 4, random.Random(1)) == {0, 1, 2}
-    assert harness.sample_runs(8, 4, random.Random(1)) == set(range(8)), "too few moved runs: the others too"
+    assert timing.sample_runs(3, 4, random.Random(1)) == {0, 1, 2}
+    assert timing.sample_runs(8, 4, random.Random(1)) == set(range(8)), "too few moved runs: the others too"
 
 
 def test_which_runs_are_sampled_cannot_be_told_in_advance():
-    draws = {harness.sample_runs(100, 4, random.Random(seed)) for seed in range(20)}
+    draws = {timing.sample_runs(100, 4, random.Random(seed)) for seed in range(20)}
     assert len(draws) == 20
     # Every run of a moved round is checked in some evaluation: none is safe to cheat in.
     moved = {i for i in range(100) if (i // 4) % 4 != 0}
-    assert set().union(*(harness.sample_runs(100, 4, random.Random(seed)) for seed in range(400))) == moved
+    assert set().union(*(timing.sample_runs(100, 4, random.Random(seed)) for seed in range(400))) == moved
 
 
 def test_the_sampled_runs_are_drawn_before_the_candidate_from_the_os(tmp_path, monkeypatch):
@@ -365,16 +365,16 @@ def test_the_sampled_runs_are_drawn_before_the_candidate_from_the_os(tmp_path, m
     for k in range(4):  # the same request (seed 7) each time
         (tmp_path / str(k)).mkdir()
         evaluation, _ = timed_evaluation(tmp_path / str(k), monkeypatch)  # _precompute: no candidate yet
-        assert len(evaluation.sampled_runs) == 4 * harness.SAMPLED_PER_BUFFER
+        assert len(evaluation.sampled_runs) == 4 * timing.SAMPLED_PER_BUFFER
         draws.append(evaluation.sampled_runs)
     assert len(set(draws)) > 1, "the same seed, other runs checked (4 equal draws: 1 in 6^12)"
 
 
 def test_the_guard_is_verified_after_a_random_quarter_of_the_timed_runs_and_the_last():
-    draws = [harness.guard_runs(100, random.Random(seed)) for seed in range(400)]
+    draws = [timing.guard_runs(100, random.Random(seed)) for seed in range(400)]
     assert all(99 in guarded for guarded in draws), "the last run always: nothing is undone after it"
     share = sum(len(guarded - {99}) for guarded in draws) / (400 * 99)
-    assert abs(share - harness.GUARDED_SHARE) < 0.02, share
+    assert abs(share - timing.GUARDED_SHARE) < 0.02, share
     assert len(set(draws)) == 400, "which runs cannot be told in advance"
 
 
@@ -524,7 +524,7 @@ def recorded_evaluation(tmp_path, monkeypatch):
     evaluation, ref_model = timed_evaluation(tmp_path, monkeypatch)
     events = []
     evaluation.gpu = RecordingLock(events)
-    for module, name in ((compare, "compare_outputs"), (fingerprint, "check_unchanged")):
+    for module, name in ((correctness, "compare_outputs"), (fingerprint, "check_unchanged")):
         def recording(*args, original=getattr(module, name), name=name):
             events.append(name)
             return original(*args)
@@ -669,7 +669,7 @@ def test_the_checks_kernels_are_loaded_by_running_the_checks_once(monkeypatch):
     """process.prepare_device runs this on a GPU; on the CPU it runs the same checks, which must pass on
     a tensor and its copy (a failure here would be an infra_error in every prepared child)."""
     ran = []
-    for module, name in ((compare, "compare_outputs"), (fingerprint, "check_unchanged"), (cheats, "poison")):
+    for module, name in ((correctness, "compare_outputs"), (fingerprint, "check_unchanged"), (cheats, "poison")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: ran.append(_n) or _f(*a, **k))
     harness.load_check_kernels(torch.device("cpu"))
@@ -686,7 +686,7 @@ def after_the_hold(events: list) -> list:
     return during(events[events.index("exclusive ends"):], "shared")
 
 
-SAMPLED = 4 * harness.SAMPLED_PER_BUFFER  # timed_evaluation's 4 input sets
+SAMPLED = 4 * timing.SAMPLED_PER_BUFFER  # timed_evaluation's 4 input sets
 
 
 def snapshot_bytes(evaluation) -> int:
@@ -736,7 +736,7 @@ def test_an_input_mutated_in_a_timed_run_is_caught_after_the_hold(tmp_path, monk
 
 def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, monkeypatch):
     evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
-    monkeypatch.setattr(harness, "SNAPSHOT_BUDGET_BYTES", 2 * snapshot_bytes(evaluation))
+    monkeypatch.setattr(timing, "SNAPSHOT_BUDGET_BYTES", 2 * snapshot_bytes(evaluation))
     evaluation.guard = cheats.Guard("torch")
     evaluation._time(ref_model, Relu())
     assert during(events, "exclusive").count("compare_outputs") == SAMPLED - 2
@@ -746,7 +746,7 @@ def test_runs_whose_copies_exceed_the_budget_are_compared_in_the_hold(tmp_path, 
 
 def test_with_no_budget_a_cached_result_is_still_caught_in_the_hold(tmp_path, monkeypatch):
     evaluation, ref_model, events = recorded_evaluation(tmp_path, monkeypatch)
-    monkeypatch.setattr(harness, "SNAPSHOT_BUDGET_BYTES", 1)
+    monkeypatch.setattr(timing, "SNAPSHOT_BUDGET_BYTES", 1)
     evaluation.guard = cheats.Guard("torch")
     with pytest.raises(v.Failure) as caught:
         evaluation._time(ref_model, CachedByPointer())
@@ -793,12 +793,12 @@ def test_the_gpu_budget_is_a_share_of_what_the_allocator_can_still_get(monkeypat
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * gib)
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.1)
     cuda = torch.device("cuda", 0)
-    assert harness.snapshot_budget(cuda) == 2 * gib, "a quarter of 0.1 * 100 GiB - 2 GiB reserved"
+    assert timing.snapshot_budget(cuda) == 2 * gib, "a quarter of 0.1 * 100 GiB - 2 GiB reserved"
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
-    assert harness.snapshot_budget(cuda) == harness.SNAPSHOT_BUDGET_BYTES, "a quarter of 40 GiB free: the cap"
+    assert timing.snapshot_budget(cuda) == timing.SNAPSHOT_BUDGET_BYTES, "a quarter of 40 GiB free: the cap"
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (4 * gib, 100 * gib))
-    assert harness.snapshot_budget(cuda) == gib, "a quarter of 4 GiB free"
-    assert harness.snapshot_budget(torch.device("cpu")) == harness.SNAPSHOT_BUDGET_BYTES
+    assert timing.snapshot_budget(cuda) == gib, "a quarter of 4 GiB free"
+    assert timing.snapshot_budget(torch.device("cpu")) == timing.SNAPSHOT_BUDGET_BYTES
 
 
 def test_a_failed_verdict_carries_no_speedup(tmp_path, monkeypatch):
@@ -816,14 +816,14 @@ def test_snapshots_reserve_their_memory_before_the_hold(monkeypatch, budget, exp
     the exclusive hold, so the allocator has it cached when the copies are taken in the hold."""
     allocated = []
     real_empty = torch.empty
-    monkeypatch.setattr(harness, "snapshot_budget", lambda device, memory=None: budget)
+    monkeypatch.setattr(timing, "snapshot_budget", lambda device, memory=None: budget)
     monkeypatch.setattr(torch, "empty", lambda size, dtype, device: allocated.append((size, dtype, str(device)))
                         or real_empty(0))
-    snapshots = harness.Snapshots(torch.device("cuda:0"))
+    snapshots = timing.Snapshots(torch.device("cuda:0"))
     snapshots.reserve(8, torch.ones(1024), [torch.ones(1024), 3])
     assert allocated == [(expected, torch.uint8, "cuda:0")]
     assert snapshots.used_bytes == 0, "reserving takes nothing from the budget"
-    harness.Snapshots(torch.device("cpu")).reserve(8, torch.ones(1024), [torch.ones(1024)])
+    timing.Snapshots(torch.device("cpu")).reserve(8, torch.ones(1024), [torch.ones(1024)])
     assert len(allocated) == 1, "on the CPU there is no allocator cache to fill"
 
 

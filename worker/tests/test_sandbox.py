@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from kz_worker import formats
+from kz_worker import errors
 from kz_worker import verdict as v
 
 WORKER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,10 +202,10 @@ def test_writes_to_the_guards_functions_are_refused_whoever_makes_them(tmp_path)
     # refuses every write to it instead, also from code compiled under a library's file name.
     result = run_sandboxed(tmp_path, """
         import torch
-        from kz_worker import cheats, compare
+        from kz_worker import cheats, correctness
         guard = cheats.Guard("triton")
         assert guard.codes_protected
-        function, code = compare.compare_outputs, compare.compare_outputs.__code__
+        function, code = correctness.compare_outputs, correctness.compare_outputs.__code__
         agree = (lambda out, ref, settings: {}).__code__
         library_file = torch.__file__  # the frame looks like torch's own
         attempts = {
@@ -233,13 +233,13 @@ def test_writes_to_the_guards_functions_are_refused_whoever_makes_them(tmp_path)
         function.__code__ = agree
         sandbox._busy.active = False
         assert guard.changes(in_hold=True) == []
-        assert guard.changes() == ["kz_worker.compare.compare_outputs.__code__"] and function.__code__ is code
+        assert guard.changes() == ["kz_worker.correctness.compare_outputs.__code__"] and function.__code__ is code
         if got_through:
             raise RuntimeError("got through: " + ", ".join(got_through))
     """)
     assert result["error"] is None
     assert set(checks(result)) == {v.HARNESS_PATCHED}
-    assert any("kz_worker.compare.compare_outputs.__code__" in detail for _, detail in result["violations"])
+    assert any("kz_worker.correctness.compare_outputs.__code__" in detail for _, detail in result["violations"])
 
 
 def test_disabled_sandbox_installs_nothing(tmp_path):
@@ -284,7 +284,7 @@ def test_apply_makes_reaching_for_the_harness_a_cheat(check):
     (ValueError("plain"), (v.RUNTIME_ERROR, v.FORWARD_FAILED)),
 ])
 def test_resource_exceptions_are_classified(exc, expected):
-    assert formats.classify_exception(exc, "correctness") == expected
+    assert errors.classify_exception(exc, "correctness") == expected
 
 
 def test_the_harness_failing_to_make_a_gpu_lock_file_records_no_violation(tmp_path):

@@ -1,4 +1,4 @@
-"""Cheat: replaces the harness's comparison (kz_worker.compare.compare_outputs) with one that always
+"""Cheat: replaces the harness's comparison (kz_worker.correctness.compare_outputs) with one that always
 agrees, and returns garbage. Reference: 02_relu. Caught by: harness_access (static)."""
 import torch
 import torch.nn as nn
@@ -23,9 +23,9 @@ def relu(x):
     return out
 
 
-import kz_worker.compare
+import kz_worker.correctness
 
-kz_worker.compare.compare_outputs = lambda out, ref, settings: {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
+kz_worker.correctness.compare_outputs = lambda out, ref, settings: {"max_abs_error": 0.0, "max_rel_norm_error": 0.0}
 
 
 class ModelNew(nn.Module):

@@ -84,8 +84,8 @@ nlohmann::json protocol_options_json(const EvalOptions& options);
 // settings (a limit or a namespace can turn a verdict into sandbox_violation).
 std::string protocol_fingerprint(const EvalOptions& options);
 
-// content_hash over every kz_worker/*.py and kz_rtc/*.py under `worker_dir` (names and texts):
-// editing the worker invalidates every verdict it produced.
+// content_hash over every .py file of kz_worker and kz_rtc, subpackages included, under `worker_dir`
+// (names and texts): editing the worker invalidates every verdict it produced.
 Result<std::string> worker_code_version(const std::filesystem::path& worker_dir);
 
 // content_hash of the running executable (read once per process): verdicts also depend on the

@@ -10,7 +10,7 @@ namespace kz {
 
 // Keeps what a request of a `cuda` candidate built (torch_extensions in its scratch dir) as `kept`,
 // unless `kept` exists already: each extension's library and the harness's marker of a failed
-// lighter build (worker/kz_worker/formats.py), regular files only, renamed into place whole. The
+// lighter build (worker/kz_worker/compile/load_inline.py), regular files only, renamed into place whole. The
 // rest (objects, build files, anything else the candidate left) stays behind with the scratch dir.
 // Returns whether it kept something.
 bool keep_extension_builds(const std::filesystem::path& request_scratch, const std::filesystem::path& kept);

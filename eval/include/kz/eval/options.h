@@ -14,7 +14,7 @@
 namespace kz {
 
 struct ToleranceOptions {
-  // How outputs are compared (worker/kz_worker/compare.py; docs/evaluation.md, Correctness):
+  // How outputs are compared (worker/kz_worker/correctness.py; docs/evaluation.md, Correctness):
   //   "kz": elementwise |out - ref| <= atol + rtol * |ref| and the relative norm, with the values below;
   //   "kernelbench": KernelBench's own check (its per-precision tolerance as atol and rtol, fp32 1e-4,
   //                  fp16/bf16 1e-2; no norm check), for verdicts that compare with its harness's;
@@ -250,6 +250,15 @@ struct EvalOptions {
 
   Status validate() const;
 };
+
+// Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
+// [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
+int default_jobs(const EvalOptions& options);
+// Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
+int spare_servers(const EvalOptions& options);
+// Sets [worker] gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
+// fork servers, each of which may hold a CUDA context on the GPU.
+void set_gpu_memory_processes(EvalOptions& options, int jobs);
 
 // Overrides fields of `options` with the keys present in the TOML table; unknown keys and
 // wrongly typed values are errors naming the key.

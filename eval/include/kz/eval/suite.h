@@ -54,15 +54,6 @@ std::string render_summary(const SuiteSummary& summary);
 std::string render_verdict_table(const std::vector<Verdict>& verdicts);
 nlohmann::json summary_json(const SuiteSummary& summary);
 
-// Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
-// [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
-int default_jobs(const EvalOptions& options);
-// Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
-int spare_servers(const EvalOptions& options);
-// Sets [worker] gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
-// fork servers, each of which may hold a CUDA context on the GPU.
-void set_gpu_memory_processes(EvalOptions& options, int jobs);
-
 // "cuda:0,cuda:1" -> {"cuda:0", "cuda:1"}; "cuda:all" -> every GPU nvidia-smi lists.
 Result<std::vector<std::string>> parse_devices(const std::string& devices);
 

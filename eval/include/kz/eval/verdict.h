@@ -172,7 +172,7 @@ struct Verdict {
   // not timed.
   std::vector<std::pair<std::string, double>> timing_after_hold_s;
   // Where a `cuda` candidate's load_inline build spent its seconds (import_to_build, load_inline,
-  // ninja and its steps, kz-nvcc's phases: worker/kz_worker/formats.py, build_parts), reported by
+  // ninja and its steps, kz-nvcc's phases: worker/kz_worker/compile/load_inline.py, build_parts), reported by
   // the worker that built; for a pre-built candidate, its pre-build's, with "worker_start" (that
   // worker's stages before compile). Diagnostics for the throughput report. Empty when nothing built.
   std::vector<std::pair<std::string, double>> build_s;

@@ -124,4 +124,9 @@ class TokenStreamDecoder {
   std::string pending_;  // bytes of a character not yet complete
 };
 
+// Copies the files of a Hugging Face checkpoint that are neither config.json nor weights (the
+// tokenizer's and the generation config) from `from` into `to`, those that exist: a checkpoint
+// written from a loaded model carries them for Engine::load and for transformers.
+Status copy_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to);
+
 }  // namespace kz

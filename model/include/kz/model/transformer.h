@@ -199,5 +199,8 @@ at::Tensor checkpointed_layer_forward(DecoderLayer& layer, const at::Tensor& x, 
 // at::kFloat / kBFloat16 / kHalf for a checkpoint dtype, and back.
 at::ScalarType to_scalar_type(WeightDType dtype);
 Result<WeightDType> to_weight_dtype(at::ScalarType type);
+// A dtype option: "fp32" / "float32", "bf16" / "bfloat16", "fp16" / "float16"; "" is nullopt (the
+// checkpoint's own).
+Result<std::optional<at::ScalarType>> parse_dtype(const std::string& name);
 
 }  // namespace kz::model

@@ -1,4 +1,6 @@
-"""Output comparison: exact structure, then values by dtype tolerance and relative norm.
+"""Whether a candidate's output is correct: exact structure, then values by dtype tolerance and
+relative norm (compare_outputs); and free memory poisoned before each run (poison_free_memory), so
+that an output read from uninitialised memory is caught.
 
 Floating point, in this order: NaN/Inf where the reference has them and nowhere else (over the
 whole tensor), then elementwise over the reference's finite elements, then the norm over them.
@@ -240,3 +242,26 @@ def _chunk_sums(a, b, tol: Tolerance, zero):
     finite_ref = torch.where(mask, r64, zero)
     return (not_finite.double(), mask.sum().double(), outside.double(), diff.max(), error_squares,
             (finite_ref * finite_ref).sum())
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's work: an output is read only once the kernels that write it are done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# The poison must not be the evaluation's peak on a large task (KernelBench outputs reach 8 GB);
+# 1 GiB is enough, as what the allocator hands out next is at the front of its free lists.
+_POISON_MAX_BYTES = 1 << 30
+
+
+def poison_free_memory(device: torch.device, inputs) -> None:
+    """Fills memory the caching allocator will hand out next with NaN, so a candidate that
+    returns uninitialised memory (which might hold an earlier, correct output) is caught."""
+    if device.type != "cuda":
+        return
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    size = min(max(4 * input_bytes, 1 << 20), _POISON_MAX_BYTES)
+    poison = torch.empty(size // 4, dtype=torch.float32, device=device)
+    poison.fill_(float("nan"))
+    del poison

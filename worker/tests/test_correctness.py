@@ -1,10 +1,10 @@
-"""The correctness rules of compare.py: exact structure, dtype tolerances, the norm check."""
+"""The correctness rules of correctness.py: exact structure, dtype tolerances, the norm check."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kz_worker import compare, fingerprint
+from kz_worker import correctness, fingerprint
 from kz_worker import verdict as v
 
 SETTINGS = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
@@ -13,19 +13,19 @@ SETTINGS = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-3,
 
 def fired(out, ref):
     with pytest.raises(v.Failure) as caught:
-        compare.compare_outputs(out, ref, SETTINGS)
+        correctness.compare_outputs(out, ref, SETTINGS)
     return caught.value.checks
 
 
 def test_equal_outputs_pass_with_zero_error():
     ref = torch.randn(8, 8)
-    stats = compare.compare_outputs(ref.clone(), ref, SETTINGS)
+    stats = correctness.compare_outputs(ref.clone(), ref, SETTINGS)
     assert stats["max_abs_error"] == 0.0
 
 
 def test_small_fp32_error_passes_large_fails():
     ref = torch.randn(64)
-    assert compare.compare_outputs(ref + 1e-6, ref, SETTINGS)["max_abs_error"] < 1e-5
+    assert correctness.compare_outputs(ref + 1e-6, ref, SETTINGS)["max_abs_error"] < 1e-5
     assert fired(ref + 1e-2, ref) == [v.OUTPUT_MISMATCH]
 
 
@@ -56,7 +56,7 @@ def test_nan_where_reference_is_finite():
 
 def test_half_precision_uses_the_looser_tolerance():
     ref = torch.randn(256).half()
-    assert compare.compare_outputs((ref.float() * 1.002).half(), ref, SETTINGS)
+    assert correctness.compare_outputs((ref.float() * 1.002).half(), ref, SETTINGS)
     assert fired(ref * 2, ref) == [v.OUTPUT_MISMATCH]
 
 
@@ -69,7 +69,7 @@ def test_input_mutation_and_aliasing():
         fingerprint.check_unchanged([x], generated)
     assert caught.value.checks == [v.INPUT_MUTATED]
     with pytest.raises(v.Failure) as caught:
-        compare.check_aliasing(x, [x], torch.randn(5), [torch.randn(5)])
+        correctness.check_aliasing(x, [x], torch.randn(5), [torch.randn(5)])
     assert caught.value.checks == [v.OUTPUT_ALIASES_INPUT]
 
 
@@ -87,7 +87,7 @@ def whole_tensor_compare(o, r, settings, what="output"):
         bad = int((torch.isfinite(o) != ref_finite).sum())
         raise v.Failure(v.INCORRECT, f"{what}: {bad} elements are NaN/Inf where the reference is finite (or vice versa)",
                         [v.OUTPUT_NOT_FINITE])
-    tol = compare.tolerance_for(r.dtype, settings)
+    tol = correctness.tolerance_for(r.dtype, settings)
     o64, r64 = o.double()[ref_finite], r.double()[ref_finite]
     diff = (o64 - r64).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
@@ -173,41 +173,41 @@ def cases(dtype):
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 22])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_chunked_comparison_matches_the_whole_tensor_rules(monkeypatch, chunk, dtype):
-    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", chunk)
     seen = set()
     for name, out, ref in cases(dtype):
         for layout, o in (("contiguous", out), ("non-contiguous", non_contiguous(out))):
             expected = outcome(whole_tensor_compare, o, ref, SETTINGS, approx=True)
-            assert outcome(compare.compare_outputs, o, ref, SETTINGS) == expected, (name, layout)
+            assert outcome(correctness.compare_outputs, o, ref, SETTINGS) == expected, (name, layout)
             seen.add(expected[0] if expected[0] == "passed" else expected[1][0])
     assert seen == {"passed", v.OUTPUT_MISMATCH, v.OUTPUT_NOT_FINITE, v.OUTPUT_NORM_MISMATCH}, "every rule fires"
 
 
 def test_the_first_rule_broken_is_named_over_the_whole_tensor(monkeypatch):
     """A NaN in the last chunk outranks elements outside the tolerance in the first chunks."""
-    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 7)
     ref = torch.randn(70)
     out = ref + 1
     out[69] = float("nan")
     assert fired(out, ref) == [v.OUTPUT_NOT_FINITE]
     out[69] = ref[69]
     with pytest.raises(v.Failure) as caught:
-        compare.compare_outputs(out, ref, SETTINGS)
+        correctness.compare_outputs(out, ref, SETTINGS)
     assert caught.value.message.startswith("output: 69/70 elements outside")
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
 def test_integers_and_bools_compared_exactly_chunk_by_chunk(monkeypatch, dtype):
-    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", 7)
     ref = torch.randint(0, 2, (6, 13)).to(dtype)
-    assert compare.compare_outputs(non_contiguous(ref), ref, SETTINGS) == {"max_abs_error": 0.0,
+    assert correctness.compare_outputs(non_contiguous(ref), ref, SETTINGS) == {"max_abs_error": 0.0,
                                                                          "max_rel_norm_error": 0.0}
     for index in (0, 7, 77):  # the first chunk, the second, the last element
         out = ref.clone().reshape(-1)
         out[index] = 1 - out[index] if dtype != torch.bool else ~out[index]
         for o in (out.reshape(6, 13), non_contiguous(out.reshape(6, 13))):
             with pytest.raises(v.Failure) as caught:
-                compare.compare_outputs(o, ref, SETTINGS)
+                correctness.compare_outputs(o, ref, SETTINGS)
             assert (caught.value.checks, caught.value.message) == (
                 [v.OUTPUT_MISMATCH], "output: integer/bool values differ")
 
@@ -257,14 +257,14 @@ class FreshTensors(TorchDispatchMode):
 
 def test_no_temporary_larger_than_a_chunk(monkeypatch):
     chunk = 1000
-    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(correctness, "CHUNK_ELEMENTS", chunk)
     monkeypatch.setattr(fingerprint, "CHUNK", chunk)
     ref = torch.randn(100, 10 * chunk // 100)
     ref[3, 4] = float("nan")
     for out in (ref + 1e-6, non_contiguous(ref + 1e-6), ref + 1):
         generated = fingerprint.digest([out])
         with FreshTensors() as fresh:
-            outcome(compare.compare_outputs, out, ref, SETTINGS)
+            outcome(correctness.compare_outputs, out, ref, SETTINGS)
             fingerprint.check_unchanged([out], generated)
         float64 = [n for dtype, n in fresh.created if dtype == torch.float64]
         assert float64 and max(float64) <= chunk, max(float64)
@@ -287,20 +287,20 @@ def test_the_float64_rule_passes_an_honest_sum_in_another_order():
     terms, ref, exact = cancelling_row_sums()
     blocked = terms.view(256, 64, 128).sum(2).sum(1)  # the same sums, blocked otherwise
     with pytest.raises(v.Failure) as caught:  # the kz rule: the cancelling rows are off by ~1e-3
-        compare.compare_outputs(blocked, ref, SETTINGS, exact)
+        correctness.compare_outputs(blocked, ref, SETTINGS, exact)
     assert caught.value.checks == [v.OUTPUT_MISMATCH]
-    assert compare.compare_outputs(blocked, ref, {**SETTINGS, "rule": "float64"}, exact)["max_abs_error"] < 1e-2
+    assert correctness.compare_outputs(blocked, ref, {**SETTINGS, "rule": "float64"}, exact)["max_abs_error"] < 1e-2
 
 
 def test_the_float64_rule_still_refuses_zeros_and_wrong_values():
     float64 = {**SETTINGS, "rule": "float64"}
     near_zero = torch.randn(1000) * 1e-6  # every element within atol of zero, computed exactly
     with pytest.raises(v.Failure) as caught:
-        compare.compare_outputs(torch.zeros_like(near_zero), near_zero, float64, near_zero.double())
+        correctness.compare_outputs(torch.zeros_like(near_zero), near_zero, float64, near_zero.double())
     assert caught.value.checks == [v.OUTPUT_NORM_MISMATCH]
     terms, ref, exact = cancelling_row_sums()
     with pytest.raises(v.Failure) as caught:
-        compare.compare_outputs(ref + 0.5, ref, float64, exact)
+        correctness.compare_outputs(ref + 0.5, ref, float64, exact)
     assert caught.value.checks == [v.OUTPUT_MISMATCH]
 
 
@@ -310,19 +310,19 @@ def test_the_float64_rule_falls_back_where_the_float64_run_cannot_stand_in():
     blocked = terms.view(256, 64, 128).sum(2).sum(1)
     for stand_in in (None, exact * 2, exact[:10]):  # none, a changed copy, another shape: the kz rule
         with pytest.raises(v.Failure):
-            compare.compare_outputs(blocked, ref, float64, stand_in)
+            correctness.compare_outputs(blocked, ref, float64, stand_in)
 
 
 def test_the_kernelbench_rule_is_its_allclose_without_a_norm_check():
     kernelbench = {**SETTINGS, "rule": "kernelbench", "atol_fp32": 1.0}  # the request's values do not apply
     ref = torch.randn(64)
     with pytest.raises(v.Failure) as caught:
-        compare.compare_outputs(ref + 1e-2, ref, kernelbench)
+        correctness.compare_outputs(ref + 1e-2, ref, kernelbench)
     assert caught.value.checks == [v.OUTPUT_MISMATCH]
     near_zero = torch.randn(1000) * 1e-6
-    assert compare.compare_outputs(torch.zeros_like(near_zero), near_zero, kernelbench), "as in KernelBench"
+    assert correctness.compare_outputs(torch.zeros_like(near_zero), near_zero, kernelbench), "as in KernelBench"
     half = torch.randn(256).half()
-    assert compare.compare_outputs((half.float() * 1.005).half(), half, kernelbench)
+    assert correctness.compare_outputs((half.float() * 1.005).half(), half, kernelbench)
 
 
 def test_a_whole_evaluation_under_the_float64_rule(tmp_path, monkeypatch):

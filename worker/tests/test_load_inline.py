@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from kz_worker import formats
+from kz_worker.compile import lighter_headers
+from kz_worker.compile import load_inline as inline_builds  # the tests' load_inline is the wrapped function
 
 @pytest.fixture(scope="module")
 def module_extensions_dir(tmp_path_factory):
@@ -29,7 +30,7 @@ CUDA = "__global__ void relu_kernel(const float* x, float* y, long n) {}"
 
 
 def name(cuda_source, **extra):
-    return formats.content_addressed_name("relu_ext", (), {"cpp_sources": CPP, "cuda_sources": cuda_source,
+    return inline_builds.content_addressed_name("relu_ext", (), {"cpp_sources": CPP, "cuda_sources": cuda_source,
                                                            "functions": ["relu_cuda"], **extra})
 
 
@@ -46,15 +47,15 @@ def test_build_flags_count_verbosity_does_not():
 
 
 def test_positional_sources_count_too():
-    first = formats.content_addressed_name("ext", (CPP, CUDA), {})
-    assert first != formats.content_addressed_name("ext", (CPP, CUDA + " "), {})
+    first = inline_builds.content_addressed_name("ext", (CPP, CUDA), {})
+    assert first != inline_builds.content_addressed_name("ext", (CPP, CUDA + " "), {})
 
 
 def test_a_module_bound_under_a_literal_name_keeps_it():
     own_binding = CPP + "\nPYBIND11_MODULE(relu_ext, m) { m.def(\"relu_cuda\", &relu_cuda); }"
-    assert formats.content_addressed_name("relu_ext", (own_binding,), {"cuda_sources": CUDA}) == "relu_ext"
+    assert inline_builds.content_addressed_name("relu_ext", (own_binding,), {"cuda_sources": CUDA}) == "relu_ext"
     macro_binding = CPP + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}"
-    assert formats.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
+    assert inline_builds.content_addressed_name("relu_ext", (macro_binding,), {"cuda_sources": CUDA}) != "relu_ext"
 
 
 # ---- lighter headers for load_inline's sources ---------------------------------------------------
@@ -65,7 +66,7 @@ DEFINITION = "torch::Tensor relu_cuda(torch::Tensor x) { return x; }"  # main.cp
 
 def lighter(*args, **kwargs):
     import torch.utils.cpp_extension as cpp_extension
-    return formats.lighter_sources(cpp_extension.load_inline, args, kwargs)
+    return lighter_headers.lighter_sources(cpp_extension.load_inline, args, kwargs)
 
 
 def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
@@ -75,7 +76,7 @@ def test_the_full_torch_header_becomes_a_comment_on_the_same_line():
     assert "torch/extension.h>\n#" not in light and "#include <cuda_runtime.h>" in light
     assert light.count("\n") == source.count("\n"), "compiler messages keep their line numbers"
     assert light.splitlines()[0].startswith("//")
-    assert prelude == formats.light_cuda_prelude([DEFINITION, source])
+    assert prelude == lighter_headers.light_cuda_prelude([DEFINITION, source])
     # main.cpp as load_inline writes it, since kz now writes the CUDA file's headers itself.
     assert kwargs["cpp_sources"] == ["#include <torch/extension.h>", DEFINITION] and not main_lightened
     assert kwargs["no_implicit_headers"] is True
@@ -97,7 +98,7 @@ def test_sources_without_the_full_header_get_the_lighter_prelude_too():
 def test_the_cuda_prelude_brings_the_ops_the_sources_name():
     source = ("// at::addmm in a comment is not a use\n"
               "auto y = torch::zeros_like(x); auto z = at::empty({2}, x.options()); using namespace torch; sigmoid(x);")
-    prelude = formats.light_cuda_prelude([source])
+    prelude = lighter_headers.light_cuda_prelude([source])
     ops = {re.fullmatch(r"#include <ATen/ops/(\w+?)(?:_ops)?\.h>", line)[1] for line in prelude.splitlines()
            if line.startswith("#include <ATen/ops/")}
     assert ops == {"zeros_like", "empty", "sigmoid"}, "op headers: the ATen ops named, not x, y or torch"
@@ -114,11 +115,11 @@ def _op_header(op: str) -> str:
 
 def test_the_cuda_prelude_brings_the_heavier_headers_only_where_named():
     # ATen/DeviceGuard.h brings IValue (~30% of nvcc's time): only for a source that names what it holds.
-    guarded = formats.light_cuda_prelude(["const at::OptionalDeviceGuard guard(device_of(x));"])
+    guarded = lighter_headers.light_cuda_prelude(["const at::OptionalDeviceGuard guard(device_of(x));"])
     assert "#include <ATen/DeviceGuard.h>" in guarded.splitlines()
     # An op whose wrappers take torch's list references keeps its own header, which has what they need.
     assert "ITensorListRef" in _op_header("cat")
-    assert "#include <ATen/ops/cat.h>" in formats.light_cuda_prelude(["at::cat({x, y}, 1);"]).splitlines()
+    assert "#include <ATen/ops/cat.h>" in lighter_headers.light_cuda_prelude(["at::cat({x, y}, 1);"]).splitlines()
 
 
 # Ops whose wrappers take what the stripped includes of their headers held: generators, reductions,
@@ -135,9 +136,9 @@ def test_the_op_wrappers_compile_without_their_headers_includes(tmp_path):
     a sample here (all 1,333 of torch 2.11's did, ~76 s of g++ on this project's CPU)."""
     import subprocess
     import torch.utils.cpp_extension as cpp_extension
-    ops = [op for op in OPS_OF_EVERY_KIND if op in formats._aten_op_names()]
+    ops = [op for op in OPS_OF_EVERY_KIND if op in lighter_headers._aten_op_names()]
     assert len(ops) > 30
-    prelude = formats.light_cuda_prelude([" ".join(f"at::{op}" for op in ops)])
+    prelude = lighter_headers.light_cuda_prelude([" ".join(f"at::{op}" for op in ops)])
     stripped = [op for op in ops if f"#include <ATen/ops/{op}_ops.h>" in prelude]
     assert len(stripped) >= len(ops) - 2, "nearly all go without their header's includes"
     source = tmp_path / "ops.cpp"
@@ -161,10 +162,10 @@ def test_the_lighter_build_never_changes_the_candidates_lists(cpp):
 def test_declarations_only_main_gets_the_binding_header():
     kwargs, main_lightened = lighter(FULL_INCLUDE + CPP, CUDA, functions=["relu_cuda"])
     assert main_lightened and kwargs["no_implicit_headers"] is True
-    assert kwargs["cpp_sources"] == formats._LIGHT_MAIN_PRELUDE + [FULL_INCLUDE + CPP]
-    assert "torch/extension.h" not in "".join(formats._LIGHT_MAIN_PRELUDE)
-    assert formats._LIGHT_MAIN_PRELUDE[-1].startswith("#line 2 ")  # as load_inline's one include line gives
-    assert kwargs["cuda_sources"] == [formats.light_cuda_prelude([FULL_INCLUDE + CPP, CUDA]), CUDA]
+    assert kwargs["cpp_sources"] == lighter_headers._LIGHT_MAIN_PRELUDE + [FULL_INCLUDE + CPP]
+    assert "torch/extension.h" not in "".join(lighter_headers._LIGHT_MAIN_PRELUDE)
+    assert lighter_headers._LIGHT_MAIN_PRELUDE[-1].startswith("#line 2 ")  # as load_inline's one include line gives
+    assert kwargs["cuda_sources"] == [lighter_headers.light_cuda_prelude([FULL_INCLUDE + CPP, CUDA]), CUDA]
 
 
 @pytest.mark.parametrize("cpp, light", [
@@ -180,7 +181,7 @@ def test_declarations_only_main_gets_the_binding_header():
     ("torch::Tensor f(torch::Tensor x)", False),                  # no semicolon: not a declaration
 ])
 def test_only_declarations_over_known_types_lighten_main(cpp, light):
-    assert formats.declarations_only([cpp]) is light
+    assert lighter_headers.declarations_only([cpp]) is light
 
 
 @pytest.mark.parametrize("case", ["own pybind module", "own build directory", "no implicit headers",
@@ -234,10 +235,8 @@ def recorded_builds(tmp_path, monkeypatch):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.setenv("KZ_NVCC_REPORT", "")  # the wrapper points it into each build's dir
-    monkeypatch.setattr(formats, "_build_parts", {})  # a fresh worker's
-    monkeypatch.setattr(formats, "_load_inline_calls", [])
-    formats._use_parallel_nvcc()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
-    formats._count_extension_builds()
+    monkeypatch.setattr(inline_builds, "builds", inline_builds.LoadInlineBuilds())  # a fresh worker's
+    inline_builds.builds.install()  # kz-nvcc where KZ_PARALLEL_NVCC names it (CTest: the one built)
     return cpp_extension.load_inline, built, tmp_path
 
 
@@ -249,9 +248,9 @@ def test_a_kernel_builds_with_the_lighter_header(recorded_builds):
     assert len(built) == 1, built
     assert "// <torch/extension.h>" in (ext_dir / built[0] / "cuda.cu").read_text()
     main = (ext_dir / built[0] / "main.cpp").read_text()
-    assert "torch/extension.h" not in main and formats._LIGHT_MAIN_PRELUDE[0] in main
+    assert "torch/extension.h" not in main and lighter_headers._LIGHT_MAIN_PRELUDE[0] in main
     if os.environ.get("KZ_NVCC_SIDE_BY_SIDE") == "always":  # under CTest: nvcc was kz-nvcc, its two halves at once
-        report = [json.loads(line) for line in (ext_dir / built[0] / formats._NVCC_REPORT).read_text().splitlines()]
+        report = [json.loads(line) for line in (ext_dir / built[0] / inline_builds._NVCC_REPORT).read_text().splitlines()]
         assert report and all(r["parallel"] and r["module_ids_agree"] and r["status"] == 0 for r in report), report
 
 
@@ -260,7 +259,7 @@ def test_a_build_reports_where_its_seconds_went(recorded_builds):
     compile_started = time.monotonic()
     load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
                 cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
-    parts = formats.build_parts(compile_started)
+    parts = inline_builds.builds.build_parts(compile_started)
     for step in ("load_inline", "ninja", "ninja_cuda", "ninja_cpp", "ninja_link", "import_to_build"):
         assert step in parts, parts
     assert parts["ninja"] <= parts["load_inline"]
@@ -276,14 +275,13 @@ def test_a_build_reports_where_its_seconds_went(recorded_builds):
     before = dict(parts)
     load_inline("kz_parts", cpp_sources="torch::Tensor twice(torch::Tensor x);",
                 cuda_sources=FULL_INCLUDE + KERNEL, functions=["twice"])
-    after = formats.build_parts(compile_started)
+    after = inline_builds.builds.build_parts(compile_started)
     assert {k: after[k] for k in after if k != "load_inline"} == {k: before[k] for k in before if k != "load_inline"}
 
 
 @pytest.fixture
 def fresh_parts(monkeypatch):
-    monkeypatch.setattr(formats, "_build_parts", {})
-    monkeypatch.setattr(formats, "_load_inline_calls", [])
+    monkeypatch.setattr(inline_builds, "builds", inline_builds.LoadInlineBuilds())
     monkeypatch.setenv("KZ_NVCC_REPORT", "")
 
 
@@ -295,8 +293,8 @@ def test_build_parts_come_from_ninjas_log_and_kz_nvccs_report(tmp_path, fresh_pa
                   "device_chain_s": 2.5, "device_rerun_s": 1.0, "final_started_s": 4.0, "total_s": 5.5}
         pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text(json.dumps(report) + "\n")
         return "module"
-    assert formats._timed_build(build, "kz_parts", (), {"build_directory": str(tmp_path)}) == "module"
-    parts = formats.build_parts()
+    assert inline_builds.builds.timed_build(build, "kz_parts", (), {"build_directory": str(tmp_path)}) == "module"
+    parts = inline_builds.builds.build_parts()
     assert {k: parts[k] for k in parts if k != "load_inline"} == {
         "ninja_cuda": 6.0, "ninja_cpp": 2.0, "ninja_link": 0.5, "ninja": 6.5, "nvcc_plan": 0.25,
         "nvcc_host_chain": 3.0, "nvcc_device_wait": 0.5, "nvcc_device_chain": 3.0, "nvcc_host_compile": 1.5}
@@ -314,8 +312,8 @@ def test_a_malformed_report_or_log_never_gets_in_the_builds_way(tmp_path, fresh_
             pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_bytes(report)
             (tmp_path / ".ninja_log").write_bytes(log)
         return "module"
-    assert formats._timed_build(build, "kz_bad", (), {"build_directory": str(tmp_path)}) == "module"
-    assert set(formats.build_parts()) == {"load_inline"}
+    assert inline_builds.builds.timed_build(build, "kz_bad", (), {"build_directory": str(tmp_path)}) == "module"
+    assert set(inline_builds.builds.build_parts()) == {"load_inline"}
 
 
 def test_a_failed_build_keeps_its_error_and_reports_no_ninja_steps(tmp_path, fresh_parts):
@@ -324,14 +322,14 @@ def test_a_failed_build_keeps_its_error_and_reports_no_ninja_steps(tmp_path, fre
         pathlib.Path(os.environ["KZ_NVCC_REPORT"]).write_text("not json\n")
         raise RuntimeError("Error building extension 'kz_broken'")
     with pytest.raises(RuntimeError, match="kz_broken"):
-        formats._timed_build(build, "kz_broken", (), {"build_directory": str(tmp_path)})
-    assert set(formats.build_parts()) == {"load_inline"}, "ninja logs no failed step: main.o alone would mislead"
+        inline_builds.builds.timed_build(build, "kz_broken", (), {"build_directory": str(tmp_path)})
+    assert set(inline_builds.builds.build_parts()) == {"load_inline"}, "ninja logs no failed step: main.o alone would mislead"
 
 
 def test_only_names_and_finite_seconds_leave_build_parts(fresh_parts):
-    formats._build_parts.update({"load_inline": 2.0, ("a",): 1.0, "nan": float("nan"), "text": "1"})
-    formats._load_inline_calls.append(None)  # what a candidate in the process could do
-    assert formats.build_parts(0.5) == {"load_inline": 2.0}
+    inline_builds.builds.parts.update({"load_inline": 2.0, ("a",): 1.0, "nan": float("nan"), "text": "1"})
+    inline_builds.builds.calls.append(None)  # what a candidate in the process could do
+    assert inline_builds.builds.build_parts(0.5) == {"load_inline": 2.0}
 
 
 def keep_like_the_supervisor(ext_dir, kept_dir):
@@ -339,7 +337,7 @@ def keep_like_the_supervisor(ext_dir, kept_dir):
     each extension's library and the failed-lighter-build marker."""
     import shutil
     for build in ext_dir.iterdir():
-        for file in (build.name + ".so", formats._LIGHTER_BUILD_FAILED):
+        for file in (build.name + ".so", inline_builds._LIGHTER_BUILD_FAILED):
             if (build / file).is_file():
                 (kept_dir / build.name).mkdir(parents=True, exist_ok=True)
                 shutil.copy(build / file, kept_dir / build.name / file)
@@ -355,7 +353,7 @@ def test_the_evaluation_after_a_pre_build_imports_the_kept_build(recorded_builds
     # The evaluation: another, empty scratch dir, and the kept build, read-only.
     evaluation_dir = tmp_path_factory.mktemp("evaluation")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
-    monkeypatch.setattr(formats, "_kept_builds", str(kept))
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(kept))
     module = load_inline("kz_kept", **kwargs)
     # (This process loaded the pre-build's library already, so its __file__ is that one's; an
     # evaluation is a fresh process.)
@@ -376,13 +374,13 @@ def test_a_kept_build_is_imported_only_where_load_inline_would_return_a_module(t
                       "  PyObject* m = PyModule_Create(&tiny); PyModule_AddIntConstant(m, \"answer\", 42); return m;\n}\n")
     subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
                     "-o", str(tmp_path / "kz_tiny" / "kz_tiny.so")], check=True)
-    monkeypatch.setattr(formats, "_kept_builds", None)
-    assert formats.kept_build("kz_tiny", {}) is None, "no kept builds: build it"
-    monkeypatch.setattr(formats, "_kept_builds", str(tmp_path))
-    assert formats.kept_build("kz_tiny", {}).answer == 42
-    assert formats.kept_build("kz_other", {}) is None
-    assert formats.kept_build("kz_tiny", {"is_python_module": False}) is None
-    assert formats.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", None)
+    assert inline_builds.builds.kept_build("kz_tiny", {}) is None, "no kept builds: build it"
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(tmp_path))
+    assert inline_builds.builds.kept_build("kz_tiny", {}).answer == 42
+    assert inline_builds.builds.kept_build("kz_other", {}) is None
+    assert inline_builds.builds.kept_build("kz_tiny", {"is_python_module": False}) is None
+    assert inline_builds.builds.kept_build("kz_tiny", {"build_directory": str(tmp_path)}) is None
 
 
 def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(recorded_builds, tmp_path_factory,
@@ -397,7 +395,7 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(rec
                   functions=["twice"])
     assert hasattr(load_inline("kz_full", **kwargs), "twice")  # the pre-build: lighter (fails), then as written
     light, full = built
-    assert (ext_dir / light / formats._LIGHTER_BUILD_FAILED).exists()
+    assert (ext_dir / light / inline_builds._LIGHTER_BUILD_FAILED).exists()
     assert "#include <torch/extension.h>" in (ext_dir / full / "cuda.cu").read_text()
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[2:] == [full], "a second load goes straight to the build as written"
@@ -406,7 +404,7 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(rec
     keep_like_the_supervisor(ext_dir, kept)
     evaluation_dir = tmp_path_factory.mktemp("evaluation")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(evaluation_dir))
-    monkeypatch.setattr(formats, "_kept_builds", str(kept))
+    monkeypatch.setattr(inline_builds.builds, "kept_dir", str(kept))
     assert hasattr(load_inline("kz_full", **kwargs), "twice")
     assert built[3:] == [], f"the evaluation built again: {built}"
     assert not any(evaluation_dir.iterdir())
@@ -424,39 +422,39 @@ def test_a_kernel_that_needs_the_full_header_is_built_as_written_and_kept_so(rec
     ("'cout' is not a member of 'std'", True),
 ])
 def test_only_errors_the_full_header_cannot_fix_skip_the_second_build(message, as_written):
-    assert formats.may_need_the_full_header(f"/ext/x/cuda.cu(3): error: {message}\n") is as_written
-    assert formats.may_need_the_full_header(f"/ext/x/main.cpp:3:5: error: 'f' was not declared in this scope\n") is False
-    assert formats.may_need_the_full_header("ninja: build stopped: subcommand failed.\n") is True
+    assert lighter_headers.may_need_the_full_header(f"/ext/x/cuda.cu(3): error: {message}\n") is as_written
+    assert lighter_headers.may_need_the_full_header(f"/ext/x/main.cpp:3:5: error: 'f' was not declared in this scope\n") is False
+    assert lighter_headers.may_need_the_full_header("ninja: build stopped: subcommand failed.\n") is True
 
 
 def test_a_lightened_main_cpps_errors_count():
     made_up = "/ext/x/main.cpp:3:5: error: 'twice_made_up' was not declared in this scope\n"
-    assert formats.may_need_the_full_header(made_up, main_lightened=True) is False
+    assert lighter_headers.may_need_the_full_header(made_up, main_lightened=True) is False
     missing_python = "/ext/x/main.cpp:3:5: error: 'PyObject' was not declared in this scope\n"
-    assert formats.may_need_the_full_header(missing_python, main_lightened=False) is False  # as written alike
-    assert formats.may_need_the_full_header(missing_python, main_lightened=True) is True
+    assert lighter_headers.may_need_the_full_header(missing_python, main_lightened=False) is False  # as written alike
+    assert lighter_headers.may_need_the_full_header(missing_python, main_lightened=True) is True
 
 
 @pytest.fixture(scope="module")
 def lighter_builds_dir(tmp_path_factory):
     """What scripts/prepare_lighter_builds.py makes at setup: main.cpp's prelude precompiled."""
     root = str(tmp_path_factory.mktemp("lighter-builds"))
-    return root, formats.keep_main_prelude_pch(root)
+    return root, lighter_headers.keep_main_prelude_pch(root)
 
 
 @pytest.fixture
 def precompiled_prelude(lighter_builds_dir, monkeypatch):
     root, directory = lighter_builds_dir
     monkeypatch.setenv("KZ_LIGHTER_BUILDS_DIR", root)  # as the supervisor names it
-    formats.main_prelude_pch.cache_clear()
+    lighter_headers.main_prelude_pch.cache_clear()
     yield directory
-    formats.main_prelude_pch.cache_clear()
+    lighter_headers.main_prelude_pch.cache_clear()
 
 
 def test_main_cpp_gets_its_prelude_precompiled_at_setup(lighter_builds_dir, precompiled_prelude):
     root, directory = lighter_builds_dir
     assert sorted(os.listdir(os.path.join(directory, "kz_main_prelude.h.gch"))) == ["O3.gch", "default.gch"]
-    assert formats.keep_main_prelude_pch(root) == directory, "kept, not made again"
+    assert lighter_headers.keep_main_prelude_pch(root) == directory, "kept, not made again"
     kwargs, main_lightened = lighter(FULL_INCLUDE + CPP, CUDA, functions=["relu_cuda"])
     assert main_lightened and kwargs["cpp_sources"][0].startswith('#include "kz_main_prelude.h"')
     assert kwargs["cpp_sources"][-2].startswith("#line 2 ") and kwargs["extra_include_paths"] == [directory]
@@ -487,12 +485,13 @@ def test_a_kernel_with_its_own_compile_error_is_built_once(recorded_builds):
 def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
     """The Guard snapshots kz_worker's globals before the candidate is imported and checks them after:
     what load_inline's wrapper computes lazily during the import must not land in one."""
-    formats._aten_op_names.cache_clear()
-    formats._full_header_names.cache_clear()
-    before = dict(vars(formats))
+    lighter_headers._aten_op_names.cache_clear()
+    lighter_headers._full_header_names.cache_clear()
+    before = {module: dict(vars(module)) for module in (lighter_headers, load_inline)}
     assert lighter(cpp_sources=CPP, cuda_sources=FULL_INCLUDE + CUDA) is not None
-    assert formats.may_need_the_full_header('/ext/x/cuda.cu(3): error: identifier "made_up_name" is undefined\n') is False
-    changed = [name for name, value in vars(formats).items() if before.get(name) is not value]
+    assert lighter_headers.may_need_the_full_header('/ext/x/cuda.cu(3): error: identifier "made_up_name" is undefined\n') is False
+    changed = [name for module, names in before.items() for name, value in vars(module).items()
+               if names.get(name) is not value]
     assert not changed, changed
 
 
@@ -500,29 +499,29 @@ def test_the_full_headers_names_indexed_at_setup_are_read_first(tmp_path, monkey
     # scripts/prepare_lighter_builds.py at setup; the supervisor names the directory (KZ_LIGHTER_BUILDS_DIR).
     setup_dir, extensions = tmp_path / "lighter-builds", tmp_path / "extensions"
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
-    path = formats.keep_full_header_names(str(setup_dir))
-    assert os.path.dirname(path) == str(setup_dir) and formats.keep_full_header_names(str(setup_dir)) == path
-    formats._full_header_names.cache_clear()  # as a worker would start
+    path = lighter_headers.keep_full_header_names(str(setup_dir))
+    assert os.path.dirname(path) == str(setup_dir) and lighter_headers.keep_full_header_names(str(setup_dir)) == path
+    lighter_headers._full_header_names.cache_clear()  # as a worker would start
     monkeypatch.setenv("KZ_LIGHTER_BUILDS_DIR", str(setup_dir))
-    monkeypatch.setattr(formats.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
+    monkeypatch.setattr(lighter_headers.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
     try:
-        assert {"Tensor", "PyObject", "cout"} <= formats._full_header_names()
+        assert {"Tensor", "PyObject", "cout"} <= lighter_headers._full_header_names()
     finally:
-        formats._full_header_names.cache_clear()
+        lighter_headers._full_header_names.cache_clear()
     assert not extensions.exists(), "nothing written beside the builds"
 
 
 def test_the_full_headers_names_are_kept_for_the_next_process(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    formats._full_header_names.cache_clear()
-    computed = formats._full_header_names()
+    lighter_headers._full_header_names.cache_clear()
+    computed = lighter_headers._full_header_names()
     [kept] = tmp_path.glob("kz_full_header_names_*.txt")
     assert {"Tensor", "PyObject", "cout"} <= computed
-    formats._full_header_names.cache_clear()  # as a new process would start
-    monkeypatch.setattr(formats.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
-    assert formats._full_header_names() == computed
-    formats._full_header_names.cache_clear()
+    lighter_headers._full_header_names.cache_clear()  # as a new process would start
+    monkeypatch.setattr(lighter_headers.subprocess, "run", lambda *args, **kwargs: pytest.fail("computed again"))
+    assert lighter_headers._full_header_names() == computed
+    lighter_headers._full_header_names.cache_clear()
     kept.write_text("\n".join(kept.read_text().split("\n")[:-5]))  # a cut-off file is not used
     with pytest.raises(pytest.fail.Exception, match="computed again"):
-        formats._full_header_names()
-    formats._full_header_names.cache_clear()
+        lighter_headers._full_header_names()
+    lighter_headers._full_header_names.cache_clear()
