@@ -37,7 +37,7 @@ struct Rank {
   int global_rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int exit_code = 0;
+  int status = 0;  // waitpid's, once it ended
 };
 
 // "KEY=VALUE" strings: this process's environment with the rank's world on top.
@@ -85,8 +85,8 @@ std::string describe_exit(int global_rank, int status) {
                      strsignal(WTERMSIG(status)));
 }
 
-// Reaps whichever ranks have ended; returns the index of the first failure reaped, or -1.
-int reap(std::vector<Rank>& ranks, bool block, LaunchReport& report) {
+// Reaps whichever ranks have ended; returns the index of the first that failed, or -1.
+int reap(std::vector<Rank>& ranks, bool block) {
   int failed = -1;
   for (;;) {
     int status = 0;
@@ -95,12 +95,8 @@ int reap(std::vector<Rank>& ranks, bool block, LaunchReport& report) {
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i].pid != pid) continue;
       ranks[i].running = false;
-      ranks[i].exit_code = exit_code_of(status);
-      if (ranks[i].exit_code != 0 && failed < 0 && report.failed_rank < 0) {
-        failed = static_cast<int>(i);
-        report.failed_rank = ranks[i].global_rank;
-        report.failure = describe_exit(ranks[i].global_rank, status);
-      }
+      ranks[i].status = status;
+      if (exit_code_of(status) != 0 && failed < 0) failed = static_cast<int>(i);
     }
     block = false;  // after the first, collect the others that ended too, without waiting
   }
@@ -113,17 +109,17 @@ bool any_running(const std::vector<Rank>& ranks) {
 }
 
 // SIGTERM to every running rank's group, SIGKILL after the grace period.
-void stop_all(std::vector<Rank>& ranks, std::chrono::milliseconds grace, LaunchReport& report) {
+void stop_all(std::vector<Rank>& ranks, std::chrono::milliseconds grace) {
   for (const Rank& r : ranks)
     if (r.running) ::kill(-r.pid, SIGTERM);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (any_running(ranks) && std::chrono::steady_clock::now() < deadline) {
-    reap(ranks, false, report);
+    reap(ranks, false);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (const Rank& r : ranks)
     if (r.running) ::kill(-r.pid, SIGKILL);
-  while (any_running(ranks)) reap(ranks, true, report);
+  while (any_running(ranks)) reap(ranks, true);
 }
 
 }  // namespace
@@ -170,19 +166,25 @@ Result<LaunchReport> launch_local(const LaunchOptions& options) {
     world.rank = options.node_rank * options.nproc + local;
     auto pid = start_rank(options, world);
     if (!pid.ok()) {
-      stop_all(ranks, options.grace, report);
+      stop_all(ranks, options.grace);
       return pid.status();
     }
     ranks.push_back({world.rank, *pid, true, 0});
   }
   while (any_running(ranks)) {
-    int failed = reap(ranks, true, report);
-    if (failed >= 0 || g_interrupted) break;
+    int failed = reap(ranks, true);
+    if (failed >= 0) {
+      report.failed_rank = ranks[static_cast<size_t>(failed)].global_rank;
+      report.failure = describe_exit(report.failed_rank, ranks[static_cast<size_t>(failed)].status);
+      break;
+    }
+    if (g_interrupted) {
+      report.failure = fmt::format("kz launch was interrupted by signal {}", static_cast<int>(g_interrupted));
+      break;
+    }
   }
-  if (g_interrupted && report.failed_rank < 0)
-    report.failure = fmt::format("kz launch was interrupted by signal {}", static_cast<int>(g_interrupted));
-  stop_all(ranks, options.grace, report);
-  for (const Rank& r : ranks) report.exit_codes.push_back(r.exit_code);
+  stop_all(ranks, options.grace);
+  for (const Rank& r : ranks) report.exit_codes.push_back(exit_code_of(r.status));
   return report;
 }
 

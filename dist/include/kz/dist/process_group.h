@@ -34,7 +34,9 @@ std::vector<std::string> available_backends();
 class ProcessGroup {
  public:
   struct Options {
-    std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // rendezvous and each collective
+    // The rendezvous and each collective (torch's default): long enough for rank 0's evaluations
+    // and checkpoints, which the other ranks wait out in their next collective.
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   };
   // Joins the group (blocks until every rank has): Gloo for a CPU device, NCCL for a CUDA one.
   static Result<std::shared_ptr<ProcessGroup>> connect(const World& world, const at::Device& device,
