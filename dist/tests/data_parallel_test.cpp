@@ -1,7 +1,7 @@
 // Data parallelism against one process (data_parallel.h): 2 Gloo ranks x B sequences must give
 // the weights of 1 process x 2B after two optimiser steps of the trainer's real step (a tiny
-// Qwen2, AdamW, clipping, two micro-batches per rank), within float tolerance; without the
-// gradient averaging they must not. The ranks are this binary again (the DataParallelRank test,
+// Qwen2, AdamW, clipping, two micro-batches per rank), within float tolerance, also with
+// activation checkpointing and with bf16 parameters; without the gradient averaging they must not. The ranks are this binary again (the DataParallelRank test,
 // which skips unless KZ_DP_TEST_OUT is set), started by kz launch's launcher. With
 // KZ_DP_TEST_DEVICE=cuda (data_parallel_nccl_test, label gpu) the same runs over NCCL, one GPU
 // per rank; it skips below 2 GPUs.
@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -41,7 +42,8 @@ at::Device rank_device(const World& world) {
 
 double tolerance() { return on_cuda() ? 1e-4 : 2e-5; }  // CUDA's backward sums with atomics
 
-std::shared_ptr<model::CausalLM> tiny_model(uint64_t seed, const at::Device& device = at::kCPU) {
+std::shared_ptr<model::CausalLM> tiny_model(uint64_t seed, const at::Device& device = at::kCPU,
+                                            at::ScalarType dtype = at::kFloat) {
   auto config = model::parse_model_config(R"({
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 96, "hidden_size": 32,
     "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -50,6 +52,7 @@ std::shared_ptr<model::CausalLM> tiny_model(uint64_t seed, const at::Device& dev
   EXPECT_TRUE(config.ok()) << config.status().to_string();
   model::LoadOptions load;
   load.device = device;
+  load.dtype = dtype;
   auto m = model::CausalLM::random(*config, seed, load);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return *m;
@@ -93,15 +96,34 @@ std::vector<float> flat_weights(model::CausalLM& m) {
   return std::vector<float>(all.data_ptr<float>(), all.data_ptr<float>() + all.numel());
 }
 
-// Trains kSteps steps on this rank's shards; `sync` false leaves the gradients un-averaged.
-std::vector<float> train(const World& world, bool sync, bool checkpointing) {
+// The float32 weights AdamW updates (for bf16 parameters, their masters).
+std::vector<float> flat_masters(const model::Trainer& trainer) {
+  std::vector<at::Tensor> parts;
+  for (const auto& name : trainer.parameter_names()) parts.push_back(trainer.master(name).reshape({-1}).cpu());
+  at::Tensor all = at::cat(parts).contiguous();
+  return std::vector<float>(all.data_ptr<float>(), all.data_ptr<float>() + all.numel());
+}
+
+struct Variant {
+  bool sync = true;            // false: the gradients are not averaged
+  bool checkpointing = false;  // activation checkpointing
+  bool bf16 = false;           // bf16 parameters, float32 masters and gradient accumulators
+};
+
+Variant variant_of(const std::string& mode) {
+  return {mode.find("no-sync") == std::string::npos, mode == "checkpointing", mode.starts_with("bf16")};
+}
+
+// Trains kSteps steps on this rank's shards; returns the float32 weights AdamW updated.
+std::vector<float> train(const World& world, const Variant& variant) {
   const at::Device device = rank_device(world);
-  auto m = tiny_model(/*seed=*/7 + static_cast<uint64_t>(world.rank), device);  // rank 0's weights must win
+  // Each rank starts from its own random weights: rank 0's must win.
+  auto m = tiny_model(/*seed=*/7 + static_cast<uint64_t>(world.rank), device, variant.bf16 ? at::kBFloat16 : at::kFloat);
   model::TrainOptions options;
   options.lr = 3e-3;
   options.weight_decay = 0.01;
   options.max_grad_norm = 0.5;  // clipping happens: it must see the averaged gradient
-  options.activation_checkpointing = checkpointing;
+  options.activation_checkpointing = variant.checkpointing;
   auto trainer = model::Trainer::create(m, options);
   EXPECT_TRUE(trainer.ok()) << trainer.status().to_string();
   auto group = ProcessGroup::connect(world, device);
@@ -110,7 +132,7 @@ std::vector<float> train(const World& world, bool sync, bool checkpointing) {
   dp.bucket_bytes = 4096;  // many buckets, so several are in flight during the backward pass
   auto wired = make_data_parallel(**trainer, *group, dp);
   EXPECT_TRUE(wired.is_ok()) << wired.to_string();
-  if (!sync) (*trainer)->set_gradient_sync(nullptr);
+  if (!variant.sync) (*trainer)->set_gradient_sync(nullptr);
   model::LossOptions loss;
   for (int step = 0; step < kSteps; ++step) {
     auto batches = shard(step, world.rank, world.size);
@@ -119,7 +141,7 @@ std::vector<float> train(const World& world, bool sync, bool checkpointing) {
     auto stats = (*trainer)->step(batches, loss, (*global)[0] / world.size);
     EXPECT_TRUE(stats.ok()) << stats.status().to_string();
   }
-  return flat_weights(*m);
+  return flat_masters(**trainer);
 }
 
 fs::path self_executable() { return fs::read_symlink("/proc/self/exe"); }
@@ -149,6 +171,17 @@ std::vector<std::vector<float>> train_two_ranks(const std::string& mode) {
   return weights;
 }
 
+// ||a - b|| / ||b - initial||: how far a lands from b, relative to how far b moved.
+double relative_update_difference(const std::vector<float>& a, const std::vector<float>& b,
+                                  const std::vector<float>& initial) {
+  double apart = 0, moved = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    apart += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    moved += (double(b[i]) - initial[i]) * (double(b[i]) - initial[i]);
+  }
+  return std::sqrt(apart / std::max(moved, 1e-30));
+}
+
 double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
@@ -162,8 +195,7 @@ TEST(DataParallelRank, Train) {
   if (!out) GTEST_SKIP() << "a rank of the tests below";
   auto world = current_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const std::string mode = std::getenv("KZ_DP_TEST_MODE");
-  auto weights = train(*world, mode != "no-sync", /*checkpointing=*/mode == "checkpointing");
+  auto weights = train(*world, variant_of(std::getenv("KZ_DP_TEST_MODE")));
   std::ofstream file(fs::path(out) / ("rank-" + std::to_string(world->rank) + ".bin"), std::ios::binary);
   file.write(reinterpret_cast<const char*>(weights.data()), static_cast<std::streamsize>(weights.size() * sizeof(float)));
 }
@@ -177,7 +209,7 @@ class DataParallel : public ::testing::Test {
 
 TEST_F(DataParallel, TwoRanksMatchOneProcessWithTwiceTheBatch) {
   auto initial = flat_weights(*tiny_model(7));
-  auto reference = train(World{}, true, false);
+  auto reference = train(World{}, Variant{});
   ASSERT_GT(max_abs_difference(initial, reference), 1e-3) << "the steps must move the weights";
   auto ranks = train_two_ranks("sync");
   ASSERT_EQ(ranks.size(), 2u);
@@ -188,7 +220,7 @@ TEST_F(DataParallel, TwoRanksMatchOneProcessWithTwiceTheBatch) {
 }
 
 TEST_F(DataParallel, HoldsWithActivationCheckpointing) {
-  auto reference = train(World{}, true, false);
+  auto reference = train(World{}, Variant{});
   auto ranks = train_two_ranks("checkpointing");
   ASSERT_EQ(ranks.size(), 2u);
   const double difference = max_abs_difference(ranks[0], reference);
@@ -196,9 +228,30 @@ TEST_F(DataParallel, HoldsWithActivationCheckpointing) {
   EXPECT_LT(difference, tolerance());
 }
 
+// bf16 parameters: the hook adds each gradient into its float32 accumulator before handing it over.
+TEST_F(DataParallel, HoldsWithBf16ParametersAndFloat32Masters) {
+  Variant bf16;
+  bf16.bf16 = true;
+  auto initial = flat_weights(*tiny_model(7, at::kCPU, at::kBFloat16));
+  auto reference = train(World{}, bf16);
+  auto ranks = train_two_ranks("bf16");
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(max_abs_difference(ranks[0], ranks[1]), 0.0);
+  auto apart = train_two_ranks("bf16-no-sync");
+  ASSERT_EQ(apart.size(), 2u);
+  // bf16 rounds each micro-batch's gradient (4 rows here, 2 per rank there) to 3 digits, and
+  // AdamW turns a near-zero gradient's sign into a whole step: the masters are compared by how far
+  // the whole update lands from the single process's, against the ranks without the averaging.
+  const double synced = relative_update_difference(ranks[0], reference, initial);
+  const double unsynced = relative_update_difference(apart[0], reference, initial);
+  std::cout << "bf16 parameters: update off by " << synced << " (" << unsynced << " without the averaging)\n";
+  EXPECT_LT(synced, 0.05);
+  EXPECT_GT(unsynced, 4 * synced);
+}
+
 // The test above can fail: without the averaging each rank follows its own half of the batch.
 TEST_F(DataParallel, WithoutTheAllReduceTheWeightsDiffer) {
-  auto reference = train(World{}, true, false);
+  auto reference = train(World{}, Variant{});
   auto ranks = train_two_ranks("no-sync");
   ASSERT_EQ(ranks.size(), 2u);
   std::cout << "without the averaging: max |weight difference| " << max_abs_difference(ranks[0], reference) << "\n";
