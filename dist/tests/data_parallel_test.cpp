@@ -1,10 +1,11 @@
 // Data parallelism against one process (data_parallel.h): 2 Gloo ranks x B sequences must give
 // the weights of 1 process x 2B after two optimiser steps of the trainer's real step (a tiny
 // Qwen2, AdamW, clipping, two micro-batches per rank), within float tolerance, also with
-// activation checkpointing and with bf16 parameters; without the gradient averaging they must not. The ranks are this binary again (the DataParallelRank test,
-// which skips unless KZ_DP_TEST_OUT is set), started by kz launch's launcher. With
-// KZ_DP_TEST_DEVICE=cuda (data_parallel_nccl_test, label gpu) the same runs over NCCL, one GPU
-// per rank; it skips below 2 GPUs.
+// activation checkpointing and with bf16 parameters; without the gradient averaging they must
+// not. The ranks are this binary again (the DataParallelRank test, which skips unless
+// KZ_DP_TEST_OUT is set), started by kz launch's launcher. With KZ_DP_TEST_DEVICE=cuda
+// (data_parallel_nccl_test, label gpu) the same runs over NCCL, one GPU per rank; it skips below
+// 2 GPUs.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -118,7 +119,8 @@ Variant variant_of(const std::string& mode) {
 std::vector<float> train(const World& world, const Variant& variant) {
   const at::Device device = rank_device(world);
   // Each rank starts from its own random weights: rank 0's must win.
-  auto m = tiny_model(/*seed=*/7 + static_cast<uint64_t>(world.rank), device, variant.bf16 ? at::kBFloat16 : at::kFloat);
+  const at::ScalarType dtype = variant.bf16 ? at::kBFloat16 : at::kFloat;
+  auto m = tiny_model(/*seed=*/7 + static_cast<uint64_t>(world.rank), device, dtype);
   model::TrainOptions options;
   options.lr = 3e-3;
   options.weight_decay = 0.01;
@@ -197,7 +199,8 @@ TEST(DataParallelRank, Train) {
   ASSERT_TRUE(world.ok()) << world.status().to_string();
   auto weights = train(*world, variant_of(std::getenv("KZ_DP_TEST_MODE")));
   std::ofstream file(fs::path(out) / ("rank-" + std::to_string(world->rank) + ".bin"), std::ios::binary);
-  file.write(reinterpret_cast<const char*>(weights.data()), static_cast<std::streamsize>(weights.size() * sizeof(float)));
+  file.write(reinterpret_cast<const char*>(weights.data()),
+             static_cast<std::streamsize>(weights.size() * sizeof(float)));
 }
 
 class DataParallel : public ::testing::Test {

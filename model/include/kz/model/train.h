@@ -8,8 +8,9 @@
 //                                                             // clip, AdamW, schedule, zero grads
 // step() is backward() per micro-batch, clip_gradients(), then update(); loops that interleave
 // other work call those directly (data parallelism: last_backward() before the step's last
-// backward, sync_gradients() before clipping). What trains is what requires grad when the trainer is created:
-// everything after CausalLM::load (full fine-tuning), only the adapters after add_lora (lora.h).
+// backward, sync_gradients() before clipping). What trains is what requires grad when the
+// trainer is created: everything after CausalLM::load (full fine-tuning), only the adapters after
+// add_lora (lora.h).
 //
 // Shapes: B sequences, T tokens; token-level tensors are [B, T-1] and index *targets*: entry
 // [b, t] belongs to the prediction of input_ids[b, t+1] (as token_logprobs returns them).
