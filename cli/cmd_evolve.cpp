@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "kz/dist/world.h"
 #include "kz/loop/evolve.h"
 #include "kz/loop/report.h"
 
@@ -40,6 +41,12 @@ Action add_evolve_command(CLI::App& app) {
   config->excludes(resume);
   out->excludes(resume);
   return [args] {
+    // N copies of one loop would write one run dir N times over.
+    auto world = dist::current_world();
+    if (!world.ok()) return report_error(world.status());
+    if (world->distributed())
+      return report_error(invalid_argument(fmt::format(
+          "kz evolve runs in one process: it is not data parallel yet (WORLD_SIZE={}; docs/scale.md)", world->size)));
     if (args->resume.empty() && (args->config.empty() || args->out.empty()))
       return report_error(invalid_argument("give --config FILE --out RUN_DIR for a new run, or --resume RUN_DIR"));
     loop::EvolveOptions options;

@@ -1,7 +1,8 @@
 // `kz sft`: supervised training of a Coder or a Proposer on the teacher's corpus
 // (kz/sft/sft.h), run by kz-engine. A new run: --config FILE [--out DIR]; going on with one:
 // --resume DIR. --stop-at-step N ends this call after step N (checkpointed), so a long run fits
-// time-boxed calls.
+// time-boxed calls. Data parallel as a rank of a torchrun-style launch (kz launch, or kz sft
+// --nproc N, which main.cpp turns into one; docs/scale.md).
 #include <fmt/format.h>
 
 #include <iostream>
@@ -19,6 +20,7 @@ Action add_sft_command(CLI::App& app) {
   struct Args {
     std::string config, out, resume;
     int64_t stop_at_step = 0;
+    int nproc = 1;
   };
   auto args = std::make_shared<Args>();
   auto* command = app.add_subcommand("sft", "Supervised training on a kz teach corpus: prompt -> completion pairs "
@@ -28,9 +30,15 @@ Action add_sft_command(CLI::App& app) {
   auto* resume = command->add_option("--resume", args->resume, "go on with the run in this dir from its newest checkpoint");
   command->add_option("--stop-at-step", args->stop_at_step, "stop after this optimiser step (checkpointed)")
       ->check(CLI::PositiveNumber);
+  // Listed for --help: kz takes --nproc off and runs `kz launch --nproc N -- sft ...` (main.cpp).
+  command->add_option("--nproc", args->nproc, "data-parallel ranks on this host, one per GPU (docs/scale.md)")
+      ->check(CLI::PositiveNumber);
   config->excludes(resume);
   out->excludes(resume);
   return [args] {
+    if (args->nproc > 1)
+      return report_error(invalid_argument("--nproc is kz's (kz sft --nproc N, or kz launch --nproc N -- sft ...), "
+                                           "not kz-engine's"));
     if (args->resume.empty() && args->config.empty())
       return report_error(invalid_argument("give --config FILE for a new run, or --resume RUN_DIR"));
     sft::SftOptions options;
@@ -42,6 +50,7 @@ Action add_sft_command(CLI::App& app) {
     auto report = sft::run_sft(options, std::cerr);
     if (!report.ok()) return report_error(report.status());
     const auto& r = *report;
+    if (r.rank != 0) return static_cast<int>(kExitOk);  // rank 0 speaks for the run
     auto eval = [](const std::optional<double>& v) { return v ? fmt::format("{:.4f}", *v) : std::string("-"); };
     std::cout << fmt::format("{} of {} steps; train loss {:.4f} -> {:.4f}, eval loss {} -> {}; {:.0f} tokens/s\n",
                              r.steps_done, r.total_steps, r.first_loss, r.last_loss, eval(r.first_eval_loss),

@@ -33,6 +33,7 @@ Action add_generate_command(CLI::App& app);     // kz-engine only (libtorch)
 Action add_serve_model_command(CLI::App& app);
 Action add_evolve_command(CLI::App& app);       // kz-engine: the co-evolution loop (kz/loop/evolve.h)  // kz-engine, with cpp-httplib (KZ_WITH_MODEL_SERVER)
 Action add_sft_command(CLI::App& app);          // kz-engine: supervised training (kz/sft/sft.h)
+Action add_launch_command(CLI::App& app);       // N local data-parallel ranks (kz/dist/launch.h)
 
 // Flags shared by every command that evaluates: declared once here.
 struct EvalFlags {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kz/dist/world.h"
 
 namespace {
 
@@ -33,6 +34,22 @@ int hand_over_to_engine(int argc, char** argv) {
   return kz::cli::kExitInfra;
 }
 
+// `kz sft --nproc N ...` is `kz launch --nproc N -- sft ...`: the arguments rewritten so.
+std::vector<std::string> launch_arguments(int argc, char** argv) {
+  std::vector<std::string> rest;
+  std::string nproc;
+  for (int i = 2; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--nproc" && i + 1 < argc) nproc = argv[++i];
+    else if (arg.starts_with("--nproc=")) nproc = std::string(arg.substr(8));
+    else rest.emplace_back(arg);
+  }
+  if (nproc.empty()) return {};
+  std::vector<std::string> args = {argv[0], "launch", "--nproc", nproc, "--", argv[1]};
+  args.insert(args.end(), rest.begin(), rest.end());
+  return args;
+}
+
 bool is_engine_command(std::string_view name) {
   return name == "generate" || name == "serve-model" || name == "evolve" || name == "sft";
 }
@@ -40,6 +57,12 @@ bool is_engine_command(std::string_view name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kz::dist::disable_nvlink_multicast();  // inherited by every process kz starts
+  std::vector<std::string> launch = argc > 1 && std::string_view(argv[1]) == "sft" ? launch_arguments(argc, argv)
+                                                                                    : std::vector<std::string>{};
+  std::vector<char*> launch_argv;
+  for (auto& arg : launch) launch_argv.push_back(arg.data());
+  if (!launch.empty()) argc = static_cast<int>(launch_argv.size()), argv = launch_argv.data();
   if (argc > 1 && is_engine_command(argv[1])) return hand_over_to_engine(argc, argv);
   CLI::App app{"KernelZero: train and evaluate kernel-writing models", "kz"};
   app.require_subcommand(1);
@@ -56,6 +79,7 @@ int main(int argc, char** argv) {
   add(kz::cli::add_init_model_command(app));
   add(kz::cli::add_report_command(app));
   add(kz::cli::add_train_tokenizer_command(app));
+  add(kz::cli::add_launch_command(app));
   // Listed for --help only: main() hands these to kz-engine before parsing.
   app.add_subcommand("generate", "Raw-text continuation from a checkpoint (kz-engine; kz generate --help)");
   app.add_subcommand("serve-model", "A checkpoint as an OpenAI-compatible endpoint (kz-engine; kz serve-model --help)");

@@ -6,8 +6,10 @@
 #include <map>
 
 #include "commands.h"
+#include "kz/dist/world.h"
 
 int main(int argc, char** argv) {
+  kz::dist::disable_nvlink_multicast();  // also when started directly, not through kz
   CLI::App app{"KernelZero's model engine: generate text, serve a checkpoint, train", "kz"};
   app.require_subcommand(1);
   std::map<CLI::App*, kz::cli::Action> actions;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # For machines without a package registry (the GPU host): downloads the Debian -dev packages
-# that may be missing there (header-only ones, and SQLite for the verdict cache) and unpacks them
+# that may be missing there (header-only ones: gloo's declare the CPU ranks' c10d backend, dist/;
+# and SQLite for the verdict cache) and unpacks them
 # into .deps/; and cpp-httplib header-only, for `kz serve-eval` (without it the service is not
 # built): Debian ships it compiled, against OpenSSL and Brotli, which the GPU host may lack, so
 # its source package's httplib.h is taken instead, checked against the .dsc's SHA-256 and with
@@ -10,7 +11,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$ROOT/.deps/debs"
 cd "$ROOT/.deps/debs"
-apt-get download libtomlplusplus-dev libxxhash-dev libcli11-dev nlohmann-json3-dev libsqlite3-dev libsqlite3-0 >/dev/null
+apt-get download libtomlplusplus-dev libxxhash-dev libcli11-dev nlohmann-json3-dev libsqlite3-dev libsqlite3-0 \
+  libgloo-dev >/dev/null
 for deb in *.deb; do dpkg -x "$deb" "$ROOT/.deps"; done
 HTTPLIB_POOL=https://deb.debian.org/debian/pool/main/c/cpp-httplib
 HTTPLIB_ORIG=cpp-httplib_0.11.4+ds.orig.tar.xz

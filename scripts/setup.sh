@@ -19,7 +19,7 @@ cd "$ROOT"
 
 APT_PACKAGES=(cmake g++ pkg-config nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev
               libgtest-dev libgmock-dev libxxhash-dev libcurl4-openssl-dev
-              libsqlite3-dev libcpp-httplib-dev)
+              libsqlite3-dev libcpp-httplib-dev libgloo-dev)
 
 install_apt_packages() {
   [[ "${KZ_SKIP_APT:-0}" == 1 ]] && return

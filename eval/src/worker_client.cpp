@@ -73,6 +73,7 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
   env["PYTHONUNBUFFERED"] = "1";
   env["PYTHONDONTWRITEBYTECODE"] = "1";
   env["PYTHONNOUSERSITE"] = "1";
+  env["NCCL_NVLS_ENABLE"] = "0";  // NVLink multicast stays off in every process kz starts (docs/scale.md)
   // The scratch dir (the cwd, writable, and a spare's exists before its request) stays off sys.path.
   env["PYTHONSAFEPATH"] = "1";
   // Builds stay in the worker's own scratch dir (each request's harness names its own dir there);

@@ -362,6 +362,9 @@ Status copy_tokenizer_files(const fs::path& from, const fs::path& to) {
   static const char* const kFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                        "vocab.json",     "merges.txt",            "special_tokens_map.json",
                                        "added_tokens.json"};
+  // A model dir without its tokenizer could not be loaded again: that is an error, never a skip.
+  if (std::error_code ec; !fs::exists(from / "tokenizer.json", ec))
+    return not_found(fmt::format("copying the tokenizer: {} has no tokenizer.json", from.string()));
   for (const char* name : kFiles) {
     std::error_code ec;
     if (!fs::exists(from / name, ec)) continue;

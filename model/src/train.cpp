@@ -13,10 +13,13 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 
 #include "kz/model/generate.h"
@@ -375,7 +378,7 @@ bool is_norm_or_bias(const std::string& name) { return name.ends_with(".bias") |
 
 Trainer::Trainer(std::shared_ptr<CausalLM> model, TrainOptions options, std::vector<Param> params)
     : model_(std::move(model)), options_(std::move(options)), params_(std::move(params)) {}
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { remove_hooks(); }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(std::shared_ptr<CausalLM> model, const TrainOptions& options) {
   KZ_RETURN_IF_ERROR(options.validate());
@@ -436,24 +439,95 @@ class TrainingMode {
 
 }  // namespace
 
+// Mixed precision: each half-precision gradient moves into its float32 accumulator so
+// micro-batches add in float32, not bf16.
+void Trainer::accumulate_mixed(Param& p) {
+  if (!p.mixed() || !p.param.grad().defined()) return;
+  c10::NoGradGuard no_grad;
+  at::Tensor g = p.param.grad().to(at::kFloat);
+  p.grad = p.grad.defined() ? p.grad.add_(g) : g;
+  p.param.mutable_grad() = at::Tensor();
+}
+
 Result<double> Trainer::backward(const MicroBatch& batch, const LossOptions& loss, double denominator,
                                  LossStats* stats) {
   TrainingMode mode(*model_);
   auto value = micro_batch_loss(*model_, batch, loss, denominator, stats);
-  if (!value.ok()) return value.status();
-  return guarded("backward", [&]() -> Result<double> {
+  if (!value.ok()) {
+    last_backward_ = false;
+    return value.status();
+  }
+  auto result = guarded("backward", [&]() -> Result<double> {
     value->backward();
-    // Mixed precision: move each half-precision gradient into its float32 accumulator so
-    // micro-batches add in float32, not bf16.
-    c10::NoGradGuard no_grad;
-    for (auto& p : params_) {
-      if (!p.mixed() || !p.param.grad().defined()) continue;
-      at::Tensor g = p.param.grad().to(at::kFloat);
-      p.grad = p.grad.defined() ? p.grad.add_(g) : g;
-      p.param.mutable_grad() = at::Tensor();
-    }
+    for (auto& p : params_) accumulate_mixed(p);  // those the hooks did not move already
     return value->item<double>();
   });
+  last_backward_ = false;
+  return result;
+}
+
+// ---- data parallelism ----
+namespace {
+
+// Autograd's post-accumulate-grad hook: runs once a parameter's .grad holds this backward's sum.
+class AccumulatedHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  explicit AccumulatedHook(std::function<void()> on_accumulated) : on_accumulated_(std::move(on_accumulated)) {}
+  void operator()(const torch::autograd::Variable& /*param*/) override { on_accumulated_(); }
+
+ private:
+  std::function<void()> on_accumulated_;
+};
+
+}  // namespace
+
+void Trainer::set_gradient_sync(std::shared_ptr<GradientSync> sync) {
+  remove_hooks();
+  sync_ = std::move(sync);
+  handed_over_.assign(params_.size(), false);
+  if (!sync_) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        params_[i].param, std::make_unique<AccumulatedHook>([this, i] { gradient_accumulated(i); }));
+}
+
+void Trainer::remove_hooks() {
+  if (!sync_) return;
+  for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p.param, nullptr);
+}
+
+void Trainer::last_backward() { last_backward_ = sync_ != nullptr; }
+
+void Trainer::gradient_accumulated(size_t index) {
+  if (!last_backward_ || handed_over_[index]) return;
+  Param& p = params_[index];
+  accumulate_mixed(p);
+  at::Tensor g = gradient(p);
+  if (!g.defined()) return;
+  handed_over_[index] = true;
+  sync_->ready(index, g);
+}
+
+Status Trainer::sync_gradients() {
+  if (!sync_) return Status::ok();
+  last_backward_ = false;
+  auto status = guarded("gradient sync", [&]() -> Status {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (handed_over_[i]) continue;
+      Param& p = params_[i];
+      accumulate_mixed(p);
+      // A parameter this rank's backward never reached still takes part: the others may have one.
+      if (!gradient(p).defined()) {
+        if (p.mixed()) p.grad = at::zeros_like(p.master);
+        else p.param.mutable_grad() = at::zeros_like(p.param);
+      }
+      sync_->ready(i, gradient(p));
+    }
+    return sync_->finish();
+  });
+  handed_over_.assign(params_.size(), false);
+  return status;
 }
 
 double Trainer::grad_norm() const {
@@ -584,7 +658,8 @@ Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const Lo
 }
 
 Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const LossOptions& loss, double denominator) {
-  if (batches.empty()) return invalid_argument("train step: no micro-batches");
+  // A data-parallel rank may have no share of a small step; it still takes part in the sync.
+  if (batches.empty() && !sync_) return invalid_argument("train step: no micro-batches");
   if (!(denominator > 0) || !std::isfinite(denominator))
     return invalid_argument(fmt::format("train step: loss denominator {} must be finite and > 0", denominator));
   KZ_RETURN_IF_ERROR(loss.validate());
@@ -595,12 +670,17 @@ Result<StepStats> Trainer::step(const std::vector<MicroBatch>& batches, const Lo
   LossStats sums;
   zero_grad();
   for (size_t i = 0; i < batches.size(); ++i) {
+    if (i + 1 == batches.size()) last_backward();
     auto share = backward(batches[i], loss, denominator, &sums);
     if (!share.ok()) {
       zero_grad();
       return share.status().with_context(fmt::format("train step {}, micro-batch {}", step_, i));
     }
     stats.loss += *share;
+  }
+  if (auto synced = sync_gradients(); !synced.is_ok()) {
+    zero_grad();
+    return synced.with_context(fmt::format("train step {}", step_));
   }
   stats.tokens = sums.tokens;
   stats.clip_fraction = sums.clip_fraction();

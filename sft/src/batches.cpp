@@ -123,6 +123,18 @@ Result<std::vector<Step>> plan_training(const std::vector<Example>& examples, co
   return plan;
 }
 
+std::vector<MicroBatchRows> shard_step(const Step& step, const std::vector<Example>& examples,
+                                       size_t micro_batch_tokens, int rank, int world_size) {
+  if (world_size <= 1) return step.micro_batches;
+  std::vector<Row> mine;
+  size_t index = 0;
+  for (const MicroBatchRows& batch : step.micro_batches)
+    for (const Row& row : batch)
+      if (index++ % static_cast<size_t>(world_size) == static_cast<size_t>(rank)) mine.push_back(row);
+  if (mine.empty()) return {};
+  return group_micro_batches(std::move(mine), examples, micro_batch_tokens);
+}
+
 std::vector<MicroBatchRows> plan_evaluation(const std::vector<Example>& examples, const BatchOptions& options) {
   std::vector<Row> rows;
   for (uint32_t i = 0; i < examples.size(); ++i) rows.push_back({i});

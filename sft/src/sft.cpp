@@ -14,6 +14,9 @@
 #include "kz/core/hash.h"
 #include "kz/core/jsonl.h"
 #include "kz/core/terminal.h"
+#include "kz/dist/data_parallel.h"
+#include "kz/dist/process_group.h"
+#include "kz/dist/world.h"
 #include "kz/loop/run_dir.h"
 #include "kz/model/init_model.h"
 #include "kz/model/tokenizer.h"
@@ -75,16 +78,40 @@ Result<fs::path> initial_model_dir(const SftConfig& c, const fs::path& out_dir, 
   return init.out_dir;
 }
 
-Result<std::shared_ptr<model::CausalLM>> load_model(const fs::path& dir, const ModelSection& m) {
+// Where rank 0's initial_model_dir puts the model, for the other ranks (which write nothing).
+fs::path initial_model_dir_of(const SftConfig& c, const fs::path& out_dir) {
+  return is_preset(c.model.init) ? out_dir / "init" : fs::path(c.model.init);
+}
+
+Result<at::Device> parse_device(const std::string& name) {
+  try {
+    return at::Device(name);
+  } catch (const std::exception& e) {
+    return invalid_argument(fmt::format("[model] device \"{}\": {}", name, e.what()));
+  }
+}
+
+// With several ranks, a CUDA device becomes this host's rank's own GPU, cuda:<LOCAL_RANK>.
+Result<at::Device> rank_device(const std::string& name, const dist::World& world) {
+  auto device = parse_device(name);
+  if (!device.ok() || !world.distributed() || !device->is_cuda()) return device;
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+}
+
+// The trained tokens (loss-mask sum) of a rank's share of a step: 0 for no share.
+double trained_tokens(const std::vector<model::MicroBatch>& batches) {
+  double tokens = 0;
+  for (const auto& b : batches) tokens += model::target_mask(b).sum().item<double>();
+  return tokens;
+}
+
+Result<std::shared_ptr<model::CausalLM>> load_model(const fs::path& dir, const ModelSection& m,
+                                                    const at::Device& device) {
   auto dtype = model::parse_dtype(m.dtype);
   if (!dtype.ok()) return dtype.status();
   model::LoadOptions load;
   load.dtype = *dtype;
-  try {
-    load.device = at::Device(m.device);
-  } catch (const std::exception& e) {
-    return invalid_argument(fmt::format("[model] device \"{}\": {}", m.device, e.what()));
-  }
+  load.device = device;
   return model::CausalLM::load(dir, load);
 }
 
@@ -197,10 +224,21 @@ struct Window {
   }
 };
 
+// Data parallel (WORLD_SIZE > 1, docs/scale.md): every rank builds the same plan and trains on
+// its share of each step (shard_step), the gradients averaged over the ranks (dist/); rank 0
+// alone logs, evaluates and writes checkpoints, so a checkpoint is the whole run's state and
+// resumes at any world size.
 class SftRun {
  public:
-  SftRun(SftConfig config, fs::path out_dir, std::ostream& log)
-      : config_(std::move(config)), out_(std::move(out_dir)), log_(log), metrics_(out_ / "metrics.jsonl") {}
+  SftRun(SftConfig config, fs::path out_dir, std::ostream& log, std::shared_ptr<dist::ProcessGroup> group,
+         at::Device device)
+      : config_(std::move(config)),
+        out_(std::move(out_dir)),
+        log_(log),
+        metrics_(out_ / "metrics.jsonl"),
+        group_(std::move(group)),
+        world_(group_->world()),
+        device_(device) {}
 
   Status open(bool resume, const fs::path& default_prompts_dir);
   Result<SftReport> train(int64_t stop_at_step);
@@ -209,6 +247,7 @@ class SftRun {
   Status restore(const fs::path& checkpoint);
   Status create_trainer();
   Status run_step(const Step& step);
+  Result<model::StepStats> distributed_step(const std::vector<model::MicroBatch>& batches);
   Status log_window();
   Status evaluate();
   Status checkpoint();
@@ -219,7 +258,8 @@ class SftRun {
   fs::path out_;
   std::ostream& log_;
   loop::AppendLog metrics_;
-  fs::path model_files_;  // where the tokenizer and generation config come from
+  fs::path model_files_;   // the weights this run started or resumed from
+  fs::path tokenizer_dir_;  // the run's initial model dir: the tokenizer and generation config every save copies
   std::shared_ptr<model::CausalLM> model_;
   std::unique_ptr<model::Trainer> trainer_;
   Data data_;
@@ -228,6 +268,9 @@ class SftRun {
   double train_seconds_ = 0;      // over the whole run, resumes included
   double tokens_this_process_ = 0, seconds_this_process_ = 0;
   std::optional<ProgressBar> bar_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  dist::World world_;
+  at::Device device_;
 };
 
 Status SftRun::open(bool resume, const fs::path& default_prompts_dir) {
@@ -239,19 +282,26 @@ Status SftRun::open(bool resume, const fs::path& default_prompts_dir) {
   }
   if (latest) {
     model_files_ = *latest / "model";
-  } else {
+  } else if (world_.is_main()) {
     KZ_RETURN_IF_ERROR(metrics_.truncate_to(0));  // rows of a run killed before its first checkpoint
     auto dir = initial_model_dir(config_, out_, log_);
     if (!dir.ok()) return dir.status();
     model_files_ = *dir;
+    KZ_RETURN_IF_ERROR(group_->barrier());  // the others wait for OUT/init
+  } else {
+    KZ_RETURN_IF_ERROR(group_->barrier());
+    model_files_ = initial_model_dir_of(config_, out_);
   }
+  // The tokenizer's files come from the run's start, which stays: a resumed run's checkpoint is
+  // pruned once newer ones are written, and with it the files model_files_ points to.
+  tokenizer_dir_ = initial_model_dir_of(config_, out_);
   auto tokenizer = Tokenizer::load(model_files_);
   if (!tokenizer.ok()) return tokenizer.status();
   pad_id_ = tokenizer->pad_id().value_or(tokenizer->eos_id().value_or(0));
   auto data = prepare_data(config_, *tokenizer, default_prompts_dir);
   if (!data.ok()) return data.status();
   data_ = std::move(*data);
-  auto model = load_model(model_files_, config_.model);
+  auto model = load_model(model_files_, config_.model, device_);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   if (config_.data.max_seq_len > model_->config().max_position_embeddings)
@@ -259,6 +309,10 @@ Status SftRun::open(bool resume, const fs::path& default_prompts_dir) {
                                         config_.data.max_seq_len, model_->config().max_position_embeddings));
   KZ_RETURN_IF_ERROR(create_trainer());
   if (latest) KZ_RETURN_IF_ERROR(restore(*latest));
+  KZ_RETURN_IF_ERROR(dist::make_data_parallel(*trainer_, group_, dist::DataParallelOptions{}));
+  if (world_.distributed())
+    log_ << fmt::format("data parallel: {} ranks over {}, each step's rows dealt out among them\n", world_.size,
+                        group_->backend_name());
   std::string coder_notes = config_.data.role != "coder"
                                 ? ""
                                 : fmt::format(", {} without a candidate, {:.0f}% unfused", data_.train.without_candidate,
@@ -306,7 +360,7 @@ Status SftRun::restore(const fs::path& checkpoint) {
                                         checkpoint.string()));
   window_ = Window::from_json(state.at("window"));
   train_seconds_ = state.at("train_seconds").get<double>();
-  KZ_RETURN_IF_ERROR(metrics_.truncate_to(state.at("metrics_bytes").get<uint64_t>()));
+  if (world_.is_main()) KZ_RETURN_IF_ERROR(metrics_.truncate_to(state.at("metrics_bytes").get<uint64_t>()));
   log_ << fmt::format("resuming from {} (step {} of {})\n", checkpoint.string(), trainer_->steps_done(),
                       data_.plan.size());
   return Status::ok();
@@ -315,8 +369,10 @@ Status SftRun::restore(const fs::path& checkpoint) {
 Status SftRun::run_step(const Step& step) {
   auto started = Clock::now();
   std::vector<model::MicroBatch> batches;
-  for (const auto& rows : step.micro_batches) batches.push_back(to_micro_batch(rows, data_.train.examples, pad_id_));
-  auto stats = trainer_->step(batches, model::LossOptions{});
+  for (const auto& rows : shard_step(step, data_.train.examples, config_.batch_options().micro_batch_tokens,
+                                     world_.rank, world_.size))
+    batches.push_back(to_micro_batch(rows, data_.train.examples, pad_id_));
+  auto stats = world_.distributed() ? distributed_step(batches) : trainer_->step(batches, model::LossOptions{});
   if (!stats.ok()) return stats.status().with_context(fmt::format("step {}", trainer_->steps_done() + 1));
   double seconds = seconds_since(started);
   window_.loss_sum += stats->loss * stats->tokens;
@@ -334,7 +390,24 @@ Status SftRun::run_step(const Step& step) {
   return Status::ok();
 }
 
+// The loss normalised by the whole step's trained tokens (every rank's), divided by the world
+// size: the averaged gradients are then the whole step's, as one process would compute them.
+Result<model::StepStats> SftRun::distributed_step(const std::vector<model::MicroBatch>& batches) {
+  model::LossOptions loss;
+  auto tokens = group_->all_reduce_sum({trained_tokens(batches)});
+  if (!tokens.ok()) return tokens.status();
+  const auto size = static_cast<double>(world_.size);
+  auto stats = trainer_->step(batches, loss, std::max((*tokens)[0], 1.0) / size);
+  if (!stats.ok()) return stats;
+  auto sums = group_->all_reduce_sum({stats->loss, stats->tokens});  // the step's loss: the shares' mean
+  if (!sums.ok()) return sums.status();
+  stats->loss = (*sums)[0] / size;
+  stats->tokens = (*sums)[1];
+  return stats;
+}
+
 Status SftRun::log_window() {
+  if (!world_.is_main()) window_ = Window{};
   if (window_.steps == 0) return Status::ok();
   const int64_t step = trainer_->steps_done();
   double loss = window_.trained_tokens > 0 ? window_.loss_sum / window_.trained_tokens : 0.0;
@@ -356,7 +429,7 @@ Status SftRun::log_window() {
 }
 
 Status SftRun::evaluate() {
-  if (data_.eval.examples.empty()) return Status::ok();
+  if (data_.eval.examples.empty() || !world_.is_main()) return Status::ok();
   c10::NoGradGuard no_grad;
   std::vector<model::MicroBatch> batches;
   for (const auto& rows : data_.eval_plan) batches.push_back(to_micro_batch(rows, data_.eval.examples, pad_id_));
@@ -380,6 +453,7 @@ Status SftRun::evaluate() {
 }
 
 Status SftRun::checkpoint() {
+  if (!world_.is_main()) return Status::ok();
   auto metrics_bytes = metrics_.size();
   if (!metrics_bytes.ok()) return metrics_bytes.status();
   json state = {{"step", trainer_->steps_done()},        {"total_steps", data_.plan.size()},
@@ -387,7 +461,7 @@ Status SftRun::checkpoint() {
                 {"window", window_.to_json()},           {"train_seconds", train_seconds_}};
   return loop::write_checkpoint(out_, trainer_->steps_done(), static_cast<int>(config_.train.checkpoint_keep),
                                 [&](const fs::path& staging) -> Status {
-                                  KZ_RETURN_IF_ERROR(save_hf_checkpoint(*model_, model_files_, staging / "model"));
+                                  KZ_RETURN_IF_ERROR(save_hf_checkpoint(*model_, tokenizer_dir_, staging / "model"));
                                   KZ_RETURN_IF_ERROR(trainer_->save_state(staging / "trainer"));
                                   return write_file_atomic(staging / "state.json", state.dump(2) + "\n");
                                 });
@@ -395,10 +469,11 @@ Status SftRun::checkpoint() {
 
 // Written beside, then renamed over an earlier one: a kill leaves no half-written final dir.
 Status SftRun::write_final(const fs::path& dir) {
+  if (!world_.is_main()) return Status::ok();
   fs::path staging = dir.string() + ".staging";
   std::error_code ec;
   fs::remove_all(staging, ec);
-  KZ_RETURN_IF_ERROR(save_hf_checkpoint(*model_, model_files_, staging));
+  KZ_RETURN_IF_ERROR(save_hf_checkpoint(*model_, tokenizer_dir_, staging));
   fs::remove_all(dir, ec);
   fs::rename(staging, dir, ec);
   if (ec) return io_error(fmt::format("renaming {} to {}: {}", staging.string(), dir.string(), ec.message()));
@@ -409,7 +484,7 @@ Result<SftReport> SftRun::train(int64_t stop_at_step) {
   const TrainSection& t = config_.train;
   const auto total = static_cast<int64_t>(data_.plan.size());
   const int64_t end = stop_at_step > 0 ? std::min(stop_at_step, total) : total;
-  if (is_terminal(log_) && trainer_->steps_done() < end)
+  if (world_.is_main() && is_terminal(log_) && trainer_->steps_done() < end)
     bar_.emplace("sft", static_cast<size_t>(end - trainer_->steps_done()), log_);
   if (trainer_->steps_done() == 0) KZ_RETURN_IF_ERROR(evaluate());
   while (trainer_->steps_done() < end) {
@@ -440,6 +515,9 @@ Result<SftReport> SftRun::report(bool finished) const {
   r.tokens = tokens_this_process_;
   r.train_seconds = seconds_this_process_;
   r.tokens_per_s = seconds_this_process_ > 0 ? tokens_this_process_ / seconds_this_process_ : 0;
+  r.rank = world_.rank;
+  r.world_size = world_.size;
+  if (!world_.is_main()) return r;  // rank 0 keeps the metrics
   auto rows = read_jsonl_log(metrics_.path());
   if (!rows.ok()) return rows.status();
   bool first_train = true, first_eval = true;
@@ -469,7 +547,7 @@ json report_json(const SftReport& r) {
 
 // The run dir and its config: a resumed run reads its config.toml; a new one must not find one
 // (the caller writes it once the run has opened).
-Result<SftConfig> run_config(const SftOptions& options, fs::path& out_dir) {
+Result<SftConfig> run_config(const SftOptions& options, fs::path& out_dir, const dist::World& world) {
   if (options.resume) {
     out_dir = options.out_dir;
     return load_sft_config(out_dir / "config.toml");
@@ -480,7 +558,7 @@ Result<SftConfig> run_config(const SftOptions& options, fs::path& out_dir) {
   if (out_dir.empty()) return invalid_argument("no output dir: give [output] dir or --out");
   config->output_dir = out_dir;
   std::error_code ec;
-  if (fs::exists(out_dir / "config.toml", ec))
+  if (world.is_main() && fs::exists(out_dir / "config.toml", ec))
     return invalid_argument(fmt::format("{} already holds a kz sft run: --resume it or choose another dir",
                                         out_dir.string()));
   fs::create_directories(out_dir, ec);
@@ -491,17 +569,26 @@ Result<SftConfig> run_config(const SftOptions& options, fs::path& out_dir) {
 }  // namespace
 
 Result<SftReport> run_sft(const SftOptions& options, std::ostream& log) {
+  auto world = dist::current_world();
+  if (!world.ok()) return world.status();
   fs::path out_dir;
-  auto config = run_config(options, out_dir);
+  auto config = run_config(options, out_dir, *world);
   if (!config.ok()) return config.status();
+  std::ostream silent(nullptr);  // ranks other than 0 log nothing; their errors still come back
+  std::ostream& out = world->is_main() ? log : silent;
   try {
-    SftRun run(*config, out_dir, log);
+    auto device = rank_device(config->model.device, *world);
+    if (!device.ok()) return device.status();
+    auto group = dist::ProcessGroup::connect(*world, *device);
+    if (!group.ok()) return group.status();
+    SftRun run(*config, out_dir, out, *group, *device);
     KZ_RETURN_IF_ERROR(run.open(options.resume, options.default_prompts_dir));
-    if (!options.resume)
+    if (!options.resume && world->is_main())
       KZ_RETURN_IF_ERROR(write_file_atomic(out_dir / "config.toml", sft_config_to_toml(*config)));
     auto report = run.train(options.stop_at_step);
     if (!report.ok()) return report.status();
-    KZ_RETURN_IF_ERROR(write_file_atomic(out_dir / "summary.json", report_json(*report).dump(2) + "\n"));
+    if (world->is_main())
+      KZ_RETURN_IF_ERROR(write_file_atomic(out_dir / "summary.json", report_json(*report).dump(2) + "\n"));
     return report;
   } catch (const std::exception& e) {
     return internal_error(fmt::format("kz sft {}: {}", out_dir.string(), e.what()));

@@ -350,6 +350,34 @@ TEST(Plan, StepsAndMicroBatchesKeepTheirBudgetsAndCoverEveryExampleOncePerEpoch)
   EXPECT_EQ(std::set<uint32_t>(seen.begin(), seen.end()).size(), 40u);
 }
 
+TEST(Plan, ShardsDealEveryRowOfAStepToExactlyOneRank) {
+  auto examples = many(40);
+  BatchOptions o;
+  o.batch_tokens = 200;
+  o.micro_batch_tokens = 40;
+  auto steps = plan_epoch(examples, o, 3, 0);
+  ASSERT_FALSE(steps.empty());
+  const Step& step = steps.front();
+  EXPECT_EQ(shard_step(step, examples, o.micro_batch_tokens, 0, 1), step.micro_batches);
+  std::multiset<uint32_t> whole, dealt;
+  for (const auto& micro : step.micro_batches)
+    for (const Row& row : micro) whole.insert(row.begin(), row.end());
+  for (int rank = 0; rank < 3; ++rank)
+    for (const auto& micro : shard_step(step, examples, o.micro_batch_tokens, rank, 3)) {
+      size_t longest = 0;
+      for (const Row& row : micro) {
+        longest = std::max(longest, row_length(row, examples));
+        dealt.insert(row.begin(), row.end());
+      }
+      EXPECT_TRUE(micro.size() == 1 || micro.size() * longest <= o.micro_batch_tokens);
+    }
+  EXPECT_EQ(dealt, whole);
+  // More ranks than rows: the last ranks get nothing (and still take part in the step).
+  Step one{0, {{{0}}}, row_length({0}, examples)};
+  EXPECT_EQ(shard_step(one, examples, 40, 0, 2).size(), 1u);
+  EXPECT_TRUE(shard_step(one, examples, 40, 1, 2).empty());
+}
+
 TEST(Plan, PackingFillsRowsUpToRowTokens) {
   auto examples = many(40);
   BatchOptions o;

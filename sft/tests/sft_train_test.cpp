@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
@@ -341,6 +342,59 @@ TEST(Sft, StoppedAndResumedRunEqualsAnUninterruptedOne) {
   EXPECT_FALSE(fs::exists(split / "checkpoints" / "iter-000003"));
   EXPECT_TRUE(fs::exists(split / "checkpoints" / "iter-000006"));
   EXPECT_TRUE(fs::exists(split / "checkpoints" / "iter-000008"));
+  // The checkpoint it resumed from (5) is gone by the end; the final model still has its tokenizer.
+  EXPECT_TRUE(fs::exists(split / "final" / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(split / "checkpoints" / "iter-000008" / "model" / "tokenizer.json"));
+}
+
+// Data parallel (docs/scale.md): 2 Gloo ranks to a checkpoint, resumed at world size 1, give the
+// run of one process (the rows of each step dealt out to the ranks, the gradients averaged), up to
+// float summation order; rank 1 writes nothing and says nothing.
+TEST(Sft, DataParallelRunResumesAtWorldSizeOne) {
+  ASSERT_EQ(trained().tokenizer.code, 0);  // the corpus and the tokenizer
+  fs::path config = write_config("dp.toml", config_text(corpus_path(), 6, 1, 3));
+  fs::path whole = scratch() / "dp-whole", split = scratch() / "dp-split";
+  Ran a = run(fmt::format("sft --config {} --out {}", config.string(), whole.string()));
+  ASSERT_EQ(a.code, 0) << a.output;
+  Ran b = run(fmt::format("sft --nproc 2 --config {} --out {} --stop-at-step 3", config.string(), split.string()));
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find("data parallel: 2 ranks over gloo"), std::string::npos) << b.output;
+  size_t stopped = 0;
+  for (size_t at = b.output.find("stopped: kz sft --resume"); at != std::string::npos;
+       at = b.output.find("stopped: kz sft --resume", at + 1))
+    ++stopped;
+  EXPECT_EQ(stopped, 1u) << "rank 0 alone reports: " << b.output;
+  EXPECT_TRUE(fs::exists(split / "checkpoints" / "iter-000003"));
+  Ran c = run(fmt::format("sft --resume {}", split.string()));
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_NE(c.output.find("resuming from"), std::string::npos) << c.output;
+  EXPECT_EQ(c.output.find("data parallel"), std::string::npos) << c.output;
+  auto rows_a = read_jsonl_log(whole / "metrics.jsonl"), rows_b = read_jsonl_log(split / "metrics.jsonl");
+  ASSERT_TRUE(rows_a.ok() && rows_b.ok());
+  ASSERT_EQ(rows_a->size(), rows_b->size());
+  for (size_t i = 0; i < rows_a->size(); ++i)
+    for (const char* key : {"loss", "grad_norm", "eval_loss"})
+      if ((*rows_a)[i].contains(key)) {
+        EXPECT_NEAR((*rows_a)[i][key].get<double>(), (*rows_b)[i][key].get<double>(), 1e-3) << "row " << i << " " << key;
+      }
+  auto model_a = model::CausalLM::load(whole / "final"), model_b = model::CausalLM::load(split / "final");
+  ASSERT_TRUE(model_a.ok() && model_b.ok());
+  auto params_b = (*model_b)->named_parameters();
+  double worst = 0;
+  for (const auto& p : (*model_a)->named_parameters()) {
+    const double difference = (p.value() - params_b[p.key()]).abs().max().item<double>();
+    EXPECT_LT(difference, 1e-3) << p.key();
+    worst = std::max(worst, difference);
+  }
+  std::cout << "2 ranks then 1 against 1 throughout: max |weight difference| " << worst << "\n";
+}
+
+// A rank that fails stops the others, and the launcher names it.
+TEST(Sft, DataParallelFailureNamesTheRank) {
+  Ran ran = run(fmt::format("launch --nproc 2 -- sft --resume {}", (scratch() / "no-such-run").string()));
+  EXPECT_NE(ran.code, 0);
+  EXPECT_NE(ran.output.find("kz launch: rank "), std::string::npos) << ran.output;
+  EXPECT_NE(ran.output.find("the other ranks were stopped"), std::string::npos) << ran.output;
 }
 
 TEST(Sft, ErrorsNameTheLineTheKeyAndTheRun) {

@@ -7,8 +7,10 @@
 //   auto stats = trainer->step(micro_batches, loss_options);  // forward+backward each micro-batch,
 //                                                             // clip, AdamW, schedule, zero grads
 // step() is backward() per micro-batch, clip_gradients(), then update(); loops that interleave
-// other work call those directly. What trains is what requires grad when the trainer is created:
-// everything after CausalLM::load (full fine-tuning), only the adapters after add_lora (lora.h).
+// other work call those directly (data parallelism: last_backward() before the step's last
+// backward, sync_gradients() before clipping). What trains is what requires grad when the
+// trainer is created: everything after CausalLM::load (full fine-tuning), only the adapters after
+// add_lora (lora.h).
 //
 // Shapes: B sequences, T tokens; token-level tensors are [B, T-1] and index *targets*: entry
 // [b, t] belongs to the prediction of input_ids[b, t+1] (as token_logprobs returns them).
@@ -132,6 +134,21 @@ at::Tensor reduce_token_losses(const at::Tensor& lp, const at::Tensor& entropy, 
 Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, const LossOptions& loss,
                                     double denominator, LossStats* stats = nullptr);
 
+// Data parallelism (dist/data_parallel.h implements it over c10d): the mean of every trained
+// parameter's step gradient over the ranks. The trainer hands each gradient to ready() during the
+// step's last backward, as soon as autograd has accumulated it (a post-accumulate-grad hook), so
+// the reduction overlaps the rest of the backward pass; finish() waits, leaving the gradients
+// averaged in place before clipping. Calls come from autograd's thread for the device.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  // Trained parameter `index` (Trainer::parameter_names order) has its final gradient of the step
+  // (float32 for mixed-precision parameters); the sync may reduce it in place until finish().
+  virtual void ready(size_t index, const at::Tensor& grad) = 0;
+  // Called once every gradient was handed over: waits for the reductions.
+  virtual Status finish() = 0;
+};
+
 enum class LrSchedule { constant, warmup_cosine };
 
 struct TrainOptions {
@@ -181,12 +198,25 @@ class Trainer {
   // that leave out sequences adding no gradient (zero advantages, no KL) but count them in the
   // normaliser, so the gradient is the one with them in. tokens and the statistics then cover
   // the batches given.
+  // With a gradient sync, `denominator` is the global batch's divided by the world size
+  // (dist/data_parallel.h), and `batches` may be empty (a rank without a share of this step).
   Result<StepStats> step(const std::vector<MicroBatch>& batches, const LossOptions& loss, double denominator);
 
   // Forward + backward of one micro-batch, adding into the accumulated gradients; returns its
   // loss share (denominator: step_denominator of the whole step) and adds to `stats` if given.
   Result<double> backward(const MicroBatch& batch, const LossOptions& loss, double denominator,
                           LossStats* stats = nullptr);
+  // Data parallelism: gradients averaged over ranks by `sync` (nullptr: none). The trainer
+  // hooks every trained parameter; the hooks are removed with the trainer or the sync.
+  void set_gradient_sync(std::shared_ptr<GradientSync> sync);
+  // With a sync: the next backward() is the step's last, so its gradients go to the sync (step()
+  // marks it itself; callers of backward() mark their own step's last micro-batch).
+  void last_backward();
+  // With a sync: hands over the gradients the last backward did not (parameters it did not
+  // reach, as zeros) and waits, so every rank holds the same averaged gradients. step() calls it
+  // before clipping; without a sync, nothing.
+  Status sync_gradients();
+
   // Global L2 norm of the accumulated gradients.
   double grad_norm() const;
   // Scales the gradients to max_grad_norm when above it; returns the norm before clipping.
@@ -218,10 +248,16 @@ class Trainer {
 
  private:
   at::Tensor gradient(const Param& p) const;  // accumulated float32 gradient (undefined: none yet)
+  void accumulate_mixed(Param& p);            // a half-precision grad added into p.grad (float32)
+  void gradient_accumulated(size_t index);    // the post-accumulate-grad hook of parameter `index`
+  void remove_hooks();
   std::shared_ptr<CausalLM> model_;
   TrainOptions options_;
   std::vector<Param> params_;
   int64_t step_ = 0;
+  std::shared_ptr<GradientSync> sync_;
+  bool last_backward_ = false;         // the running backward is the step's last (hooks hand over)
+  std::vector<bool> handed_over_;      // per parameter, this step
 };
 
 }  // namespace kz::model

@@ -63,6 +63,13 @@ std::vector<Step> plan_epoch(const std::vector<Example>& examples, const BatchOp
 Result<std::vector<Step>> plan_training(const std::vector<Example>& examples, const BatchOptions& options,
                                         uint64_t seed, int64_t epochs, int64_t steps);
 
+// Data parallelism: rank `rank`'s share of `step` among `world_size` ranks. The step's rows (in
+// its micro-batches' order, which is by length) are dealt out in turn, so every rank gets rows
+// of every length, then grouped into micro-batches as the plan groups them. A rank may get none
+// (a step of fewer rows than ranks). world_size 1: the step's own micro-batches.
+std::vector<MicroBatchRows> shard_step(const Step& step, const std::vector<Example>& examples,
+                                       size_t micro_batch_tokens, int rank, int world_size);
+
 // Evaluation: every example once, one per row, grouped by length into micro-batches.
 std::vector<MicroBatchRows> plan_evaluation(const std::vector<Example>& examples, const BatchOptions& options);
 

@@ -26,6 +26,11 @@
 //   final/                    the trained model
 //   summary.json              SftReport as JSON
 //
+// Data parallel: started as a rank of WORLD_SIZE > 1 (kz launch, torchrun, Slurm; docs/scale.md),
+// every rank trains on its share of each step's rows, gradients averaged over the ranks, so a
+// step gives the weights one process would; rank 0 alone logs, evaluates and writes the run dir
+// (its checkpoints resume at any world size). A CUDA [model] device becomes cuda:<LOCAL_RANK>.
+//
 // Resuming: --resume OUT loads the newest checkpoint, cuts metrics.jsonl back to what it had
 // logged, rebuilds the same plan (refusing a changed corpus or tokenizer: the examples' digest
 // is in state.json) and goes on from the next step; on the CPU the result equals a run never
@@ -62,6 +67,7 @@ struct SftReport {
   double tokens = 0;            // real tokens trained in this process
   double train_seconds = 0;     // forward/backward/update time in this process
   double tokens_per_s = 0;
+  int rank = 0, world_size = 1;  // data parallel: this process's rank (only rank 0's report has the losses)
 };
 
 Result<SftReport> run_sft(const SftOptions& options, std::ostream& log);
