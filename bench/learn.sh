@@ -4,7 +4,7 @@
 # Resumable across calls: every stage keeps its results under runs/ and is skipped once complete,
 # a cut-off one resumes (kz sft and kz evolve from their newest checkpoints), so a call that ends
 # at its deadline loses at most an iteration of each run. Stages:
-#   1. teacher corpus and held-out modules (cuda-rtc, unfused and fused, 2 block sizes, --scale 16)
+#   1. teacher corpus and held-out modules (cuda-rtc, unfused and fused, 2 block sizes, --scale 32)
 #      runs/teach-gpu, runs/teach-gpu-heldout; beside training, a sample of the corpus and every
 #      held-out module checked on the card (runs/learn/check-*)
 #   2. tokenizer (runs/tokenizer-gpu), then the Coder's and the Proposer's SFT at once
@@ -14,7 +14,7 @@
 #        ca_grpo-S  ungated-S  correctness_only-S  static-S     for S in KZ_LEARN_SEEDS
 #   4. bench/learn_summary.py: the table, the curves (learn.html), the share of fused kernels
 # Usage: bench/learn.sh OUTDIR DEADLINE   (DEADLINE: epoch seconds by which this call must end)
-# Env: KZ_LEARN_MODULES (2000), KZ_LEARN_HELDOUT (32), KZ_LEARN_CHECK (128: corpus modules checked
+# Env: KZ_LEARN_MODULES (2000), KZ_LEARN_HELDOUT (32), KZ_LEARN_CHECK (64: corpus modules checked
 #      on the card), KZ_LEARN_SEEDS ("1 2"), KZ_LEARN_RUNS ("ca_grpo ungated correctness_only static"),
 #      KZ_LEARN_SET (extra --set for every run),
 #      KZ_LEARN_DEVICE (cuda:0) and KZ_LEARN_CONFIGS (configs): a dry run on the CPU points them at
@@ -30,7 +30,9 @@ RUNS=${KZ_LEARN_RUNS:-ca_grpo ungated correctness_only static}
 PORT=${KZ_LEARN_PORT:-18431}
 DEVICE=${KZ_LEARN_DEVICE:-cuda:0}
 CONFIGS=${KZ_LEARN_CONFIGS:-configs}
-TEACH_FLAGS=(--formats cuda-rtc --variants 2 --scale 16)
+# --scale 32: most references above the Proposer validity's 0.05 ms floor on an H100 (at 16 a third of
+# the Proposer's modules fell under it), the teacher's naive GEMMs still a few ms.
+TEACH_FLAGS=(--formats cuda-rtc --variants 2 --scale 32)
 # Eight engines and an evaluation service share the host's cores: a few threads each for the CPU's share.
 export OMP_NUM_THREADS=2 NCCL_NVLS_ENABLE=0
 mkdir -p runs/learn "$OUT"
@@ -47,13 +49,17 @@ teach() {  # teach DIR SPLIT COUNT SEED: into DIR.partial, then renamed (a cut-o
 }
 
 check_on_card() {  # the teacher's candidates evaluated on the card: a corpus sample, every held-out module
-  [[ -f runs/learn/check-heldout/check.jsonl ]] && return 0
-  $KZ teach --out runs/learn/check-train --count "${KZ_LEARN_CHECK:-128}" --seed 1 "${TEACH_FLAGS[@]}" --check --device "$DEVICE" --jobs 4 \
-    > runs/learn/check-train.log 2>&1
-  echo "check-train exit $?" >> runs/learn/check.status
-  $KZ teach --out runs/learn/check-heldout --split heldout --count "$HELDOUT" --seed 2 "${TEACH_FLAGS[@]}" --check \
-    --device "$DEVICE" --jobs 4 > runs/learn/check-heldout.log 2>&1
-  echo "check-heldout exit $?" >> runs/learn/check.status
+  local split name count seed
+  for split in train heldout; do
+    name=check-$split
+    [[ -f runs/learn/$name/check.jsonl ]] && continue
+    if [[ $split == train ]]; then count=${KZ_LEARN_CHECK:-64} seed=1; else count=$HELDOUT seed=2; fi
+    # Beside the SFT, never past it by much: a check cut by its time limit is redone by the next call.
+    rm -rf "runs/learn/$name"
+    timeout -s INT $(($(left) - 200)) $KZ teach --out "runs/learn/$name" --split "$split" --count "$count" \
+      --seed "$seed" "${TEACH_FLAGS[@]}" --check --device "$DEVICE" --jobs 4 > "runs/learn/$name.log" 2>&1
+    echo "$name exit $?" >> runs/learn/check.status
+  done
 }
 
 sft() {  # sft ROLE: trains, or resumes, until done or the deadline
