@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "kz/core/hash.h"
 #include "kz/curriculum/proposer.h"
@@ -105,7 +106,13 @@ Status add_proposer_example(const CorpusModule& module, const ExampleOptions& op
                             Templates& templates, ExampleSet& set) {
   auto prompt = templates.proposer();
   if (!prompt.ok()) return prompt.status();
-  auto messages = proposer_messages(**prompt, module.apis, module.level);
+  // The loop's API sampler lists a set in no particular order; a module's own list runs in its ops'
+  // order (Linear first, the reducer last). Shuffled, fixed by the module's id, so that the order
+  // is no cue the Proposer learns to lean on.
+  std::vector<std::string> apis = module.apis;
+  std::mt19937_64 order(hash64(module.id));
+  std::shuffle(apis.begin(), apis.end(), order);
+  auto messages = proposer_messages(**prompt, apis, module.level);
   if (!messages.ok()) return messages.status();
   auto example = encode_pair(tokenizer, *messages, fenced_reply(module.reference));
   if (!example.ok()) return example.status();

@@ -225,6 +225,38 @@ TEST(Pairs, ProposerPairEndsInTheFencedReference) {
   EXPECT_EQ(decode(set->examples[0].completion_ids), fenced_reply(f.modules[1].reference) + "<|im_end|>");
 }
 
+// The loop's sampler lists an API set in any order: a Proposer pair lists its module's APIs in an
+// order shuffled by the module's id, every one of them, the same in every build.
+TEST(Pairs, ProposerPromptListsTheApisInAnOrderFixedByTheModule) {
+  const auto& f = fixture();
+  ExampleOptions o = coder_options();
+  o.role = Role::proposer;
+  CorpusModule module = f.modules[1];
+  module.apis = {"torch.a", "torch.b", "torch.c", "torch.d", "torch.e", "torch.f"};
+  auto listed = [&](const CorpusModule& m) {
+    auto set = build_examples({m}, o, *f.tokenizer);
+    EXPECT_TRUE(set.ok()) << set.status().to_string();
+    std::string prompt = set.ok() && !set->examples.empty() ? decode(set->examples[0].prompt_ids) : "";
+    std::vector<std::pair<size_t, std::string>> at;
+    for (const auto& api : m.apis) {
+      auto pos = prompt.find("- " + api);
+      EXPECT_NE(pos, std::string::npos) << api << " is not listed";
+      at.emplace_back(pos, api);
+    }
+    std::sort(at.begin(), at.end());
+    std::vector<std::string> order;
+    for (const auto& [pos, api] : at) order.push_back(api);
+    return order;
+  };
+  EXPECT_EQ(listed(module), listed(module));
+  bool shuffled = false;
+  for (int k = 0; k < 4 && !shuffled; ++k) {
+    module.id = "module-" + std::to_string(k);
+    shuffled = listed(module) != module.apis;
+  }
+  EXPECT_TRUE(shuffled) << "the APIs are listed in the module's own order";
+}
+
 std::vector<std::string> labels(const ExampleOptions& o, const std::vector<CorpusModule>& modules) {
   auto set = build_examples(modules, o, *fixture().tokenizer);
   EXPECT_TRUE(set.ok()) << set.status().to_string();
