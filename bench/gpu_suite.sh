@@ -15,7 +15,7 @@
 #                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
 #                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
 #                   the speedups of the two runs side by side (bench/multi_gpu_summary.py). Needs
-#                   the nvidia-h200-x2 kind; KZ_MULTIGPU_DEVICES="cuda:0 cuda:0" runs it twice on one.
+#                   a host with two GPUs; KZ_MULTIGPU_DEVICES="cuda:0 cuda:0" runs it twice on one.
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
