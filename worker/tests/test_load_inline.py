@@ -487,7 +487,7 @@ def test_lightening_leaves_the_module_globals_as_the_guard_saw_them():
     what load_inline's wrapper computes lazily during the import must not land in one."""
     lighter_headers._aten_op_names.cache_clear()
     lighter_headers._full_header_names.cache_clear()
-    before = {module: dict(vars(module)) for module in (lighter_headers, load_inline)}
+    before = {module: dict(vars(module)) for module in (lighter_headers, inline_builds)}
     assert lighter(cpp_sources=CPP, cuda_sources=FULL_INCLUDE + CUDA) is not None
     assert lighter_headers.may_need_the_full_header('/ext/x/cuda.cu(3): error: identifier "made_up_name" is undefined\n') is False
     changed = [name for module, names in before.items() for name, value in vars(module).items()
