@@ -17,9 +17,9 @@ import argparse
 import html
 import json
 import pathlib
-import re
 import statistics
 import sys
+import tomllib
 
 ORDER = ["ca_grpo", "ungated", "correctness_only", "static"]
 COLOURS = {"ca_grpo": "#1f77b4", "ungated": "#d62728", "correctness_only": "#2ca02c", "static": "#9467bd"}
@@ -42,7 +42,7 @@ def kernel_count(run: pathlib.Path, row: dict):
     if not row.get("file"):
         return None
     path = run / row["file"]
-    return len(re.findall(r"__global__", path.read_text(errors="replace"))) if path.exists() else None
+    return path.read_text(errors="replace").count("__global__") if path.exists() else None
 
 
 def multi_op_tasks(heldout_suite: pathlib.Path) -> set:
@@ -50,9 +50,9 @@ def multi_op_tasks(heldout_suite: pathlib.Path) -> set:
     return {p.stem for p in (heldout_suite / "level2").glob("*.py")} if heldout_suite.is_dir() else set()
 
 
-def heldout_points(run: pathlib.Path, multi_op: set) -> list:
+def heldout_points(run: pathlib.Path, provenance: list, multi_op: set) -> list:
     metrics = read_jsonl(run / "metrics.jsonl")
-    kernels = [r for r in read_jsonl(run / "provenance.jsonl") if r.get("kind") == "kernel" and r["phase"] == "heldout"]
+    kernels = [r for r in provenance if r.get("kind") == "kernel" and r["phase"] == "heldout"]
     points = []
     for row in metrics:
         if row["phase"] != "heldout":
@@ -74,9 +74,9 @@ def heldout_points(run: pathlib.Path, multi_op: set) -> list:
     return points
 
 
-def proposer_bands(run: pathlib.Path, low: float, high: float) -> list:
+def proposer_bands(provenance: list, low: float, high: float) -> list:
     by_iteration = {}
-    for r in read_jsonl(run / "provenance.jsonl"):
+    for r in provenance:
         if r.get("kind") == "module" and r.get("pass_rate") is not None:
             by_iteration.setdefault(r["iteration"], []).append(r["pass_rate"])
     out = []
@@ -87,19 +87,6 @@ def proposer_bands(run: pathlib.Path, low: float, high: float) -> list:
                     "at_0": sum(p == 0 for p in rates) / n, "at_1": sum(p == 1 for p in rates) / n,
                     "mean": statistics.mean(rates)})
     return out
-
-
-def band_of(run: pathlib.Path):
-    text = (run / "config.toml").read_text() if (run / "config.toml").exists() else ""
-    low = re.search(r"band_low = ([0-9.e-]+)", text)
-    high = re.search(r"band_high = ([0-9.e-]+)", text)
-    return float(low.group(1)) if low else 0.125, float(high.group(1)) if high else 0.875
-
-
-def heldout_suite_of(run: pathlib.Path) -> pathlib.Path:
-    text = (run / "config.toml").read_text() if (run / "config.toml").exists() else ""
-    m = re.search(r'\[heldout\]\nsuite = "([^"]*)"', text)
-    return pathlib.Path(m.group(1)) if m else pathlib.Path("runs/teach-gpu-heldout/suite")
 
 
 def fmt(value, spec="{:.3f}"):
@@ -210,10 +197,13 @@ def main() -> int:
         ablation, _, seed = run.name.rpartition("-")
         if not ablation or not seed.isdigit():
             continue
-        low, high = band_of(run)
+        config = tomllib.loads((run / "config.toml").read_text())  # the run's resolved config, every key
+        provenance = read_jsonl(run / "provenance.jsonl")
+        multi_op = multi_op_tasks(pathlib.Path(config["heldout"]["suite"]))
         runs[run.name] = {"ablation": ablation, "seed": int(seed),
-                          "heldout": heldout_points(run, multi_op_tasks(heldout_suite_of(run))),
-                          "proposer": proposer_bands(run, low, high)}
+                          "heldout": heldout_points(run, provenance, multi_op),
+                          "proposer": proposer_bands(provenance, config["frontier"]["band_low"],
+                                                     config["frontier"]["band_high"])}
     if not runs:
         print(f"no runs under {args.runs_dir}", file=sys.stderr)
         return 1
