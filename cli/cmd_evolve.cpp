@@ -4,6 +4,9 @@
 // --iterations 2 does one more). --set section.key=VALUE changes one key of a new run's config
 // (the ablations of one experiment: --set reward.mode=ungated --set run.seed=2); the resolved
 // config, overrides included, is the run dir's config.toml. Ends by writing the run's report.
+// Data parallel as a rank of WORLD_SIZE > 1 (`kz evolve --nproc N`, which main.cpp turns into
+// `kz launch --nproc N -- evolve ...`, torchrun, Slurm; docs/scale.md): rank 0 alone prints,
+// writes the run dir and the report.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -24,6 +27,7 @@ Action add_evolve_command(CLI::App& app) {
     std::string config, out, resume;
     std::vector<std::string> overrides;
     int64_t iterations = 0;
+    int nproc = 1;
   };
   auto args = std::make_shared<Args>();
   auto* evolve = app.add_subcommand("evolve", "Co-evolve a Proposer and a Coder: modules on the Coder's frontier, "
@@ -37,16 +41,18 @@ Action add_evolve_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   auto* set = evolve->add_option("--set", args->overrides, "section.key=VALUE over the config's key, for a new run "
                                                           "(repeatable): --set reward.mode=ungated");
+  // Listed for --help: kz takes --nproc off and runs `kz launch --nproc N -- evolve ...` (main.cpp).
+  evolve->add_option("--nproc", args->nproc, "data-parallel ranks on this host, one per GPU (docs/scale.md)")
+      ->check(CLI::PositiveNumber);
   set->excludes(resume);
   config->excludes(resume);
   out->excludes(resume);
   return [args] {
-    // N copies of one loop would write one run dir N times over.
+    if (args->nproc > 1)
+      return report_error(invalid_argument("--nproc is kz's (kz evolve --nproc N, or kz launch --nproc N -- evolve ...), "
+                                           "not kz-engine's"));
     auto world = dist::current_world();
     if (!world.ok()) return report_error(world.status());
-    if (world->distributed())
-      return report_error(invalid_argument(fmt::format(
-          "kz evolve runs in one process: it is not data parallel yet (WORLD_SIZE={}; docs/scale.md)", world->size)));
     if (args->resume.empty() && (args->config.empty() || args->out.empty()))
       return report_error(invalid_argument("give --config FILE --out RUN_DIR for a new run, or --resume RUN_DIR"));
     loop::EvolveOptions options;
@@ -58,6 +64,7 @@ Action add_evolve_command(CLI::App& app) {
     options.default_prompts_dir = KZ_DEFAULT_PROMPTS_DIR;
     auto result = loop::run_evolve(options, std::cerr);
     if (!result.ok()) return report_error(result.status());
+    if (!world->is_main()) return static_cast<int>(kExitOk);  // rank 0 writes the report
     auto report = loop::write_evolve_report(options.run_dir);
     if (!report.ok()) return report_error(report.status());
     std::cout << fmt::format("{} iterations done ({} in this run)\nrun: {}\nreport: {}\n", result->iterations_done,

@@ -34,7 +34,8 @@ int hand_over_to_engine(int argc, char** argv) {
   return kz::cli::kExitInfra;
 }
 
-// `kz sft --nproc N ...` is `kz launch --nproc N -- sft ...`: the arguments rewritten so.
+// `kz sft --nproc N ...` is `kz launch --nproc N -- sft ...` (and so for evolve): the arguments
+// rewritten so.
 std::vector<std::string> launch_arguments(int argc, char** argv) {
   std::vector<std::string> rest;
   std::string nproc;
@@ -58,8 +59,8 @@ bool is_engine_command(std::string_view name) {
 
 int main(int argc, char** argv) {
   kz::dist::disable_nvlink_multicast();  // inherited by every process kz starts
-  std::vector<std::string> launch = argc > 1 && std::string_view(argv[1]) == "sft" ? launch_arguments(argc, argv)
-                                                                                    : std::vector<std::string>{};
+  const bool data_parallel = argc > 1 && (std::string_view(argv[1]) == "sft" || std::string_view(argv[1]) == "evolve");
+  std::vector<std::string> launch = data_parallel ? launch_arguments(argc, argv) : std::vector<std::string>{};
   std::vector<char*> launch_argv;
   for (auto& arg : launch) launch_argv.push_back(arg.data());
   if (!launch.empty()) argc = static_cast<int>(launch_argv.size()), argv = launch_argv.data();

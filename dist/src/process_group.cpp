@@ -15,6 +15,7 @@
 #endif
 
 #include <cstdlib>
+#include <cstring>
 
 namespace kz::dist {
 
@@ -169,6 +170,29 @@ Result<std::vector<double>> ProcessGroup::all_reduce_sum(const std::vector<doubl
     KZ_RETURN_IF_ERROR(all_reduce_sum_async(t)->wait());
     t = t.cpu();
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  });
+}
+
+Result<std::vector<std::string>> ProcessGroup::all_gather(const std::string& bytes) {
+  if (!impl_->backend) return std::vector<std::string>{bytes};
+  std::vector<double> sizes(static_cast<size_t>(size()), 0.0);
+  sizes[static_cast<size_t>(rank())] = static_cast<double>(bytes.size());
+  auto all_sizes = all_reduce_sum(sizes);
+  if (!all_sizes.ok()) return all_sizes.status().with_context("all-gather: the sizes");
+  std::vector<int64_t> offsets(sizes.size() + 1, 0);
+  for (size_t r = 0; r < sizes.size(); ++r) offsets[r + 1] = offsets[r] + static_cast<int64_t>((*all_sizes)[r]);
+  if (offsets.back() == 0) return std::vector<std::string>(sizes.size());
+  return collective("all-gather", [&]() -> Result<std::vector<std::string>> {
+    at::Tensor flat = at::zeros({offsets.back()}, at::kByte);
+    const auto mine = static_cast<size_t>(rank());
+    std::memcpy(flat.data_ptr<uint8_t>() + offsets[mine], bytes.data(), bytes.size());
+    at::Tensor on_device = flat.to(device_);
+    KZ_RETURN_IF_ERROR(all_reduce_sum_async(on_device)->wait());
+    flat = on_device.cpu();
+    const char* data = reinterpret_cast<const char*>(flat.data_ptr<uint8_t>());
+    std::vector<std::string> out;
+    for (size_t r = 0; r < sizes.size(); ++r) out.emplace_back(data + offsets[r], data + offsets[r + 1]);
+    return out;
   });
 }
 

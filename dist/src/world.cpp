@@ -70,6 +70,11 @@ std::map<std::string, std::string> world_environment(const World& world) {
           {"MASTER_PORT", std::to_string(world.master_port)}};
 }
 
+std::string rank_device(const std::string& device, const World& world) {
+  if (!world.distributed() || !(device == "cuda" || device.starts_with("cuda:"))) return device;
+  return "cuda:" + std::to_string(world.local_rank);
+}
+
 void disable_nvlink_multicast() { ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1); }
 
 }  // namespace kz::dist

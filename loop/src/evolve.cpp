@@ -17,6 +17,8 @@
 #include "kz/core/parallel.h"
 #include "kz/core/terminal.h"
 #include "kz/curriculum/proposer.h"
+#include "kz/dist/process_group.h"
+#include "kz/dist/world.h"
 #include "kz/eval/evaluator.h"
 #include "kz/eval/options.h"
 #include "kz/eval/suite.h"
@@ -64,23 +66,111 @@ std::string now_utc() {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// A file of the run dir (its folders made first), written atomically.
-Status write_run_file(const fs::path& path, std::string_view text) {
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  if (ec) return io_error(fmt::format("cannot create {}: {}", path.parent_path().string(), ec.message()));
-  return write_file_atomic(path, text);
-}
-
 // One Coder sample (a judge attempt or a Coder-phase sample): the reply, its code and verdict.
 struct CoderSample {
   size_t task = 0;   // index into the phase's tasks
   int index = 0;     // within the task's group
   Completion completion;
   std::string file;  // the kernel, relative to the run dir; empty when the reply held no code
+  std::string code;  // the kernel itself (evaluated); empty when the reply held none
   std::string prompt_hash;
   Verdict verdict;
 };
+
+// ---- what ranks exchange (data parallel): JSON, sent as CBOR (the texts need not be UTF-8) ----
+
+std::string to_bytes(const json& j) {
+  std::vector<uint8_t> bytes = json::to_cbor(j);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+Result<json> from_bytes(const std::string& bytes, const std::string& what) {
+  json j = json::from_cbor(bytes, /*strict=*/true, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return parse_error(what + ": not readable CBOR");
+  return j;
+}
+
+json completion_json(const Completion& c) {
+  json logprobs = json::array();
+  for (const TokenLogprob& lp : c.logprobs) logprobs.push_back({lp.token, lp.logprob});
+  return {{"text", c.text}, {"finish_reason", c.finish_reason}, {"prompt_tokens", c.prompt_tokens},
+          {"completion_tokens", c.completion_tokens}, {"logprobs", logprobs}, {"token_ids", c.token_ids},
+          {"prompt_token_ids", c.prompt_token_ids}};
+}
+
+Completion completion_from_json(const json& j) {
+  Completion c{j.at("text").get<std::string>(), j.at("finish_reason").get<std::string>(),
+               j.at("prompt_tokens").get<int>(), j.at("completion_tokens").get<int>(), {},
+               j.at("token_ids").get<std::vector<int64_t>>(), j.at("prompt_token_ids").get<std::vector<int64_t>>()};
+  for (const json& lp : j.at("logprobs")) c.logprobs.push_back({lp.at(0).get<std::string>(), lp.at(1).get<double>()});
+  return c;
+}
+
+json sample_json(const CoderSample& s) {
+  return {{"task", s.task}, {"index", s.index}, {"completion", completion_json(s.completion)}, {"file", s.file},
+          {"code", s.code}, {"prompt_hash", s.prompt_hash}, {"verdict", to_json(s.verdict)}};
+}
+
+Result<CoderSample> sample_from_json(const json& j) {
+  try {
+    auto verdict = verdict_from_json(j.at("verdict"));
+    if (!verdict.ok()) return verdict.status();
+    return CoderSample{j.at("task").get<size_t>(), j.at("index").get<int>(), completion_from_json(j.at("completion")),
+                       j.at("file").get<std::string>(), j.at("code").get<std::string>(),
+                       j.at("prompt_hash").get<std::string>(), std::move(*verdict)};
+  } catch (const json::exception& e) {
+    return parse_error(std::string("a sample from another rank: ") + e.what());
+  }
+}
+
+json proposal_batches_json(const std::vector<ProposalBatch>& batches) {
+  json out = json::array();
+  for (const ProposalBatch& b : batches) {
+    json apis = json::array(), proposals = json::array();
+    for (const ApiEntry& api : b.apis) apis.push_back({{"name", api.name}, {"category", api.category}, {"aten", api.aten}});
+    for (const Proposal& p : b.proposals) {
+      const ModuleVerdict& v = p.verdict;
+      proposals.push_back({{"id", p.id}, {"code", p.code ? json(*p.code) : json()}, {"kept", p.kept},
+                           {"reason", p.reason}, {"failed_check", p.failed_check}, {"reply", completion_json(p.reply)},
+                           {"verdict", {{"valid", v.valid}, {"reason", v.reason}, {"failed_check", v.failed_check},
+                                        {"aten_ops", v.aten_ops}, {"output_shapes", v.output_shapes},
+                                        {"fingerprint", v.fingerprint}, {"runtime_ms", v.runtime_ms}}}});
+    }
+    out.push_back({{"apis", apis}, {"proposals", proposals}});
+  }
+  return out;
+}
+
+Result<std::vector<ProposalBatch>> proposal_batches_from_json(const json& j) {
+  try {
+    std::vector<ProposalBatch> out;
+    for (const json& b : j) {
+      ProposalBatch batch;
+      for (const json& api : b.at("apis"))
+        batch.apis.push_back({api.at("name").get<std::string>(), api.at("category").get<std::string>(),
+                              api.at("aten").get<std::vector<std::string>>()});
+      for (const json& p : b.at("proposals")) {
+        const json& v = p.at("verdict");
+        Proposal proposal;
+        proposal.id = p.at("id").get<std::string>();
+        if (!p.at("code").is_null()) proposal.code = p.at("code").get<std::string>();
+        proposal.verdict = {v.at("valid").get<bool>(), v.at("reason").get<std::string>(),
+                            v.at("failed_check").get<std::string>(), v.at("aten_ops").get<std::vector<std::string>>(),
+                            v.at("output_shapes").get<std::vector<std::vector<int64_t>>>(),
+                            v.at("fingerprint").get<std::string>(), v.at("runtime_ms").get<double>()};
+        proposal.kept = p.at("kept").get<bool>();
+        proposal.reason = p.at("reason").get<std::string>();
+        proposal.failed_check = p.at("failed_check").get<std::string>();
+        proposal.reply = completion_from_json(p.at("reply"));
+        batch.proposals.push_back(std::move(proposal));
+      }
+      out.push_back(std::move(batch));
+    }
+    return out;
+  } catch (const json::exception& e) {
+    return parse_error(std::string("rank 0's proposals: ") + e.what());
+  }
+}
 
 rl::SampleVerdict sample_verdict(const Verdict& v) {
   auto status = rl::parse_sample_status(status_name(v.status));
@@ -145,7 +235,7 @@ Result<std::vector<Verdict>> evaluate_remotely(ServiceClient& client, const std:
     size_t e = job.id.get<size_t>();
     verdicts[e] = *job.verdict;
     verdicts[e]->candidate = entries[e].candidate.label;
-    if (written.is_ok()) written = append_line(results, dump(to_json(*verdicts[e])));
+    if (written.is_ok() && !results.empty()) written = append_line(results, dump(to_json(*verdicts[e])));
   }));
   KZ_RETURN_IF_ERROR(written);
   std::vector<Verdict> out;
@@ -160,19 +250,21 @@ Result<std::vector<Verdict>> evaluate_remotely(ServiceClient& client, const std:
 
 class Evolution {
  public:
-  static Result<std::unique_ptr<Evolution>> open(const EvolveOptions& options, std::ostream& out);
+  static Result<std::unique_ptr<Evolution>> open(const EvolveOptions& options, const dist::World& world,
+                                                 std::ostream& out);
   // Iterations up to `target` (nullopt: the config's run.iterations).
   Result<EvolveResult> run(std::optional<int64_t> target);
 
  private:
-  Evolution(EvolveConfig config, fs::path run_dir, std::ostream& out)
+  Evolution(EvolveConfig config, fs::path run_dir, std::ostream& out, dist::World world)
       : config_(std::move(config)), run_dir_(std::move(run_dir)), out_(out),
-        metrics_(run_dir_ / "metrics.jsonl"), provenance_(run_dir_ / "provenance.jsonl") {}
+        metrics_(run_dir_ / "metrics.jsonl"), provenance_(run_dir_ / "provenance.jsonl"), world_(std::move(world)) {}
 
   Status run_iteration(int64_t i, int64_t target);
   // 1. Proposer phase (with 2, the frontier; not run with a static curriculum)
   Status proposer_phase(int64_t i);
   Result<std::vector<JudgedProposal>> propose_and_judge(int64_t i, StageSeconds& seconds);
+  Result<std::vector<ProposalBatch>> share_proposals(Result<std::vector<ProposalBatch>> batches);
   Result<std::optional<rl::PolicyUpdateStats>> update_proposer(std::vector<JudgedProposal>& judged,
                                                                StageSeconds& seconds);
   // 2. Frontier
@@ -194,6 +286,10 @@ class Evolution {
                                                 std::optional<double> temperature = std::nullopt);
   Result<std::optional<SuiteEntry>> take_sample(int64_t i, const std::string& phase, const Task& task, size_t t,
                                                 int k, const Result<std::vector<Completion>>& result, CoderSample& s);
+  Status gather_samples(const std::string& phase, std::vector<CoderSample>& samples, int attempts,
+                        const fs::path& results_path);
+  bool mine(size_t task) const { return task % static_cast<size_t>(world_.size) == static_cast<size_t>(world_.rank); }
+  Status write_run_file(const fs::path& path, std::string_view text) const;
   void count_api_outcomes(const std::vector<CoderSample>& samples, const std::vector<Task>& tasks);
   Status log_metrics(int64_t i, const std::string& phase, json row, const StageSeconds& seconds);
   Status log_module(int64_t i, const JudgedProposal& j);
@@ -204,6 +300,7 @@ class Evolution {
   Status open_models();
   Status open_evaluation(int jobs);
   Status open_engine();
+  Status open_process_group();
   Status load_static_tasks();
   Status start_fresh();
   Status restore(const fs::path& checkpoint);
@@ -214,6 +311,11 @@ class Evolution {
   std::ostream& out_;
   fs::path prompts_dir_;
   AppendLog metrics_, provenance_;
+  // Data parallel: this process's rank. Rank 0 alone writes the run dir; every rank holds the
+  // loop's whole state, kept identical by sharing what one rank made (samples, proposals).
+  dist::World world_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::string eval_device_;  // the evaluations' device on this rank (cuda:<LOCAL_RANK> for a CUDA one)
 
   std::unique_ptr<Policy> proposer_, coder_own_;
   Policy* coder_ = nullptr;  // coder_own_, or proposer_ with shared_policy
@@ -244,7 +346,7 @@ class Evolution {
 Status Evolution::run_iteration(int64_t i, int64_t target) {
   out_ << fmt::format("== iteration {}/{} ==\n", i, target);
   std::error_code ignored;
-  fs::remove_all(iteration_dir(i), ignored);  // what an interrupted attempt at it left
+  if (world_.is_main()) fs::remove_all(iteration_dir(i), ignored);  // what an interrupted attempt at it left
   KZ_RETURN_IF_ERROR(frontier_->begin_iteration(i));
 
   // 1-2. The Proposer's modules, judged, rewarded, and offered to the frontier.
@@ -316,12 +418,16 @@ Result<std::vector<JudgedProposal>> Evolution::propose_and_judge(int64_t i, Stag
     return batches;
   };
   // A failed call (a request, or a validation worker that could not run) leaves the pipeline as it
-  // was: tried once more with the same seed, it writes the same replies.
-  auto batches = propose();
-  if (!batches.ok()) {
-    out_ << fmt::format("proposer: {}; trying once more\n", batches.status().message());
+  // was: tried once more with the same seed, it writes the same replies. Rank 0 alone proposes.
+  Result<std::vector<ProposalBatch>> batches = std::vector<ProposalBatch>();
+  if (world_.is_main()) {
     batches = propose();
+    if (!batches.ok()) {
+      out_ << fmt::format("proposer: {}; trying once more\n", batches.status().message());
+      batches = propose();
+    }
   }
+  batches = share_proposals(std::move(batches));
   if (!batches.ok()) return batches.status();
   seconds.generate += std::chrono::duration<double>(validating.value_or(Clock::now()) - started).count();
   if (validating) seconds.evaluate += seconds_since(*validating);
@@ -367,6 +473,24 @@ Result<std::vector<JudgedProposal>> Evolution::propose_and_judge(int64_t i, Stag
     if (counted[t] > 0) j.pass_rate = static_cast<double>(correct[t]) / counted[t];
   }
   return judged;
+}
+
+// Rank 0's proposals (or its error) on every rank, so that each judges and trains on the same
+// modules. A world of one: as they are.
+Result<std::vector<ProposalBatch>> Evolution::share_proposals(Result<std::vector<ProposalBatch>> batches) {
+  if (!world_.distributed()) return batches;
+  std::string message;
+  if (world_.is_main())
+    message = to_bytes(batches.ok() ? json{{"batches", proposal_batches_json(*batches)}}
+                                    : json{{"error", batches.status().to_string()}});
+  auto all = group_->all_gather(message);
+  if (!all.ok()) return all.status().with_context(fmt::format("rank {}: sharing rank 0's proposals", world_.rank));
+  if (world_.is_main()) return batches;
+  auto got = from_bytes((*all)[0], "rank 0's proposals");
+  if (!got.ok()) return got.status();
+  if (got->contains("error"))
+    return internal_error(fmt::format("rank 0's proposer phase failed: {}", (*got)["error"].dump()));
+  return proposal_batches_from_json(got->value("batches", json::array()));
 }
 
 // Rewards (rl/proposer_reward.h) over each API set's replies, normalised within the set (the
@@ -473,13 +597,16 @@ Status Evolution::coder_phase(int64_t i) {
 // The Coder's `attempts` samples of every task (one request per task, seeded by the iteration,
 // the phase and the task), their code extracted and written under the iteration's dir, and every
 // sample with code evaluated; a reply without code is a format_error, a failed request an
-// infra_error for each of its samples (no reward).
+// infra_error for each of its samples (no reward). Data parallel: rank r samples and evaluates
+// tasks r, r + W, ... (a task's whole group on one rank, seeded by the task's index, so its
+// samples do not depend on the world size), then every rank receives the others' samples.
 Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::string& phase,
                                                          const std::vector<Task>& tasks, int attempts,
                                                          StageSeconds& seconds, std::optional<double> temperature) {
   if (tasks.empty()) return std::vector<CoderSample>();
   fs::path dir = iteration_dir(i);
-  std::vector<GenerationRequest> requests;
+  std::vector<GenerationRequest> requests;  // this rank's tasks'
+  std::vector<size_t> request_task;
   std::vector<std::string> prompt_hashes;
   for (size_t t = 0; t < tasks.size(); ++t) {
     auto messages = build_messages(coder_prompt_, {{"reference_source", tasks[t].source}});
@@ -489,6 +616,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     std::string hash = content_hash({dump(prompt)});
     KZ_RETURN_IF_ERROR(write_run_file(dir / "prompts" / (hash + ".json"), dump(prompt) + "\n"));
     prompt_hashes.push_back(hash);
+    if (!mine(t)) continue;
     GenerationRequest request{fmt::format("{}/{}", phase, tasks[t].id), std::move(*messages), "", {}};
     request.params.n = attempts;
     request.params.temperature = temperature.value_or(config_.coder.temperature);
@@ -497,37 +625,37 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     request.params.seed = derive_seed(config_.seed, i, phase, t);
     request.params.logprobs = coder_->trainable();
     requests.push_back(std::move(request));
+    request_task.push_back(t);
   }
-  out_ << fmt::format("{}: generating {} x {} samples with {}\n", phase, tasks.size(), attempts, coder_->describe());
+  out_ << fmt::format("{}: generating {} x {} samples with {}{}\n", phase, tasks.size(), attempts, coder_->describe(),
+                      world_.distributed() ? fmt::format(" ({} ranks)", world_.size) : "");
   // generation_batch tasks per generate() call; each batch is evaluated while the next one is
   // generated (one evaluation batch at a time). Sized up front: the evaluating thread writes into it.
   std::vector<CoderSample> samples(tasks.size() * attempts);
-  const size_t batch = config_.generation_batch > 0 ? static_cast<size_t>(config_.generation_batch) : tasks.size();
+  const size_t batch = config_.generation_batch > 0 ? static_cast<size_t>(config_.generation_batch) : requests.size();
   const fs::path results_path = dir / (phase + "-results.jsonl");
   std::future<Status> evaluating;
-  for (size_t first = 0; first < tasks.size(); first += batch) {
-    const size_t last = std::min(tasks.size(), first + batch);
+  for (size_t first = 0; first < requests.size(); first += batch) {
+    const size_t last = std::min(requests.size(), first + batch);
     auto started = Clock::now();
     auto results = coder_->generator().generate({requests.begin() + first, requests.begin() + last});
     seconds.generate += seconds_since(started);
     std::vector<SuiteEntry> entries;
     std::vector<size_t> entry_sample;
-    for (size_t t = first; t < last; ++t)
+    for (size_t r = first; r < last; ++r)
       for (int k = 0; k < attempts; ++k) {
-        size_t index = t * attempts + k;
+        const size_t t = request_task[r], index = t * attempts + k;
         samples[index].prompt_hash = prompt_hashes[t];
-        auto entry = take_sample(i, phase, tasks[t], t, k, results[t - first], samples[index]);
+        auto entry = take_sample(i, phase, tasks[t], t, k, results[r - first], samples[index]);
         if (!entry.ok()) return entry.status();
         if (*entry) entries.push_back(std::move(**entry)), entry_sample.push_back(index);
       }
     if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
     if (entries.empty()) continue;
-    evaluations_ += static_cast<int64_t>(entries.size());
-    if (phase != "heldout") training_evaluations_ += static_cast<int64_t>(entries.size());
     evaluating = std::async(std::launch::async, [&, entries = std::move(entries),
                                                  entry_sample = std::move(entry_sample)]() -> Status {
       auto started = Clock::now();
-      auto verdicts = evaluate_(tasks, entries, results_path);
+      auto verdicts = evaluate_(tasks, entries, world_.is_main() ? results_path : fs::path());
       seconds.evaluate += seconds_since(started);
       if (!verdicts.ok()) return verdicts.status();
       for (size_t e = 0; e < entries.size(); ++e) samples[entry_sample[e]].verdict = std::move((*verdicts)[e]);
@@ -535,11 +663,51 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     });
   }
   if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
+  KZ_RETURN_IF_ERROR(gather_samples(phase, samples, attempts, results_path));
+  for (const CoderSample& s : samples) {
+    if (s.code.empty()) continue;
+    KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, s.code));
+    ++evaluations_;
+    if (phase != "heldout") ++training_evaluations_;
+  }
   return samples;
 }
 
-// Sample k of task t from its request's result: the reply, its code written under the iteration's
-// dir, and the entry to evaluate (nullopt when there is nothing to run: a reply without code is a
+// Data parallel: every rank's samples of the phase on every rank, each in its place; rank 0 then
+// appends the other ranks' verdicts to the phase's results (its own went there as they came). A
+// world of one: nothing.
+Status Evolution::gather_samples(const std::string& phase, std::vector<CoderSample>& samples, int attempts,
+                                 const fs::path& results_path) {
+  if (!world_.distributed()) return Status::ok();
+  const auto group = static_cast<size_t>(attempts);
+  json own = json::array();
+  for (size_t index = 0; index < samples.size(); ++index)
+    if (mine(index / group)) own.push_back(sample_json(samples[index]));
+  const std::string where = fmt::format("{} phase, rank {}", phase, world_.rank);
+  auto all = group_->all_gather(to_bytes(own));
+  if (!all.ok()) return all.status().with_context(where + ": sharing the samples");
+  for (int r = 0; r < world_.size; ++r) {
+    if (r == world_.rank) continue;
+    auto theirs = from_bytes((*all)[static_cast<size_t>(r)], fmt::format("rank {}'s samples", r));
+    if (!theirs.ok()) return theirs.status().with_context(where);
+    for (const json& j : *theirs) {
+      auto s = sample_from_json(j);
+      if (!s.ok()) return s.status().with_context(fmt::format("{}: rank {}'s samples", where, r));
+      const size_t index = s->task * group + static_cast<size_t>(s->index);
+      if (index >= samples.size())
+        return internal_error(fmt::format("{}: rank {} sent sample {} of task {}, beyond the phase's {} samples",
+                                          where, r, s->index, s->task, samples.size()));
+      samples[index] = std::move(*s);
+    }
+  }
+  if (!world_.is_main()) return Status::ok();
+  for (const CoderSample& s : samples)
+    if (!mine(s.task) && !s.code.empty()) KZ_RETURN_IF_ERROR(append_line(results_path, dump(to_json(s.verdict))));
+  return Status::ok();
+}
+
+// Sample k of task t from its request's result: the reply, its code (written under the iteration's
+// dir once the phase's samples are in), and the entry to evaluate (nullopt when there is nothing to run: a reply without code is a
 // format_error, a failed request an infra_error).
 Result<std::optional<SuiteEntry>> Evolution::take_sample(int64_t i, const std::string& phase, const Task& task,
                                                          size_t t, int k,
@@ -558,11 +726,11 @@ Result<std::optional<SuiteEntry>> Evolution::take_sample(int64_t i, const std::s
   s.completion = (*result)[k];
   auto code = extract_code(s.completion.text);
   if (!code) {
-    s.verdict = no_code_verdict(task, label, s.completion.finish_reason, config_.format, eval_options_.device);
+    s.verdict = no_code_verdict(task, label, s.completion.finish_reason, config_.format, eval_device_);
     return std::optional<SuiteEntry>();
   }
   s.file = (fs::path("iterations") / checkpoint_name(i) / "kernels" / phase / task.id / fmt::format("{}.py", k)).string();
-  KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, *code));
+  s.code = *code;
   return std::optional<SuiteEntry>(SuiteEntry{t, Candidate{label, *code}});
 }
 
@@ -625,7 +793,9 @@ Status Evolution::heldout(int64_t i) {
   return log_metrics(i, "heldout", std::move(row), seconds);
 }
 
+// By rank 0: the whole run's state (every rank holds the same).
 Status Evolution::checkpoint(int64_t i) {
+  if (!world_.is_main()) return Status::ok();
   auto metrics_bytes = metrics_.size();
   if (!metrics_bytes.ok()) return metrics_bytes.status();
   auto provenance_bytes = provenance_.size();
@@ -668,7 +838,17 @@ Status Evolution::log_metrics(int64_t i, const std::string& phase, json row, con
                       "generate/evaluate/train)\n",
                       i, phase, show("reward_mean"), show("correct_rate"), show("pass_at_1"),
                       row["frontier_size"].get<size_t>(), show("kl"), seconds.generate, seconds.evaluate, seconds.train);
-  return metrics_.append(dump(row));
+  return world_.is_main() ? metrics_.append(dump(row)) : Status::ok();
+}
+
+// A file of the run dir (its folders made first), written atomically by rank 0; other ranks write
+// nothing.
+Status Evolution::write_run_file(const fs::path& path, std::string_view text) const {
+  if (!world_.is_main()) return Status::ok();
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) return io_error(fmt::format("cannot create {}: {}", path.parent_path().string(), ec.message()));
+  return write_file_atomic(path, text);
 }
 
 Status Evolution::log_module(int64_t i, const JudgedProposal& j) {
@@ -692,7 +872,7 @@ Status Evolution::log_module(int64_t i, const JudgedProposal& j) {
               {"reward", j.reward ? json(*j.reward) : json()},
               {"advantage", j.advantage ? json(*j.advantage) : json()},
               {"frontier", j.frontier}};
-  return provenance_.append(dump(row));
+  return world_.is_main() ? provenance_.append(dump(row)) : Status::ok();
 }
 
 Status Evolution::log_kernel(int64_t i, const std::string& phase, const Task& task, const CoderSample& s,
@@ -712,10 +892,11 @@ Status Evolution::log_kernel(int64_t i, const std::string& phase, const Task& ta
               {"message", s.verdict.message.substr(0, 300)},
               {"reward", reward ? json(*reward) : json()},
               {"advantage", advantage ? json(*advantage) : json()}};
-  return provenance_.append(dump(row));
+  return world_.is_main() ? provenance_.append(dump(row)) : Status::ok();
 }
 
 Status Evolution::write_run_info(int64_t iterations_done) const {
+  if (!world_.is_main()) return Status::ok();
   json info = {{"proposer", proposer_->describe()},
                {"coder", coder_->describe()},
                {"format", config_.format},
@@ -730,7 +911,8 @@ Status Evolution::write_run_info(int64_t iterations_done) const {
 
 // ---- opening a run -----------------------------------------------------------------------------
 
-Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options, std::ostream& out) {
+Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options, const dist::World& world,
+                                                   std::ostream& out) {
   const fs::path& dir = options.run_dir;
   if (dir.empty()) return invalid_argument("evolve: the run dir (--out or --resume) is required");
   const fs::path saved = dir / "config.toml";
@@ -744,7 +926,7 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
     return invalid_argument("a resumed run keeps the config it started with: --set is for a new run");
   auto config = options.resume ? load_evolve_config(saved) : load_evolve_config(options.config_path, options.overrides);
   if (!config.ok()) return config.status();
-  std::unique_ptr<Evolution> run(new Evolution(std::move(*config), dir, out));
+  std::unique_ptr<Evolution> run(new Evolution(std::move(*config), dir, out, world));
   run->prompts_dir_ = run->config_.prompts_dir.empty() ? options.default_prompts_dir : run->config_.prompts_dir;
 
   // A new run's evaluation options come from its config; a resumed one's from the run dir.
@@ -755,10 +937,12 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
       KZ_RETURN_IF_ERROR(apply_toml_file(run->config_.eval_config, run->eval_options_));
     run->eval_options_.device = run->config_.eval_device;
   }
+  // Joining the ranks also waits for every rank's checks above, before rank 0 writes the run dir.
+  KZ_RETURN_IF_ERROR(run->open_process_group());
   KZ_RETURN_IF_ERROR(run->open_engine());
   KZ_RETURN_IF_ERROR(run->open_models());
   // Written once everything opened: a config whose models fail to load leaves no run behind.
-  if (!options.resume) {
+  if (!options.resume && world.is_main()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return io_error(fmt::format("cannot create the run dir {}: {}", dir.string(), ec.message()));
@@ -770,15 +954,50 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
   if (!checkpoint.ok()) return checkpoint.status();
   if (*checkpoint) KZ_RETURN_IF_ERROR(run->restore(**checkpoint));
   else KZ_RETURN_IF_ERROR(run->start_fresh());
+  // Every rank restored the same checkpoint (or started from the same models); the trainable
+  // roles' gradients are averaged over the ranks from here on.
+  KZ_RETURN_IF_ERROR(run->proposer_->make_data_parallel(run->group_));
+  if (run->coder_own_) KZ_RETURN_IF_ERROR(run->coder_own_->make_data_parallel(run->group_));
+  if (world.distributed())
+    out << fmt::format("data parallel: {} ranks over {}; each samples and evaluates its share of every phase's "
+                       "tasks, rank 0 proposes and writes the run dir\n",
+                       world.size, run->group_->backend_name());
   return run;
+}
+
+// The ranks' process group, on the trained roles' device (each rank's own GPU, or the CPU): the
+// trained roles must share one kind of device. A world of one: a group without a backend.
+Status Evolution::open_process_group() {
+  std::vector<std::pair<std::string, std::string>> trained;  // (section, configured device)
+  if (config_.proposer.policy.trainable) trained.push_back({"[proposer]", config_.proposer.policy.device});
+  if (!config_.shared_policy && config_.coder.policy.trainable) trained.push_back({"[coder]", config_.coder.policy.device});
+  const std::string device = trained.empty() ? "cpu" : dist::rank_device(trained.front().second, world_);
+  for (const auto& [section, configured] : trained)
+    if (dist::rank_device(configured, world_).starts_with("cuda") != device.starts_with("cuda"))
+      return invalid_argument(fmt::format("data parallel: {} device \"{}\" and {} device \"{}\" must both be CPU or "
+                                          "both CUDA (one process group)",
+                                          trained.front().first, trained.front().second, section, configured));
+  try {
+    auto group = dist::ProcessGroup::connect(world_, at::Device(device));
+    if (!group.ok()) return group.status();
+    group_ = std::move(*group);
+  } catch (const std::exception& e) {
+    return invalid_argument(fmt::format("data parallel: device \"{}\": {}", device, e.what()));
+  }
+  return Status::ok();
 }
 
 // The evaluator, the held-out tasks, the API catalogue and the Coder's prompt.
 Status Evolution::open_engine() {
   int jobs = config_.eval_jobs > 0 ? config_.eval_jobs : default_jobs(eval_options_);
+  // Every core is the CPU's default; the ranks of a host share them.
+  if (config_.eval_jobs <= 0 && eval_options_.device == "cpu") jobs = std::max(1, jobs / world_.local_size);
   set_gpu_memory_processes(eval_options_, jobs);
   KZ_RETURN_IF_ERROR(eval_options_.validate());
-  auto evaluator = Evaluator::create(eval_options_);
+  // Each rank evaluates on its own GPU's pool; the run's eval.toml keeps the configured device.
+  EvalOptions on_this_rank = eval_options_;
+  on_this_rank.device = eval_device_ = dist::rank_device(eval_options_.device, world_);
+  auto evaluator = Evaluator::create(on_this_rank);
   if (!evaluator.ok()) return evaluator.status().with_context("evaluator");
   evaluator_.emplace(std::move(*evaluator));
   auto format = evaluator_->with_format(config_.format);
@@ -849,7 +1068,9 @@ Status Evolution::open_evaluation(int jobs) {
 Status Evolution::open_models() {
   auto open_role = [&](RoleConfig& role, std::string_view name) {
     role.policy.update.shuffle_seed = derive_seed(config_.seed, 0, name);
-    return Policy::open(role.policy);
+    PolicyOptions on_this_rank = role.policy;  // the run's config.toml keeps the configured device
+    on_this_rank.device = dist::rank_device(role.policy.device, world_);
+    return Policy::open(on_this_rank);
   };
   auto proposer = open_role(config_.proposer, "proposer");
   if (!proposer.ok()) return proposer.status().with_context("[proposer]");
@@ -872,7 +1093,7 @@ Status Evolution::open_models() {
   options.max_tokens = config_.proposer.max_tokens;
   options.prompts_dir = prompts_dir_;
   options.logprobs = proposer_->trainable();
-  options.validation.device = eval_options_.device;
+  options.validation.device = eval_device_;
   options.validation.dedup_threshold = config_.dedup_threshold;
   options.validation.worker = eval_options_.worker;
   options.validation.sandbox = eval_options_.sandbox;
@@ -886,8 +1107,10 @@ Status Evolution::open_models() {
 Status Evolution::start_fresh() {
   // A run killed before its first checkpoint starts over: its logs hold nothing a checkpoint counts.
   std::error_code ignored;
-  fs::remove(metrics_.path(), ignored);
-  fs::remove(provenance_.path(), ignored);
+  if (world_.is_main()) {
+    fs::remove(metrics_.path(), ignored);
+    fs::remove(provenance_.path(), ignored);
+  }
   auto stats = curriculum::ApiStats::create(config_.api_stats);
   if (!stats.ok()) return stats.status();
   api_stats_.emplace(std::move(*stats));
@@ -931,8 +1154,10 @@ Status Evolution::restore(const fs::path& dir) {
       pipeline_->add_kept(m.at("id").get<std::string>(), m.at("source").get<std::string>(),
                           m.at("fingerprint").get<std::string>());
     for (const auto& id : used_ids_) pipeline_->reserve_id(id.get<std::string>());
-    KZ_RETURN_IF_ERROR(metrics_.truncate_to(state.at("logs").at("metrics").get<uint64_t>()));
-    KZ_RETURN_IF_ERROR(provenance_.truncate_to(state.at("logs").at("provenance").get<uint64_t>()));
+    if (world_.is_main()) {
+      KZ_RETURN_IF_ERROR(metrics_.truncate_to(state.at("logs").at("metrics").get<uint64_t>()));
+      KZ_RETURN_IF_ERROR(provenance_.truncate_to(state.at("logs").at("provenance").get<uint64_t>()));
+    }
   } catch (const json::exception& e) {
     return parse_error(fmt::format("{}: {}", (dir / "state.json").string(), e.what()));
   }
@@ -966,9 +1191,14 @@ Result<EvolveResult> Evolution::run(std::optional<int64_t> wanted) {
 }  // namespace
 
 Result<EvolveResult> run_evolve(const EvolveOptions& options, std::ostream& progress) {
-  auto evolution = Evolution::open(options, progress);
-  if (!evolution.ok()) return evolution.status();
-  return (*evolution)->run(options.iterations);
+  auto world = dist::current_world();
+  if (!world.ok()) return world.status();
+  std::ostream silent(nullptr);  // ranks other than 0 print nothing; their errors still come back
+  auto evolution = Evolution::open(options, *world, world->is_main() ? progress : silent);
+  auto result = evolution.ok() ? (*evolution)->run(options.iterations) : Result<EvolveResult>(evolution.status());
+  if (!result.ok() && world->distributed())
+    return result.status().with_context(fmt::format("rank {} of {}", world->rank, world->size));
+  return result;
 }
 
 }  // namespace kz::loop

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kz/dist/data_parallel.h"
 #include "kz/llm/engine_generator.h"
 #include "kz/llm/http_generator.h"
 #include "kz/model/engine.h"
@@ -323,6 +324,14 @@ Status Policy::save(const fs::path& dir) const {
   json j = {{"role", options_.name}, {"describe", describe()}, {"steps", steps()},
             {"lora", options_.lora}, {"trainable", options_.trainable}};
   return write_file_atomic(dir / kPolicyJson, j.dump(2) + "\n").with_context(label);
+}
+
+Status Policy::make_data_parallel(std::shared_ptr<dist::ProcessGroup> group) {
+  if (!impl_->trainer) return Status::ok();
+  KZ_RETURN_IF_ERROR(dist::make_data_parallel(*impl_->trainer, group, dist::DataParallelOptions{})
+                         .with_context(role_label(options_) + ": data parallel"));
+  impl_->update->set_process_group(std::move(group));
+  return Status::ok();
 }
 
 // Every file is opened and checked before anything changes: the weights are staged, the trainer

@@ -5,7 +5,8 @@
 //  - a run whose roles are scripted OpenAI-compatible endpoints (scripted_roles_server.py: modules
 //    chaining unary APIs, Triton kernels right half the time): modules reach the frontier and the
 //    Coder phase has rewards to normalise; killed with SIGKILL in its second iteration and resumed,
-//    it ends with the metrics, provenance and state of a run never killed;
+//    it ends with the metrics, provenance and state of a run never killed; run as 2 data-parallel
+//    ranks (kz evolve --nproc 2, Gloo), it writes the run dir one process writes;
 //  - a config with an unknown key is refused, naming the key.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,14 @@ std::vector<json> rows(const fs::path& path) {
 std::vector<json> without_seconds(std::vector<json> metrics) {
   for (auto& row : metrics) row.erase("seconds");
   return metrics;
+}
+
+// A run's last checkpointed loop state, all but the logs' byte counts (which the timings' digits change).
+json loop_state(const fs::path& run) {
+  auto text = read_file(run / "checkpoints/iter-000002/state.json");
+  json state = text.ok() ? json::parse(*text) : json::object();
+  state.erase("logs");
+  return state;
 }
 
 class EvolveTest : public ::testing::Test {
@@ -314,13 +323,56 @@ TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
   EXPECT_NE(resumed.stderr_text.find("resumed from"), std::string::npos) << resumed.stderr_text;
   EXPECT_EQ(without_seconds(rows(killed / "metrics.jsonl")), without_seconds(metrics));
   EXPECT_EQ(rows(killed / "provenance.jsonl"), rows(whole / "provenance.jsonl"));
-  auto state = [](const fs::path& run) {  // all but the logs' byte counts, which the timings' digits change
-    auto text = read_file(run / "checkpoints/iter-000002/state.json");
-    json state = text.ok() ? json::parse(*text) : json::object();
-    state.erase("logs");
-    return state;
+  EXPECT_EQ(loop_state(killed), loop_state(whole));
+}
+
+// `kz evolve --nproc 2`: two Gloo ranks share every phase's tasks (the judge's modules, the
+// Coder's tasks, the held-out suite) and write one run dir, the one a single process writes: the
+// same files, metrics, provenance, loop state and kernels.
+TEST_F(EvolveTest, TwoRanksWriteTheRunDirOfOneProcess) {
+  start_scripted_server();
+  fs::path config = scripted_config();
+  fs::path one = dir_ / "one", two = dir_ / "two";
+  // Two Coder tasks and two held-out tasks, so that both ranks have some in every phase.
+  const std::vector<std::string> sets = {"--set", "coder.tasks_per_iteration=2", "--set", "heldout.tasks=2"};
+  auto run = [&](const fs::path& out, std::vector<std::string> args) {
+    args.insert(args.end(), {"--config", config.string(), "--out", out.string()});
+    args.insert(args.end(), sets.begin(), sets.end());
+    return kz(args);
   };
-  EXPECT_EQ(state(killed), state(whole));
+  auto alone = run(one, {"evolve"});
+  ASSERT_EQ(alone.exit.exit_code, 0) << alone.stderr_text;
+  auto ranks = run(two, {"evolve", "--nproc", "2"});
+  ASSERT_EQ(ranks.exit.exit_code, 0) << ranks.stderr_text;
+  EXPECT_NE(ranks.stderr_text.find("data parallel: 2 ranks over gloo"), std::string::npos) << ranks.stderr_text;
+
+  auto metrics = without_seconds(rows(two / "metrics.jsonl"));
+  EXPECT_EQ(metrics, without_seconds(rows(one / "metrics.jsonl")));
+  EXPECT_EQ(rows(two / "provenance.jsonl"), rows(one / "provenance.jsonl"));
+  EXPECT_EQ(loop_state(two), loop_state(one));
+  std::set<std::string> coder_tasks;
+  for (const auto& row : rows(two / "provenance.jsonl"))
+    if (row["kind"] == "kernel" && row["phase"] == "coder") coder_tasks.insert(row.at("task_id").get<std::string>());
+  EXPECT_GE(coder_tasks.size(), 2u) << "the Coder phase must have had a task on each rank";
+
+  // The same files; the kernels, modules and prompts byte for byte, every verdict in the results.
+  auto files = [](const fs::path& dir) {
+    std::set<std::string> out;
+    for (const auto& entry : fs::recursive_directory_iterator(dir))
+      if (entry.is_regular_file()) out.insert(fs::relative(entry.path(), dir).string());
+    return out;
+  };
+  const auto written = files(two);
+  EXPECT_EQ(written, files(one));
+  for (const std::string& file : written) {
+    if (file.starts_with("iterations/") && !file.ends_with(".jsonl")) {
+      auto mine = read_file(two / file), theirs = read_file(one / file);
+      ASSERT_TRUE(mine.ok() && theirs.ok()) << file;
+      EXPECT_EQ(*mine, *theirs) << file;
+    } else if (file.ends_with("-results.jsonl")) {
+      EXPECT_EQ(rows(two / file).size(), rows(one / file).size()) << file;
+    }
+  }
 }
 
 TEST_F(EvolveTest, TheCodersSamplesCanGoToAnEvaluationService) {

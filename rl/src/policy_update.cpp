@@ -9,6 +9,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "kz/dist/process_group.h"
+
 namespace kz::rl {
 
 model::LossOptions default_policy_loss() {
@@ -147,6 +149,7 @@ Result<PolicyUpdateStats> PolicyUpdate::run(const std::vector<Rollout>& rollouts
   for (size_t i = 0; i < rollouts.size(); ++i) KZ_RETURN_IF_ERROR(check_rollout(rollouts[i], i, vocab, need_ref));
   const bool skip = options_.skip_zero_advantage && !need_ref;
 
+  const int world = group_ ? group_->size() : 1, rank = group_ ? group_->rank() : 0;
   PolicyUpdateStats out;
   model::LossStats sums;  // token-weighted statistics over every step
   const int64_t start_step = trainer_.steps_done();
@@ -166,11 +169,30 @@ Result<PolicyUpdateStats> PolicyUpdate::run(const std::vector<Rollout>& rollouts
       // The normaliser counts every sequence of the mini-batch, skipped or not.
       const double denominator =
           model::step_denominator(micro_batches(all, options_.mini_batch_size, options_.pad_token_id), loss);
-      auto step = trainer_.step(micro_batches(active, options_.micro_batch_size, options_.pad_token_id), loss,
-                                denominator);
-      if (!step.ok())
-        return step.status().with_context(fmt::format("policy update epoch {}, mini-batch {}", epoch,
-                                                      begin / static_cast<size_t>(options_.mini_batch_size)));
+      // This rank's share of the rows that run: every world-th (all of them alone).
+      std::vector<const Rollout*> mine;
+      for (size_t k = static_cast<size_t>(rank); k < active.size(); k += static_cast<size_t>(world))
+        mine.push_back(active[k]);
+      const std::string where = fmt::format("policy update epoch {}, mini-batch {}{}", epoch,
+                                            begin / static_cast<size_t>(options_.mini_batch_size),
+                                            world > 1 ? fmt::format(", rank {} of {}", rank, world) : "");
+      auto step = trainer_.step(micro_batches(mine, options_.micro_batch_size, options_.pad_token_id), loss,
+                                denominator / world);
+      if (!step.ok()) return step.status().with_context(where);
+      if (world > 1) {
+        // The ranks' shares summed: the loss is their mean (each normalised by denominator / world),
+        // the statistics weighted by each share's scored tokens.
+        const double t = step->tokens;
+        auto summed = group_->all_reduce_sum(
+            {step->loss, t, step->clip_fraction * t, step->approx_kl * t, step->entropy * t});
+        if (!summed.ok()) return summed.status().with_context(where + ", the step's statistics");
+        const std::vector<double>& v = *summed;
+        step->loss = v[0] / world;
+        step->tokens = v[1];
+        step->clip_fraction = v[1] > 0 ? v[2] / v[1] : 0.0;
+        step->approx_kl = v[1] > 0 ? v[3] / v[1] : 0.0;
+        step->entropy = v[1] > 0 ? v[4] / v[1] : 0.0;
+      }
       PolicyStepStats ps;
       ps.epoch = epoch;
       ps.sequences = static_cast<int>(all.size());

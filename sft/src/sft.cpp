@@ -91,12 +91,6 @@ Result<at::Device> parse_device(const std::string& name) {
   }
 }
 
-// With several ranks, a CUDA device becomes this host's rank's own GPU, cuda:<LOCAL_RANK>.
-Result<at::Device> rank_device(const std::string& name, const dist::World& world) {
-  auto device = parse_device(name);
-  if (!device.ok() || !world.distributed() || !device->is_cuda()) return device;
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
-}
 
 // The trained tokens (loss-mask sum) of a rank's share of a step: 0 for no share.
 double trained_tokens(const std::vector<model::MicroBatch>& batches) {
@@ -577,7 +571,7 @@ Result<SftReport> run_sft(const SftOptions& options, std::ostream& log) {
   std::ostream silent(nullptr);  // ranks other than 0 log nothing; their errors still come back
   std::ostream& out = world->is_main() ? log : silent;
   try {
-    auto device = rank_device(config->model.device, *world);
+    auto device = parse_device(dist::rank_device(config->model.device, *world));
     if (!device.ok()) return device.status();
     auto group = dist::ProcessGroup::connect(*world, *device);
     if (!group.ok()) return group.status();

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kz/core/status.h"
@@ -57,6 +58,10 @@ class ProcessGroup {
   Status all_reduce_sum(at::Tensor tensor);
   // Sums of a few numbers over the ranks (token counts, losses), in float64.
   Result<std::vector<double>> all_reduce_sum(const std::vector<double>& values);
+  // Every rank's `bytes`, in rank order (a world of one: its own). Small messages (the RL loop's
+  // samples and verdicts): the strings travel as one byte tensor summed over the ranks, each rank
+  // filling its own stretch.
+  Result<std::vector<std::string>> all_gather(const std::string& bytes);
   // Rank `root`'s values of `tensors` (each on device()) copied into every rank's, in place.
   Status broadcast(std::vector<at::Tensor> tensors, int root = 0);
   Status barrier();

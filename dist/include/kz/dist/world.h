@@ -30,6 +30,10 @@ Result<World> world_from_environment(const std::map<std::string, std::string>& e
 // The same from this process's environment.
 Result<World> current_world();
 
+// A configured device ("cpu", "cuda", "cuda:N") as this rank uses it: with several ranks a CUDA
+// device becomes this host's rank's own GPU, cuda:<local_rank>; anything else is unchanged.
+std::string rank_device(const std::string& device, const World& world);
+
 // The torchrun variables describing `world`, for a rank's environment.
 std::map<std::string, std::string> world_environment(const World& world);
 

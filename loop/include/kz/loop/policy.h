@@ -30,6 +30,10 @@
 #include "kz/model/train.h"
 #include "kz/rl/policy_update.h"
 
+namespace kz::dist {
+class ProcessGroup;
+}
+
 namespace kz::loop {
 
 struct PolicyOptions {
@@ -89,6 +93,12 @@ class Policy {
 
   Status save(const fs::path& dir) const;
   Status restore(const fs::path& dir);
+
+  // Data parallel over `group`'s ranks (dist/data_parallel.h): rank 0's weights copied into every
+  // rank, the gradients averaged in buckets during backward, and each update's mini-batches dealt
+  // out among the ranks (rl/policy_update.h). Every rank then takes the same steps. A frozen
+  // policy or a world of one: nothing.
+  Status make_data_parallel(std::shared_ptr<dist::ProcessGroup> group);
 
   const PolicyOptions& options() const { return options_; }
 

@@ -25,14 +25,27 @@
 // mini-batch where every sequence has advantage 0 runs in full (the optimiser then sees defined
 // zero gradients, as without skipping). Statistics (clip_fraction, approx_kl, entropy) cover the
 // sequences that ran; `tokens` counts every trained token, skipped ones included.
+//
+// Data parallel (set_process_group, over a trainer made data parallel by dist/data_parallel.h):
+// every rank runs with the same rollouts in the same order, so the shuffle and the mini-batches
+// are the ones a single process takes. Each mini-batch's rows that run are dealt out among the
+// ranks in turn (a rank may get none and still takes part in the gradient sync), and the loss is
+// normalised by the whole mini-batch's denominator divided by the world size: the averaged
+// gradient is the whole mini-batch's, so W ranks take the single process's steps up to float
+// summation order (rl/tests/policy_update_dp_test.cpp). The statistics are summed over the ranks.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kz/core/status.h"
 #include "kz/model/train.h"
+
+namespace kz::dist {
+class ProcessGroup;
+}
 
 namespace kz::rl {
 
@@ -100,9 +113,13 @@ class PolicyUpdate {
 
   const PolicyUpdateOptions& options() const { return options_; }
 
+  // Data parallel over `group`'s ranks (the header comment); nullptr or a world of one: alone.
+  void set_process_group(std::shared_ptr<dist::ProcessGroup> group) { group_ = std::move(group); }
+
  private:
   model::Trainer& trainer_;
   PolicyUpdateOptions options_;
+  std::shared_ptr<dist::ProcessGroup> group_;
 };
 
 // Right-padded micro-batch of `rollouts` (prompt + completion per row): input_ids and
