@@ -72,7 +72,7 @@ struct CoderSample {
   int index = 0;     // within the task's group
   Completion completion;
   std::string file;  // the kernel, relative to the run dir; empty when the reply held no code
-  std::string code;  // the kernel itself (evaluated); empty when the reply held none
+  std::string code;  // the kernel itself, evaluated when `file` is set
   std::string prompt_hash;
   Verdict verdict;
 };
@@ -665,7 +665,7 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
   if (evaluating.valid()) KZ_RETURN_IF_ERROR(evaluating.get());
   KZ_RETURN_IF_ERROR(gather_samples(phase, samples, attempts, results_path));
   for (const CoderSample& s : samples) {
-    if (s.code.empty()) continue;
+    if (s.file.empty()) continue;  // no code: nothing was evaluated
     KZ_RETURN_IF_ERROR(write_run_file(run_dir_ / s.file, s.code));
     ++evaluations_;
     if (phase != "heldout") ++training_evaluations_;
@@ -702,13 +702,13 @@ Status Evolution::gather_samples(const std::string& phase, std::vector<CoderSamp
   }
   if (!world_.is_main()) return Status::ok();
   for (const CoderSample& s : samples)
-    if (!mine(s.task) && !s.code.empty()) KZ_RETURN_IF_ERROR(append_line(results_path, dump(to_json(s.verdict))));
+    if (!mine(s.task) && !s.file.empty()) KZ_RETURN_IF_ERROR(append_line(results_path, dump(to_json(s.verdict))));
   return Status::ok();
 }
 
 // Sample k of task t from its request's result: the reply, its code (written under the iteration's
-// dir once the phase's samples are in), and the entry to evaluate (nullopt when there is nothing to run: a reply without code is a
-// format_error, a failed request an infra_error).
+// dir once the phase's samples are in), and the entry to evaluate (nullopt when there is nothing
+// to run: a reply without code is a format_error, a failed request an infra_error).
 Result<std::optional<SuiteEntry>> Evolution::take_sample(int64_t i, const std::string& phase, const Task& task,
                                                          size_t t, int k,
                                                          const Result<std::vector<Completion>>& result,
