@@ -328,7 +328,8 @@ TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
 
 // `kz evolve --nproc 2`: two Gloo ranks share every phase's tasks (the judge's modules, the
 // Coder's tasks, the held-out suite) and write one run dir, the one a single process writes: the
-// same files, metrics, provenance, loop state and kernels.
+// same files, metrics, provenance, loop state and kernels. Each run then resumes at the other
+// world size for a third iteration, and the two still agree.
 TEST_F(EvolveTest, TwoRanksWriteTheRunDirOfOneProcess) {
   start_scripted_server();
   fs::path config = scripted_config();
@@ -373,6 +374,15 @@ TEST_F(EvolveTest, TwoRanksWriteTheRunDirOfOneProcess) {
       EXPECT_EQ(rows(two / file).size(), rows(one / file).size()) << file;
     }
   }
+
+  auto resumed_alone = kz({"evolve", "--resume", two.string(), "--iterations", "3"});
+  ASSERT_EQ(resumed_alone.exit.exit_code, 0) << resumed_alone.stderr_text;
+  auto resumed_on_two = kz({"evolve", "--nproc", "2", "--resume", one.string(), "--iterations", "3"});
+  ASSERT_EQ(resumed_on_two.exit.exit_code, 0) << resumed_on_two.stderr_text;
+  auto third = without_seconds(rows(two / "metrics.jsonl"));
+  EXPECT_EQ(third.size(), metrics.size() + 3) << "a third iteration: proposer, coder, held-out";
+  EXPECT_EQ(third, without_seconds(rows(one / "metrics.jsonl")));
+  EXPECT_EQ(rows(two / "provenance.jsonl"), rows(one / "provenance.jsonl"));
 }
 
 TEST_F(EvolveTest, TheCodersSamplesCanGoToAnEvaluationService) {
