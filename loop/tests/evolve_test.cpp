@@ -6,7 +6,9 @@
 //    chaining unary APIs, Triton kernels right half the time): modules reach the frontier and the
 //    Coder phase has rewards to normalise; killed with SIGKILL in its second iteration and resumed,
 //    it ends with the metrics, provenance and state of a run never killed; run as 2 data-parallel
-//    ranks (kz evolve --nproc 2, Gloo), it writes the run dir one process writes;
+//    ranks (kz evolve --nproc 2, Gloo), it writes the run dir one process writes, and each run
+//    resumes at the other world size; the tiny trainable models on 2 ranks checkpoint the weights
+//    one process does;
 //  - a config with an unknown key is refused, naming the key.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -156,6 +158,24 @@ config = "EVAL_CONFIG"
     return path;
   }
 
+  // The tiny CPU config with its random-init models made, the static curriculum and no held-out
+  // point at the start: dir_/static.toml.
+  void write_static_tiny_config() {
+    for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
+      auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
+      ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
+    }
+    auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
+    ASSERT_TRUE(text.ok());
+    std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
+                                     "runs/tiny-coder", (dir_ / "tiny-coder").string());
+    config = replace_all(config, "curriculum = \"frontier\"", "curriculum = \"static\"");
+    config = replace_all(config, "static_suite = \"\"",
+                         "static_suite = \"" + (source_dir() / "suite/kzbench/level1").string() + "\"");
+    config = replace_all(config, "at_start = true", "at_start = false");
+    ASSERT_TRUE(write_file_atomic(dir_ / "static.toml", config).is_ok());
+  }
+
   static std::string fmt_config(std::string text, const std::string& endpoint) {
     return replace_all(std::move(text), "ENDPOINT", endpoint);
   }
@@ -246,19 +266,7 @@ TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
 // The ablation's static curriculum: no Proposer phase; each iteration's Coder tasks are the next
 // share of the fixed suite, so two iterations cover twice as many distinct tasks.
 TEST_F(EvolveTest, AStaticCurriculumTrainsTheCoderOnAFixedSuite) {
-  for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
-    auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
-    ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
-  }
-  auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
-  ASSERT_TRUE(text.ok());
-  std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
-                                   "runs/tiny-coder", (dir_ / "tiny-coder").string());
-  config = replace_all(config, "curriculum = \"frontier\"", "curriculum = \"static\"");
-  config = replace_all(config, "static_suite = \"\"",
-                       "static_suite = \"" + (source_dir() / "suite/kzbench/level1").string() + "\"");
-  config = replace_all(config, "at_start = true", "at_start = false");
-  ASSERT_TRUE(write_file_atomic(dir_ / "static.toml", config).is_ok());
+  ASSERT_NO_FATAL_FAILURE(write_static_tiny_config());
   fs::path run = dir_ / "run";
 
   auto done = kz({"evolve", "--config", (dir_ / "static.toml").string(), "--out", run.string(), "--iterations", "2"});
@@ -272,6 +280,29 @@ TEST_F(EvolveTest, AStaticCurriculumTrainsTheCoderOnAFixedSuite) {
     if (row.at("phase") == "coder") tasks.insert(row.at("task_id").get<std::string>());
   }
   EXPECT_EQ(tasks.size(), 4u);  // tasks_per_iteration 2, two iterations, 15 tasks to cycle through
+}
+
+// The tiny trainable models on two ranks: both load them, rank 0's weights are broadcast, the
+// gradient sync is attached, the Coder's two tasks are split between the ranks, and rank 0's
+// checkpoint holds the weights one process ends with (random weights write no code, so no update
+// runs here: rl_policy_update_dp_test compares updates).
+TEST_F(EvolveTest, TwoRanksOfTheTinyModelsCheckpointWhatOneProcessDoes) {
+  ASSERT_NO_FATAL_FAILURE(write_static_tiny_config());
+  const std::string config = (dir_ / "static.toml").string();
+  fs::path one = dir_ / "one", two = dir_ / "two";
+  auto alone = kz({"evolve", "--config", config, "--out", one.string(), "--iterations", "1"});
+  ASSERT_EQ(alone.exit.exit_code, 0) << alone.stderr_text;
+  auto ranks = kz({"evolve", "--nproc", "2", "--config", config, "--out", two.string(), "--iterations", "1"});
+  ASSERT_EQ(ranks.exit.exit_code, 0) << ranks.stderr_text;
+  EXPECT_NE(ranks.stderr_text.find("(2 ranks)"), std::string::npos) << ranks.stderr_text;
+  EXPECT_EQ(without_seconds(rows(two / "metrics.jsonl")), without_seconds(rows(one / "metrics.jsonl")));
+  EXPECT_EQ(rows(two / "provenance.jsonl"), rows(one / "provenance.jsonl"));
+  for (const char* role : {"coder", "proposer"}) {
+    const fs::path weights = fs::path("checkpoints/iter-000001") / role / "model/model.safetensors";
+    auto mine = read_file(two / weights), theirs = read_file(one / weights);
+    ASSERT_TRUE(mine.ok() && theirs.ok()) << weights;
+    EXPECT_TRUE(*mine == *theirs) << weights;
+  }
 }
 
 TEST_F(EvolveTest, AKilledAndResumedRunEndsAsOneNeverKilled) {
