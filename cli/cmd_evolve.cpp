@@ -49,8 +49,8 @@ Action add_evolve_command(CLI::App& app) {
   out->excludes(resume);
   return [args] {
     if (args->nproc > 1)
-      return report_error(invalid_argument("--nproc is kz's (kz evolve --nproc N, or kz launch --nproc N -- evolve ...), "
-                                           "not kz-engine's"));
+      return report_error(invalid_argument(
+          "--nproc is kz's (kz evolve --nproc N, or kz launch --nproc N -- evolve ...), not kz-engine's"));
     auto world = dist::current_world();
     if (!world.ok()) return report_error(world.status());
     if (args->resume.empty() && (args->config.empty() || args->out.empty()))

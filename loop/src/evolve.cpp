@@ -127,7 +127,8 @@ json proposal_batches_json(const std::vector<ProposalBatch>& batches) {
   json out = json::array();
   for (const ProposalBatch& b : batches) {
     json apis = json::array(), proposals = json::array();
-    for (const ApiEntry& api : b.apis) apis.push_back({{"name", api.name}, {"category", api.category}, {"aten", api.aten}});
+    for (const ApiEntry& api : b.apis)
+      apis.push_back({{"name", api.name}, {"category", api.category}, {"aten", api.aten}});
     for (const Proposal& p : b.proposals) {
       const ModuleVerdict& v = p.verdict;
       proposals.push_back({{"id", p.id}, {"code", p.code ? json(*p.code) : json()}, {"kept", p.kept},
@@ -679,10 +680,10 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
 Status Evolution::gather_samples(const std::string& phase, std::vector<CoderSample>& samples, int attempts,
                                  const fs::path& results_path) {
   if (!world_.distributed()) return Status::ok();
-  const auto group = static_cast<size_t>(attempts);
+  const auto per_task = static_cast<size_t>(attempts);
   json own = json::array();
   for (size_t index = 0; index < samples.size(); ++index)
-    if (mine(index / group)) own.push_back(sample_json(samples[index]));
+    if (mine(index / per_task)) own.push_back(sample_json(samples[index]));
   const std::string where = fmt::format("{} phase, rank {}", phase, world_.rank);
   auto all = group_->all_gather(to_bytes(own));
   if (!all.ok()) return all.status().with_context(where + ": sharing the samples");
@@ -693,7 +694,7 @@ Status Evolution::gather_samples(const std::string& phase, std::vector<CoderSamp
     for (const json& j : *theirs) {
       auto s = sample_from_json(j);
       if (!s.ok()) return s.status().with_context(fmt::format("{}: rank {}'s samples", where, r));
-      const size_t index = s->task * group + static_cast<size_t>(s->index);
+      const size_t index = s->task * per_task + static_cast<size_t>(s->index);
       if (index >= samples.size())
         return internal_error(fmt::format("{}: rank {} sent sample {} of task {}, beyond the phase's {} samples",
                                           where, r, s->index, s->task, samples.size()));
@@ -970,7 +971,8 @@ Result<std::unique_ptr<Evolution>> Evolution::open(const EvolveOptions& options,
 Status Evolution::open_process_group() {
   std::vector<std::pair<std::string, std::string>> trained;  // (section, configured device)
   if (config_.proposer.policy.trainable) trained.push_back({"[proposer]", config_.proposer.policy.device});
-  if (!config_.shared_policy && config_.coder.policy.trainable) trained.push_back({"[coder]", config_.coder.policy.device});
+  if (!config_.shared_policy && config_.coder.policy.trainable)
+    trained.push_back({"[coder]", config_.coder.policy.device});
   const std::string device = trained.empty() ? "cpu" : dist::rank_device(trained.front().second, world_);
   for (const auto& [section, configured] : trained)
     if (dist::rank_device(configured, world_).starts_with("cuda") != device.starts_with("cuda"))
