@@ -14,6 +14,12 @@
 // The Coder's samples are evaluated by the engine's worker pool in process, or by a kz serve-eval
 // service ([eval] url).
 //
+// Data parallel, started as a rank of WORLD_SIZE > 1 (kz evolve --nproc N, kz launch, torchrun;
+// docs/scale.md): each rank samples and evaluates tasks rank, rank + N, ... of every phase on its
+// own device, the ranks all-gather the samples and so compute the same rewards and loop state,
+// rank 0 alone runs the Proposer (its proposals shared) and writes the run dir, and every policy
+// update deals each mini-batch's rows out among the ranks with the gradients averaged.
+//
 // Every evaluated Coder sample (judge and Coder phase) updates the per-API statistics that steer
 // the next API sets. infra_error samples carry no reward and are counted, never trained on.
 //
