@@ -1,4 +1,4 @@
-// The greedy decode loop (see decode_loop.h). CUDA-graph code is compiled only with
+// The device decode loop (see decode_loop.h). CUDA-graph code is compiled only with
 // KZ_MODEL_CUDA_GRAPHS (libtorch built with CUDA and the toolkit's headers present); every other
 // line runs on the CPU too, which is how the tests cover the loop's bookkeeping.
 #include "kz/model/decode_loop.h"
@@ -20,7 +20,7 @@
 namespace kz::model {
 
 #ifdef KZ_MODEL_CUDA_GRAPHS
-struct GreedyLoop::Graph {
+struct DecodeLoop::Graph {
   at::cuda::CUDAGraph graph;
 };
 
@@ -38,25 +38,30 @@ void end_broken_capture(const c10::cuda::CUDAStream& stream) {
 }
 }  // namespace
 #else
-struct GreedyLoop::Graph {};
+struct DecodeLoop::Graph {};
 #endif
 
-GreedyLoop::GreedyLoop(CausalLM& model, KVCache& cache) : model_(model), cache_(cache) {
+DecodeLoop::DecodeLoop(CausalLM& model, KVCache& cache, Sampler sampler)
+    : model_(model), cache_(cache), sampler_(std::move(sampler)) {
   const int64_t b = cache.key_mask.size(0);
   auto opts = at::TensorOptions().device(model.device());
   token_ = at::zeros({b}, opts.dtype(at::kLong));
   logprob_ = at::zeros({b}, opts.dtype(at::kFloat));
 }
 
-GreedyLoop::~GreedyLoop() = default;
+DecodeLoop::~DecodeLoop() = default;
 
-bool GreedyLoop::uses_graph() const { return graph_ != nullptr; }
+bool DecodeLoop::uses_graph() const { return graph_ != nullptr; }
 
-Result<std::unique_ptr<GreedyLoop>> GreedyLoop::create(CausalLM& model, KVCache& cache, const GreedyLoopOptions& options) {
+Result<std::unique_ptr<DecodeLoop>> DecodeLoop::create(CausalLM& model, KVCache& cache, Sampler sampler,
+                                                      const DecodeLoopOptions& options) {
   if (cache.length == 0 || cache.length >= cache.capacity())
-    return invalid_argument(fmt::format("greedy loop on a cache holding {} of {} slots (prefill first; raise capacity)",
+    return invalid_argument(fmt::format("decode loop on a cache holding {} of {} slots (prefill first; raise capacity)",
                                         cache.length, cache.capacity()));
-  std::unique_ptr<GreedyLoop> loop(new GreedyLoop(model, cache));
+  if (sampler.rows() != cache.key_mask.size(0))
+    return invalid_argument(fmt::format("decode loop: a sampler of {} rows for a batch of {}", sampler.rows(),
+                                        cache.key_mask.size(0)));
+  std::unique_ptr<DecodeLoop> loop(new DecodeLoop(model, cache, std::move(sampler)));
   if (options.cuda_graph && model.device().is_cuda()) {
     try {
       loop->capture();
@@ -68,15 +73,14 @@ Result<std::unique_ptr<GreedyLoop>> GreedyLoop::create(CausalLM& model, KVCache&
   return loop;
 }
 
-void GreedyLoop::step() {
+void DecodeLoop::step() {
   c10::NoGradGuard no_grad;
-  at::Tensor logits = model_.decode_step(token_, cache_).to(at::kFloat);
-  at::Tensor next = logits.argmax(-1);
-  logprob_.copy_(logits.gather(-1, next.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1));
+  auto [next, logprob] = sampler_.choose(model_.decode_step(token_, cache_));
+  logprob_.copy_(logprob);
   token_.copy_(next);
 }
 
-void GreedyLoop::capture() {
+void DecodeLoop::capture() {
 #ifdef KZ_MODEL_CUDA_GRAPHS
   constexpr int64_t kWarmupSteps = 2;
   if (cache_.length + kWarmupSteps > cache_.capacity()) {
@@ -87,6 +91,7 @@ void GreedyLoop::capture() {
   // The warm-up steps really run: snapshot what they change and put it back afterwards (the
   // keys/values they wrote sit in slots that stay masked until real steps overwrite them).
   at::Tensor slot = cache_.slot.clone(), position = cache_.next_position.clone(), mask = cache_.key_mask.clone();
+  at::Tensor draws = sampler_.step().clone();
   c10::cuda::device_synchronize();
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, model_.device().index());
   auto graph = std::make_unique<Graph>();
@@ -106,6 +111,7 @@ void GreedyLoop::capture() {
   cache_.slot.copy_(slot);
   cache_.next_position.copy_(position);
   cache_.key_mask.copy_(mask);
+  sampler_.step().copy_(draws);
   c10::cuda::device_synchronize();
   capture_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 #else
@@ -113,16 +119,16 @@ void GreedyLoop::capture() {
 #endif
 }
 
-Result<GreedyTokens> GreedyLoop::run(const at::Tensor& first, int64_t steps) {
+Result<DecodedTokens> DecodeLoop::run(const at::Tensor& first, int64_t steps) {
   const int64_t b = token_.size(0);
   if (steps < 1 || cache_.length + steps > cache_.capacity())
-    return invalid_argument(fmt::format("greedy loop: {} steps from slot {} of a cache of {} slots", steps,
+    return invalid_argument(fmt::format("decode loop: {} steps from slot {} of a cache of {} slots", steps,
                                         cache_.length, cache_.capacity()));
   if (first.dim() != 1 || first.size(0) != b)
-    return invalid_argument(fmt::format("greedy loop: first tokens must be [{}]", b));
+    return invalid_argument(fmt::format("decode loop: first tokens must be [{}]", b));
   try {
     auto opts = token_.options();
-    GreedyTokens out{at::empty({b, steps}, opts), at::empty({b, steps}, opts.dtype(at::kFloat))};
+    DecodedTokens out{at::empty({b, steps}, opts), at::empty({b, steps}, opts.dtype(at::kFloat))};
     token_.copy_(first);
     for (int64_t i = 0; i < steps; ++i) {
 #ifdef KZ_MODEL_CUDA_GRAPHS
@@ -137,7 +143,7 @@ Result<GreedyTokens> GreedyLoop::run(const at::Tensor& first, int64_t steps) {
     cache_.length += steps;
     return out;
   } catch (const std::exception& e) {
-    return internal_error(std::string("greedy loop: ") + e.what());
+    return internal_error(std::string("decode loop: ") + e.what());
   }
 }
 

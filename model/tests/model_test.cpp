@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 
@@ -92,22 +93,22 @@ TEST_P(ModelTest, GreedyBatchMatchesTransformers) {
   }
 }
 
-// The device-side greedy loop (eager on the CPU; the same step a CUDA graph captures) after a
+// The device decode loop, greedy (eager on the CPU; the same step a CUDA graph captures) after a
 // left-padded prefill: transformers' tokens and log-probs, and again after KVCache::reset (how a
 // captured loop is reused).
-TEST_P(ModelTest, GreedyLoopMatchesTransformers) {
+TEST_P(ModelTest, GreedyDecodeLoopMatchesTransformers) {
   c10::NoGradGuard no_grad;
   auto [ids, mask] = left_pad(prompts(), 0);
   const int64_t new_tokens = 20;
   KVCache cache = model_->new_cache(ids.size(0), ids.size(1) + new_tokens);
   EXPECT_EQ(cache.capacity() % 16, 0);
-  std::unique_ptr<GreedyLoop> loop;
+  std::unique_ptr<DecodeLoop> loop;
   for (int round = 0; round < 2; ++round) {
     cache.reset();
     auto logits = model_->prefill(ids, mask, cache);
     ASSERT_TRUE(logits.ok()) << logits.status().to_string();
     if (!loop) {
-      auto created = GreedyLoop::create(*model_, cache);
+      auto created = DecodeLoop::create(*model_, cache, Sampler::greedy(ids.size(0), model_->device()));
       ASSERT_TRUE(created.ok()) << created.status().to_string();
       loop = std::move(*created);
       EXPECT_FALSE(loop->uses_graph());
@@ -277,18 +278,24 @@ TEST_F(SamplingTest, StopTokensAndPerRequestLimits) {
   EXPECT_EQ(out[0].logprobs.size(), out[0].token_ids.size());
 }
 
-// Greedy batches take GreedyLoop (tokens copied back per chunk): the same results as the per-step
-// path, with stops and limits falling inside and across chunk boundaries.
-TEST_F(SamplingTest, GreedyDeviceLoopMatchesPerStepPath) {
+// Tokens reach the host a chunk at a time: greedy and sampled rows (temperature, top-k, top-p)
+// give the same results whatever the chunk, with stops and limits inside and across chunks.
+TEST_F(SamplingTest, ChunkedDecodingMatchesStepByStep) {
   auto greedy = run({request({4, 5, 6, 7}, 0.0, 0)})[0].token_ids;
   auto stop = request({4, 5, 6, 7}, 0.0, 0);
   stop.sampling.stop_token_ids = {greedy[4]};
-  std::vector<GenerateRequest> requests{stop, request({8, 9}, 0.0, 0, 2), request({3, 1, 4, 1, 5}, 0.0, 0, 11)};
-  GenerateOptions per_step;
-  per_step.greedy_device_loop = false;
-  auto want = generate(*model_, requests, per_step);
+  auto nucleus = request({3, 1, 4, 1, 5}, 0.8, 5, 11);
+  nucleus.sampling.top_p = 0.9;
+  auto top_k = request({2, 7, 1, 8}, 1.3, 6, 9);
+  top_k.sampling.top_k = 5;
+  std::vector<GenerateRequest> requests{stop, request({8, 9}, 0.0, 0, 2), request({3, 1, 4, 1, 5}, 1.0, 4, 11),
+                                        nucleus, top_k};
+  GenerateOptions step_by_step;
+  step_by_step.stop_check_steps = 1;
+  auto want = generate(*model_, requests, step_by_step);
   ASSERT_TRUE(want.ok()) << want.status().to_string();
-  for (int64_t chunk : {1, 3, 16}) {
+  EXPECT_EQ((*want)[0].finish_reason, FinishReason::stop);
+  for (int64_t chunk : {3, 16}) {
     GenerateOptions options;
     options.stop_check_steps = chunk;
     auto got = generate(*model_, requests, options);
@@ -301,6 +308,68 @@ TEST_F(SamplingTest, GreedyDeviceLoopMatchesPerStepPath) {
         EXPECT_NEAR((*got)[i].logprobs[t], (*want)[i].logprobs[t], kTol) << "chunk " << chunk << " row " << i;
     }
   }
+}
+
+// The sampler's draws against the distribution it samples: many rows of the same logits, one
+// seed each, are a sample of size N; every token's frequency lies within 4 standard errors of its
+// filtered probability, and filtered-out tokens never come up.
+TEST(SamplerTest, DrawsFollowTheFilteredDistribution) {
+  const int64_t n = 20000;
+  at::Tensor logits = at::tensor({2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, -3.0f}).unsqueeze(0).expand({n, 8});
+  struct Case {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+  };
+  for (Case c : {Case{1.0, 0, 1.0}, Case{0.5, 0, 1.0}, Case{1.0, 3, 1.0}, Case{1.0, 0, 0.7}}) {
+    std::vector<SamplingOptions> rows(static_cast<size_t>(n));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].temperature = c.temperature;
+      rows[i].top_k = c.top_k;
+      rows[i].top_p = c.top_p;
+      rows[i].seed = 1000003 * i + 17;
+    }
+    Sampler sampler(rows, at::kCPU);
+    // What the filters keep: the first top_k, or the smallest prefix of mass >= top_p.
+    at::Tensor p = (logits.select(0, 0) / c.temperature).softmax(0);
+    int64_t keep = 8;
+    if (c.top_k > 0) keep = c.top_k;
+    if (c.top_p < 1) keep = (p.cumsum(0) - p < c.top_p).sum().item<int64_t>();
+    p = p.narrow(0, 0, keep) / p.narrow(0, 0, keep).sum();
+    auto [tokens, logprobs] = sampler.choose(logits);
+    at::Tensor counts = at::bincount(tokens, {}, 8).to(at::kDouble) / n;
+    std::string where = "T=" + std::to_string(c.temperature) + " top_k=" + std::to_string(c.top_k) +
+                        " top_p=" + std::to_string(c.top_p);
+    for (int64_t v = 0; v < 8; ++v) {
+      double want = v < keep ? p[v].item<double>() : 0.0;
+      double se = std::sqrt(want * (1 - want) / n);
+      EXPECT_NEAR(counts[v].item<double>(), want, 4 * se + 1e-9) << where << " token " << v;
+    }
+    // Log-probs are under the raw logits whatever the filters.
+    at::Tensor raw = logits.log_softmax(-1).gather(1, tokens.unsqueeze(1)).squeeze(1);
+    EXPECT_LT((logprobs - raw).abs().max().item<double>(), 1e-5) << where;
+  }
+}
+
+// Each call is the next step of every row's stream: steps differ from each other, and the same
+// seeds give the same draws again; greedy rows take the argmax beside sampled ones.
+TEST(SamplerTest, StepsAdvanceAndSeedsReproduce) {
+  const int64_t n = 256;
+  at::Tensor logits = at::zeros({n, 64});
+  logits.select(1, 9).fill_(0.5);
+  std::vector<SamplingOptions> rows(static_cast<size_t>(n));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].temperature = i == 0 ? 0.0 : 1.0;
+    rows[i].seed = i;
+  }
+  Sampler a(rows, at::kCPU), b(rows, at::kCPU);
+  at::Tensor first = a.choose(logits).first, second = a.choose(logits).first;
+  EXPECT_EQ(first[0].item<int64_t>(), 9);
+  EXPECT_EQ(second[0].item<int64_t>(), 9);
+  EXPECT_LT(first.eq(second).to(at::kDouble).mean().item<double>(), 0.2);  // 64 near-equal choices
+  EXPECT_TRUE(b.choose(logits).first.equal(first));
+  EXPECT_TRUE(b.choose(logits).first.equal(second));
+  EXPECT_EQ(a.step().item<int64_t>(), 2);
 }
 
 TEST_F(SamplingTest, BadRequestsAreErrors) {

@@ -54,6 +54,7 @@ struct BenchOptions {
   int64_t prefill_repeats = 3;
   int64_t check_steps = 16;  // eager steps compared with the graph's tokens
   bool cuda_graph = true;
+  double temperature = 0;    // decode: 0 greedy, else sampled at this temperature (per-row seeds)
   bool inference = true;     // the prefill and decode phases
   std::vector<std::string> train;  // training phases to run, in order: "lora", "full"
   int64_t train_batch = 4;
@@ -142,12 +143,26 @@ at::Tensor prefill_first(CausalLM& model, kz::model::KVCache& cache, const at::T
   return value_or_throw(model.prefill(ids, {}, cache)).argmax(-1);
 }
 
-// Fraction of the first `steps` tokens where an eager decode of the same prompt agrees with
-// `tokens` [B, >= steps] (bf16 kernels may differ slightly; a broken graph gives ~0).
-double eager_agreement(CausalLM& model, kz::model::KVCache& cache, const at::Tensor& ids, const at::Tensor& tokens,
-                       int64_t steps) {
+// The decode phases' token choice: greedy, or sampled at o.temperature with row i seeded i.
+kz::model::Sampler make_sampler(const BenchOptions& o, int64_t batch, at::Device device) {
+  if (o.temperature == 0) return kz::model::Sampler::greedy(batch, device);
+  std::vector<kz::model::SamplingOptions> rows(static_cast<size_t>(batch));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].temperature = o.temperature;
+    rows[i].seed = i;
+  }
+  return kz::model::Sampler(rows, device);
+}
+
+// Fraction of the first `steps` tokens where an eager decode of the same prompt, its sampler at
+// the same draw (`draws`), agrees with `tokens` [B, >= steps] (bf16 kernels may differ slightly;
+// a broken graph gives ~0).
+double eager_agreement(CausalLM& model, kz::model::KVCache& cache, const BenchOptions& o, const at::Tensor& ids,
+                       const at::Tensor& tokens, const at::Tensor& draws, int64_t steps) {
   at::Tensor first = prefill_first(model, cache, ids);
-  auto eager = value_or_throw(kz::model::GreedyLoop::create(model, cache, {.cuda_graph = false}));
+  auto eager = value_or_throw(
+      kz::model::DecodeLoop::create(model, cache, make_sampler(o, ids.size(0), model.device()), {.cuda_graph = false}));
+  eager->sampler().step().copy_(draws);
   at::Tensor got = value_or_throw(eager->run(first, steps)).tokens;
   return got.eq(tokens.narrow(1, 0, steps)).to(at::kDouble).mean().item<double>();
 }
@@ -159,7 +174,8 @@ json bench_decode(CausalLM& model, const BenchOptions& o, int64_t batch, json* s
   kz::model::KVCache cache = model.new_cache(batch, o.prompt_tokens + o.new_tokens);
   at::Tensor ids = random_prompts(model, batch, o.prompt_tokens);
   at::Tensor first = prefill_first(model, cache, ids);
-  auto loop = value_or_throw(kz::model::GreedyLoop::create(model, cache, {.cuda_graph = o.cuda_graph}));
+  auto loop = value_or_throw(
+      kz::model::DecodeLoop::create(model, cache, make_sampler(o, batch, dev), {.cuda_graph = o.cuda_graph}));
   value_or_throw(loop->run(first, std::min<int64_t>(8, steps)));  // warm-up after the capture
   sync(dev);
 
@@ -168,7 +184,8 @@ json bench_decode(CausalLM& model, const BenchOptions& o, int64_t batch, json* s
   sync(dev);
   double prefill_s = seconds_since(start);
   auto decode_start = std::chrono::steady_clock::now();
-  kz::model::GreedyTokens out = value_or_throw(loop->run(first, steps));
+  at::Tensor draws = loop->sampler().step().clone();
+  kz::model::DecodedTokens out = value_or_throw(loop->run(first, steps));
   sync(dev);
   double decode_s = seconds_since(decode_start);
 
@@ -181,7 +198,8 @@ json bench_decode(CausalLM& model, const BenchOptions& o, int64_t batch, json* s
   at::Tensor all = at::cat({first.unsqueeze(1), out.tokens}, 1);
   r["tokens_in_vocab"] = all.min().item<int64_t>() >= 0 && all.max().item<int64_t>() < model.config().vocab_size;
   int64_t check = std::min(o.check_steps, steps);
-  r["eager_agreement"] = eager_agreement(model, cache, ids, out.tokens, check);
+  r["temperature"] = o.temperature;
+  r["eager_agreement"] = eager_agreement(model, cache, o, ids, out.tokens, draws, check);
   r["eager_agreement_steps"] = check;
   if (batch == 1 && sample) *sample = {{"prompt", to_ids(ids[0])}, {"tokens", to_ids(all[0])}};
   return r;
@@ -315,6 +333,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-repeats", o.prefill_repeats, "timed prefills");
   app.add_option("--check-steps", o.check_steps, "eager steps compared with the graph's tokens");
   app.add_flag("!--no-graph", o.cuda_graph, "decode eagerly (no CUDA graph)");
+  app.add_option("--temperature", o.temperature, "decode: 0 greedy, else sampled at this temperature")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-inference", o.inference, "skip prefill and decode (training phases only)");
   app.add_option("--train", o.train, "training phases, in this order: lora, full")
       ->delimiter(',')

@@ -1,10 +1,11 @@
 // Generation and scoring on token ids with a CausalLM.
 //
-// generate(): one batch of requests, left-padded, prefilled together, then decoded one token per
-// step with a preallocated KV cache until every request has stopped. Each request samples with
-// its own settings and its own random stream (seeded per request): the same request with the same
-// seed gives the same tokens whatever else is in the batch (up to floating-point differences of
-// batched matrix products on some devices).
+// generate(): one batch of requests, left-padded, prefilled together, then decoded on the device
+// (decode_loop.h) with a preallocated KV cache, tokens copied to the host every few steps, until
+// every request has stopped. Each request samples with its own settings and its own random stream
+// (sampler.h, seeded per request): the same request with the same seed gives the same tokens
+// whatever else is in the batch (up to floating-point differences of batched matrix products on
+// some devices).
 //
 // Log-probs: GenerateResult::logprobs[i] is log p(token_i) under the model's *unmodified*
 // distribution (softmax of the raw logits: temperature 1, no top-k/top-p), i.e. what the RL
@@ -17,19 +18,10 @@
 #include <vector>
 
 #include "kz/core/status.h"
+#include "kz/model/sampler.h"
 #include "kz/model/transformer.h"
 
 namespace kz::model {
-
-struct SamplingOptions {
-  double temperature = 1.0;               // 0: greedy (argmax)
-  int64_t top_k = 0;                      // keep the k most likely tokens; 0: all
-  double top_p = 1.0;                     // nucleus: smallest set with mass >= top_p; 1: all
-  uint64_t seed = 0;                      // this request's random stream
-  int64_t max_new_tokens = 256;
-  std::vector<int64_t> stop_token_ids;    // e.g. the config's eos ids; the stop token is kept
-  Status validate() const;
-};
 
 struct GenerateRequest {
   std::vector<int64_t> prompt_ids;  // not empty
@@ -51,13 +43,13 @@ struct GenerateResult {
 
 struct GenerateOptions {
   int64_t pad_token_id = 0;  // fills left padding (never attended to, any valid id works)
-  // When every request is greedy: decode with GreedyLoop (argmax on the device) and copy tokens
-  // to the host only every stop_check_steps steps; rows that stopped in between are truncated.
-  bool greedy_device_loop = true;
+  // Tokens are copied to the host, and stops checked, every stop_check_steps steps; rows that
+  // stopped in between are truncated (their extra steps cost compute, not results).
   int64_t stop_check_steps = 16;
-  // ...and capture its step as a CUDA graph (costs a warm-up and a capture per call: worth it for
-  // long generations). Off until measured on the GPU (bench/model_bench.py uses the loop directly).
-  bool cuda_graph = false;
+  // Capture the decode step as a CUDA graph on CUDA devices (a warm-up and a capture per call, then
+  // one launch per token instead of the step's hundreds); where capture fails, the step runs
+  // eagerly. false: always eager.
+  bool cuda_graph = true;
 };
 
 // Runs all requests as one batch. Errors: invalid settings or token ids (naming the request
