@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 namespace kz::model {
 namespace {
@@ -83,12 +84,18 @@ std::vector<GenerateResult> collect(std::vector<Row>& rows) {
 Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                                    const GenerateOptions& options) {
   c10::NoGradGuard no_grad;
+  // Each distinct prompt is prefilled once; rows that share it (a GRPO group's samples) fork its
+  // cache. prompt_of[i]: row i's distinct prompt.
   std::vector<std::vector<int64_t>> prompts;
+  std::map<std::vector<int64_t>, int64_t> prompt_index;
+  std::vector<int64_t> prompt_of;
   std::vector<SamplingOptions> sampling;
   int64_t max_new = 0;
   std::vector<Row> rows;
   for (const auto& r : requests) {
-    prompts.push_back(r.prompt_ids);
+    auto [it, added] = prompt_index.emplace(r.prompt_ids, static_cast<int64_t>(prompts.size()));
+    if (added) prompts.push_back(r.prompt_ids);
+    prompt_of.push_back(it->second);
     sampling.push_back(r.sampling);
     max_new = std::max(max_new, r.sampling.max_new_tokens);
     rows.push_back(Row{&r.sampling, &r, {}});
@@ -98,6 +105,11 @@ Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::v
   KVCache cache = model.new_cache(ids.size(0), ids.size(1) + max_new - 1);
   auto logits = model.prefill(ids, mask, cache);
   if (!logits.ok()) return logits.status();
+  if (prompts.size() < requests.size()) {
+    at::Tensor fork = at::tensor(prompt_of, at::kLong).to(model.device());
+    cache = cache.select_rows(fork);
+    *logits = logits->index_select(0, fork);
+  }
   Sampler sampler(sampling, model.device());
   auto [first, first_logprob] = sampler.choose(*logits);  // the first token, from the prefill
   if (append_chunk(first.unsqueeze(1).to(at::kCPU), first_logprob.unsqueeze(1).to(at::kCPU), rows) ||

@@ -330,6 +330,20 @@ void KVCache::reset() {
   length = 0;
 }
 
+KVCache KVCache::select_rows(const at::Tensor& rows) const {
+  at::Tensor index = rows.to(key_mask.device());
+  KVCache out;
+  for (size_t i = 0; i < k.size(); ++i) {
+    out.k.push_back(k[i].index_select(0, index));
+    out.v.push_back(v[i].index_select(0, index));
+  }
+  out.key_mask = key_mask.index_select(0, index);
+  out.next_position = next_position.index_select(0, index);
+  out.slot = slot.clone();
+  out.length = length;
+  return out;
+}
+
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
   capacity = (capacity + 15) / 16 * 16;
   KVCache cache;

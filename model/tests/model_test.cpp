@@ -254,6 +254,25 @@ TEST_F(SamplingTest, SeedReproducibleAndIndependentOfBatch) {
   EXPECT_NE(alone[0].token_ids, other_seed[0].token_ids);
 }
 
+// A prompt shared by several rows (a GRPO group) is prefilled once and forked: each row gives
+// what it gives alone, samples of one prompt differ by seed, and the greedy row matches greedy.
+TEST_F(SamplingTest, SharedPromptsAreForkedFromOnePrefill) {
+  std::vector<GenerateRequest> requests{request({4, 5, 6, 7}, 1.0, 1), request({8, 9}, 1.0, 2),
+                                        request({4, 5, 6, 7}, 1.0, 3), request({4, 5, 6, 7}, 0.0, 0, 5),
+                                        request({4, 5, 6, 7}, 1.0, 4)};
+  auto together = run(requests);
+  ASSERT_EQ(together.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto alone = run({requests[i]});
+    ASSERT_EQ(alone.size(), 1u);
+    EXPECT_EQ(together[i].token_ids, alone[0].token_ids) << "row " << i;
+    ASSERT_EQ(together[i].logprobs.size(), alone[0].logprobs.size()) << "row " << i;
+    for (size_t t = 0; t < alone[0].logprobs.size(); ++t)
+      EXPECT_NEAR(together[i].logprobs[t], alone[0].logprobs[t], kTol) << "row " << i << " token " << t;
+  }
+  EXPECT_NE(together[0].token_ids, together[2].token_ids);
+}
+
 TEST_F(SamplingTest, TopKOneIsGreedy) {
   auto r = request({4, 5, 6, 7}, 1.5, 3);
   r.sampling.top_k = 1;

@@ -80,6 +80,9 @@ struct KVCache {
   // Empties the cache for the next prefill, keeping its tensors (a captured CUDA graph of the
   // decode step stays valid).
   void reset();
+  // A cache whose row i is a copy of this cache's row rows[i] (rows: int64 [B'] on any device):
+  // prompts shared by several rows are prefilled once, then forked.
+  KVCache select_rows(const at::Tensor& rows) const;
 };
 
 // RoPE and mask inputs shared by every layer of one forward call.
