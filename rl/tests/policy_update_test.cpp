@@ -255,10 +255,13 @@ TEST(PolicyUpdateLoss, SkippingZeroAdvantagesKeepsTheUpdate) {
     ASSERT_EQ(norms[0].size(), 4u);
     ASSERT_EQ(norms[1].size(), 4u);
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(norms[0][i], norms[1][i], 1e-5 * norms[1][i]) << reduction << " step " << i;
+    // The weights after 4 Adam steps of lr 1e-2 (each moves a weight by up to ~1e-2): skipping
+    // changes the micro-batches' padding, and Adam's division by sqrt(v) magnifies the rounding
+    // of small gradients to ~1e-5; a wrong normaliser moves them by ~1e-3 and more.
     double worst = 0;
     for (size_t i = 0; i < params[0].size(); ++i)
       worst = std::max(worst, (params[0][i] - params[1][i]).abs().max().item<double>());
-    EXPECT_LT(worst, 1e-5) << reduction;
+    EXPECT_LT(worst, 1e-4) << reduction;
   }
 }
 
