@@ -69,7 +69,7 @@ bool ran_out_beside_others(const Verdict& verdict) {
 
 // Seconds per stage, each stage once, where it was first entered: a worker that waits for GPU memory
 // leaves load_reference for await_memory and goes back to it (worker/kz_worker/harness.py), and
-// the verdict's stage_s (a JSON object) holds one figure per stage.
+// the verdict profile's stage_s (a JSON object) holds one figure per stage.
 std::vector<std::pair<std::string, double>> seconds_per_stage(const std::vector<std::pair<std::string, double>>& entered) {
   std::vector<std::pair<std::string, double>> stages;
   for (const auto& [stage, seconds] : entered) {
@@ -182,7 +182,7 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
     v.policy = options_.policy.mode;
     v.seed = seed;
     if (v.trials == 0) v.trials = options_.trials;
-    v.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+    v.profile.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
     return v;
   };
   auto format = resolve_format(options_.format, candidate.source);
@@ -211,7 +211,7 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   uint64_t seed = options_.seed ? options_.seed : fresh_seed();
   auto verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/false);
   // Once more, with the same seed, once no other evaluation holds memory on the GPU; its verdict
-  // stands, whatever it is (a second out_of_memory_shared included: no third run). Its wall_s, from
+  // stands, whatever it is (a second out_of_memory_shared included: no third run). Its profile's wall_s, from
   // `started`, counts both runs.
   bool retried_alone = verdict.ok() && mode == EvalMode::full && ran_out_beside_others(*verdict);
   if (retried_alone) verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/true);
@@ -314,10 +314,11 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   Verdict verdict = verdict_from_outcome(*outcome);
   // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
   if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) verdict = std::move(*violation);
-  verdict.stage_s = seconds_per_stage(outcome->stage_s);
+  verdict.profile.stage_s = seconds_per_stage(outcome->stage_s);
   // The worker reports its device wait; the server wait is ours alone.
-  std::erase_if(verdict.startup_s, [](const auto& part) { return part.first == "server"; });
-  if (outcome->server_wait_s) verdict.startup_s.insert(verdict.startup_s.begin(), {"server", *outcome->server_wait_s});
+  auto& startup = verdict.profile.startup_s;
+  std::erase_if(startup, [](const auto& part) { return part.first == "server"; });
+  if (outcome->server_wait_s) startup.insert(startup.begin(), {"server", *outcome->server_wait_s});
   return verdict;
 }
 

@@ -433,7 +433,7 @@ void EvalService::Impl::work() {
   while (auto ticket = board.take()) {
     double started_s = ticket->since_submitted();
     Verdict verdict = evaluate(*ticket, EvalMode::full);
-    verdict.started_s = started_s;
+    verdict.profile.started_s = started_s;
     if (ticket->prebuild) attach_prebuild(verdict, *ticket->prebuild);  // started_s from its batch's submission
     board.finish(ticket->job, to_json(verdict));
   }
@@ -447,7 +447,7 @@ void EvalService::Impl::build() {
     double started_s = ticket->since_submitted();
     Verdict verdict = evaluate(*ticket, EvalMode::compile_only);
     if (verdict.status == EvalStatus::compile_error) {
-      verdict.started_s = started_s;
+      verdict.profile.started_s = started_s;
       board.finish(ticket->job, to_json(verdict));
     } else {
       board.built(ticket->job, prebuild_of(verdict, started_s));

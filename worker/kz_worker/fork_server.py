@@ -289,7 +289,7 @@ def finish_child(child, device_name: str, own_shm: bool = False):
 
 def run_child(request: dict, prepared_at: float) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
-    evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
+    evaluation, as a worker started for it would run it. The verdict profile's startup_s says how long the
     request waited for this child's device (its CUDA context; 0 when it was ready) and, where it
     waited, how long each step of that preparation took (device_context, device_clock,
     device_launch_gate, device_kernels: process.prepare_device)."""

@@ -104,7 +104,7 @@ def _cuda_ordinal(device_name: str):
 
 
 # Seconds of prepare_device's steps in this process (context, clock, launch_gate, kernels), for the
-# verdict's startup_s where a request waited for them (fork_server.run_child).
+# verdict profile's startup_s where a request waited for them (fork_server.run_child).
 device_steps_s = {}
 
 
@@ -128,7 +128,7 @@ def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
                  ("kernels", lambda: harness.load_check_kernels(device)))
         for name, step in steps:
             if name == "kernels" and skips_check_kernels(request_waiting):
-                continue  # absent from device_steps_s: the verdict's startup_s shows it was skipped
+                continue  # absent from device_steps_s: the verdict profile's startup_s shows it was skipped
             started = time.monotonic()
             step()
             device_steps_s[name] = time.monotonic() - started
@@ -145,7 +145,7 @@ def skips_check_kernels(request_waiting) -> bool:
 
 def prepare_fresh(device_name: str, early: "EarlyContext") -> dict:
     """Both preparations in a process started for one request (__main__.py), `early` making the
-    context meanwhile; the verdict's startup_s: "imports" (prepare_host), "device" (the wait for the
+    context meanwhile; the verdict profile's startup_s: "imports" (prepare_host), "device" (the wait for the
     device after them), where it waited the device steps as in a fork server's child, and
     "early_context" (the thread's own seconds, beside the imports)."""
     started = time.monotonic()
@@ -187,7 +187,7 @@ def _link_triton_helpers() -> None:
 
 
 def cpu_seconds() -> dict:
-    """The verdict's cpu_s: user + system seconds of this process ("worker": every thread; a fork
+    """The verdict profile's cpu_s: user + system seconds of this process ("worker": every thread; a fork
     server's child counts from its fork, its device preparation included, a worker started for the
     request its imports too) and of the subprocesses it waited for ("subprocesses": a build's ninja
     with nvcc and the compilers under it, Triton's ptxas and launcher builds). Diagnostics: candidate
@@ -212,10 +212,10 @@ def evaluate(request: dict) -> None:
         from .harness import Evaluation
         result = Evaluation(request, channel).run()
         sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
-        result["cpu_s"] = cpu_seconds()
+        result["profile"]["cpu_s"] = cpu_seconds()
     result["type"] = "result"
     if startup:
-        result["startup_s"] = startup
+        result.setdefault("profile", {})["startup_s"] = startup
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
     # into a crash after it was sent.

@@ -48,7 +48,7 @@ class Evaluator {
   // true) without a worker, and a new cacheable verdict is stored; compile_only never touches it.
   // A full evaluation that ran out of GPU memory while other evaluations held some
   // (out_of_memory_shared) runs once more with the GPU's memory to itself: that verdict is the
-  // result, with retried_alone and both runs' wall_s.
+  // result, with retried_alone and both runs' wall_s in its profile.
   Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
 
   // Whether evaluate(task, candidate) would be a cache hit (false with the cache off): no point in

@@ -27,8 +27,8 @@
 //   GET /v1/health         -> {"status": "ok", "device" (the first), "devices", "workers" (per device),
 //                          "compile_jobs", "queued", "building",
 //                          "running", "done", "submitted", "cache": path or null}
-// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; started_s
-// (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
+// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; their profile's
+// started_s (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
 //
 // On a GPU, timings never overlap on a device: each holds the device's GPU lock alone ([timing]
 // exclusive), or, without it, one evaluation at a time runs on each device. With several devices
