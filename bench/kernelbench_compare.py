@@ -83,7 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--stability-format", default="cuda-rtc", choices=make_eval_batch.FORMATS)
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--kz-config", type=pathlib.Path, default=None,
-                   help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [worker] setting)")
+                   help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [tuning] setting)")
     p.add_argument("--no-settle", action="store_true",
                    help="time without first writing out dirty pages and reading the toolchain's files")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: kb, stability, ref")

@@ -284,7 +284,7 @@ TEST(CacheKey, EveryVerdictInputChangesTheKey) {
 TEST(CacheKey, SettingsThatCannotChangeAVerdictKeepTheKey) {
   EvalOptions o;
   o.timeouts.correctness_s = 7;  // a timeout is never stored
-  o.jobs = 3;
+  o.tuning.jobs = 3;
   o.format = "triton";           // the resolved format is a part of its own
   o.worker.keep_scratch = true;
   o.cache.path = "/elsewhere.sqlite";

@@ -208,14 +208,14 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   EXPECT_GE(cpu["subprocesses"], 0.0) << dump(v);
 }
 
-// [worker] fork_server through the real worker: the server imports torch and Triton (interpreter
+// [tuning] fork_server through the real worker: the server imports torch and Triton (interpreter
 // mode, set before the import) once; every evaluation runs in a child forked from it, so its start
 // costs no imports, and its verdict is the one a worker started for it gives.
 TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   EvalOptions o = options();
   o.cache.enabled = false;
   o.seed = 12345;  // the same inputs on both paths
-  o.worker.fork_server = "always";
+  o.tuning.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
   ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
   double forked_startup_s = 1e9;  // the quickest of the runs after the first (which may wait for the imports)
@@ -236,7 +236,7 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
   EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
 
-  o.worker.fork_server = "never";
+  o.tuning.fork_server = "never";
   Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
   ASSERT_FALSE(fresh.profile.stage_s.empty()) << dump(fresh);
   // A worker started for one request: its own imports and device, no server.
@@ -256,7 +256,7 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
 TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
   EvalOptions o = options();
   o.cache.enabled = false;
-  o.worker.fork_server = "always";
+  o.tuning.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
   ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());  // an evaluation server, idle when the pre-build comes
   const std::string probe = kFixtures + "worker_role_probe.py";
@@ -272,7 +272,7 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
 }
 
 // Whether some kz evaluation worker process (a fork server, its zygote or child, a worker; not a
-// build server, which runs at [worker] prebuild_niceness) runs at nice value `nice`, within `wait`:
+// build server, which runs at [tuning] prebuild_niceness) runs at nice value `nice`, within `wait`:
 // its command line names kz_worker, its environment no build role.
 bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
   auto deadline = std::chrono::steady_clock::now() + wait;
@@ -287,9 +287,9 @@ bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
   return false;
 }
 
-// [worker] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
+// [tuning] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
 // shows it), and the candidate's constructor runs at the supervisor's own nice value, from a fork
-// server or in a worker of its own; with [worker] compile_niceness, at that value (its compile stage).
+// server or in a worker of its own; with [tuning] compile_niceness, at that value (its compile stage).
 TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
   errno = 0;
   int own = getpriority(PRIO_PROCESS, 0);
@@ -300,9 +300,9 @@ TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
     for (const char* fork_server : {"always", "never"}) {
       EvalOptions o = options();
       o.cache.enabled = false;
-      o.worker.fork_server = fork_server;
-      o.worker.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
-      o.worker.compile_niceness = compile_niceness;
+      o.tuning.fork_server = fork_server;
+      o.tuning.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
+      o.tuning.compile_niceness = compile_niceness;
       Evaluator evaluator = make_evaluator(o);
       if (std::string(fork_server) == "always" && compile_niceness == 0) {
         ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
@@ -430,7 +430,7 @@ TEST_F(EvaluatorTest, InvalidPythonIsCompileError) {
 // message as with it off, where the worker's own compile finds the error.
 TEST_F(EvaluatorTest, SyntaxCheckGivesTheWorkersVerdict) {
   EvalOptions off = options();
-  off.worker.syntax_check = false;
+  off.tuning.syntax_check = false;
   Verdict by_worker = evaluate(kRelu, kFixtures + "triton_syntax_error.py", off);
   Verdict by_checker = evaluate(kRelu, kFixtures + "triton_syntax_error.py");
   EXPECT_EQ(by_worker.stage, "compile") << dump(by_worker);
@@ -637,8 +637,8 @@ class MemoryRetryTest : public EvaluatorTest {
     o.worker.python = "python3";
     o.worker.worker_dir = root_ / "worker";
     o.worker.cache_dir = root_ / "cache";
-    o.worker.fork_server = "never";
-    o.worker.syntax_check = false;  // the stand-in has no syntax_check.py
+    o.tuning.fork_server = "never";
+    o.tuning.syntax_check = false;  // the stand-in has no syntax_check.py
     o.sandbox.enabled = false;
     return make_evaluator(o);
   }

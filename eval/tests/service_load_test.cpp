@@ -145,7 +145,7 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
       EXPECT_LT(v.profile.wall_s, 2.0) << id;
     } else {
       ++real;
-      // Not a wall-time floor: a child of a fork server ([worker] fork_server) starts with Python loaded.
+      // Not a wall-time floor: a child of a fork server ([tuning] fork_server) starts with Python loaded.
       EXPECT_FALSE(v.profile.stage_s.empty()) << id << ": a real run goes through a worker's stages";
     }
   }

@@ -105,13 +105,13 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
                           [](const auto& part) { return part.first == "load_inline"; }))
       << "a failed build reports its seconds too: " << to_json(broken).dump(2);
 
-  // The pre-build ran at [worker] prebuild_niceness (-5 by default: the builds first) where this
+  // The pre-build ran at [tuning] prebuild_niceness (-5 by default: the builds first) where this
   // process may lower a nice value, else at its own: the fixture's build worker puts its nice value
   // into the CUDA source nvcc refuses (nvcc inheriting it: core's NiceIncrementIsInheritedByGrandchildren).
   errno = 0;
   int own = ::getpriority(PRIO_PROCESS, 0);
   ASSERT_EQ(errno, 0);
-  int favoured = std::clamp(own + EvalOptions{}.worker.prebuild_niceness, -20, 19);
+  int favoured = std::clamp(own + EvalOptions{}.tuning.prebuild_niceness, -20, 19);
   int expected = nice_value_allowed(favoured) ? favoured : own;
   EXPECT_EQ(status_name(niced.status), std::string("compile_error")) << to_json(niced).dump(2);
   EXPECT_NE(niced.message.find(fmt::format("kz-build-niceness[{}]", expected)), std::string::npos)

@@ -875,6 +875,7 @@ Status Evolution::open_models() {
   options.validation.device = eval_options_.device;
   options.validation.dedup_threshold = config_.dedup_threshold;
   options.validation.worker = eval_options_.worker;
+  options.validation.tuning = eval_options_.tuning;
   options.validation.sandbox = eval_options_.sandbox;
   options.jobs = config_.eval_jobs;
   auto pipeline = ProposerPipeline::create(proposer_->generator(), options);

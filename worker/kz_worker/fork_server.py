@@ -227,9 +227,9 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
-    # A request handed over while the device is prepared is already readable in the pipe. (So is
-    # the EOF of a spare being discarded, which then exits without a request: no harm.)
-    process.quietly(lambda name: process.prepare_device(name, lambda: _readable(request_fd)), device)
+    # A request handed over while the device is prepared waits in the pipe. (So does the EOF of a
+    # spare being discarded, which then exits without a request: no harm.)
+    process.quietly(process.prepare_device, device)
     prepared_at = time.monotonic()
     chunks = []
     while chunk := os.read(request_fd, 1 << 16):

@@ -149,7 +149,7 @@ class GpuLock:
 
 
 class NoLock:
-    """The CPU, or [timing] exclusive = false."""
+    """The CPU, or [tuning] exclusive_timing = false."""
 
     waited_s = 0.0  # never waits (GpuLock's counter, which the harness reads per stage)
 

@@ -734,13 +734,11 @@ _WARM_UP_TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-
 
 def load_check_kernels(device: torch.device) -> None:
     """Runs the harness's checks once on a small float32 tensor of the device (a worker preparing its
-    device; process.skips_check_kernels says where it may skip this and load them at first use): CUDA
-    loads each kernel at its first launch (lazy loading), and the checks' ~20 (input sets' randn, the
-    comparisons in float64 with their masks, norms and reductions, the fingerprints' sums and
-    hashes, the poison's fill) otherwise loaded in the first evaluation's audit, inside a shared GPU
-    hold that a waiting timing, and every worker queued behind it, waits out: 0.1-0.2 s of each
-    `cuda-rtc` audit on an idle H200 host. Other dtypes load theirs where a
-    request uses them. (On the CPU it loads nothing: tests run it.)"""
+    device): CUDA loads each kernel at its first launch (lazy loading), and the checks' ~20 (input
+    sets' randn, the comparisons in float64 with their masks, norms and reductions, the
+    fingerprints' sums and hashes, the poison's fill) otherwise load in the first evaluation's audit,
+    inside a shared GPU hold that a waiting timing, and every worker queued behind it, waits out.
+    Other dtypes load theirs where a request uses them. (On the CPU it loads nothing: tests run it.)"""
     with torch.device(device):
         reference = torch.randn(256)
     out = reference.clone()

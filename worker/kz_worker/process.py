@@ -108,9 +108,9 @@ def _cuda_ordinal(device_name: str):
 device_steps_s = {}
 
 
-def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
-    """On a GPU: the CUDA context, the launch spin's clock and gate, the checks' kernels loaded (unless
-    skips_check_kernels(request_waiting)). Never in a fork server: a CUDA context does not survive a
+def prepare_device(device_name: str) -> None:
+    """On a GPU: the CUDA context, the launch spin's clock and gate, the checks' kernels loaded. Never
+    in a fork server: a CUDA context does not survive a
     fork. Not the profiler: only a request whose audit is profiled (cheats.profiles_audit: `cuda` by
     default) starts it, in its load_reference stage, so a cold batch's first wave of other formats
     does not wait for it (~0.5 s each with eight at once)."""
@@ -123,24 +123,13 @@ def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
                  # The launch spin's clock and gate, before any candidate code.
                  ("clock", lambda: timing.cycles_per_us(device)),
                  ("launch_gate", lambda: timing.launch_gate(device)),
-                 # The harness's own checks once, so their kernels are loaded before the request
-                 # (unless skips_check_kernels: then at their first use in it).
+                 # The harness's own checks once, so their kernels are loaded before the request.
                  ("kernels", lambda: harness.load_check_kernels(device)))
         for name, step in steps:
-            if name == "kernels" and skips_check_kernels(request_waiting):
-                continue  # absent from device_steps_s: the verdict profile's startup_s shows it was skipped
             started = time.monotonic()
             step()
             device_steps_s[name] = time.monotonic() - started
         freeze_heap()
-
-
-def skips_check_kernels(request_waiting) -> bool:
-    """Whether prepare_device goes to its request without loading the checks' kernels: [worker]
-    check_kernels_while_awaited = false (KZ_CHECK_KERNELS_WHILE_AWAITED=0) and a request already
-    waits for this process. They then load at their first use in the request, which may be inside a
-    shared GPU hold (harness.load_check_kernels says what that costs)."""
-    return os.environ.get("KZ_CHECK_KERNELS_WHILE_AWAITED") == "0" and request_waiting()
 
 
 def prepare_fresh(device_name: str, early: "EarlyContext") -> dict:
@@ -152,7 +141,7 @@ def prepare_fresh(device_name: str, early: "EarlyContext") -> dict:
     quietly(prepare_host, device_name)
     imported = time.monotonic()
     early.join()
-    quietly(lambda name: prepare_device(name, request_waiting=lambda: True), device_name)  # its request waits
+    quietly(prepare_device, device_name)
     startup = {"imports": imported - started, "device": time.monotonic() - imported}
     startup.update({f"device_{step}": s for step, s in device_steps_s.items()})
     if early.seconds is not None:

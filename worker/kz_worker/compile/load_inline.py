@@ -187,7 +187,7 @@ builds = LoadInlineBuilds()
 
 def use_parallel_nvcc() -> None:
     """load_inline's ninja runs $PYTORCH_NVCC as nvcc: kz-nvcc where the supervisor gives one
-    (KZ_PARALLEL_NVCC, [worker] parallel_nvcc), which runs nvcc's own steps with the host and device
+    (KZ_PARALLEL_NVCC, [tuning] parallel_nvcc), which runs nvcc's own steps with the host and device
     halves at once and writes the same object (eval/include/kz/eval/parallel_nvcc.h). It runs the
     nvcc torch would have (KZ_REAL_NVCC). A PYTORCH_NVCC set already (ccache, say) is kept."""
     tool = os.environ.get("KZ_PARALLEL_NVCC")

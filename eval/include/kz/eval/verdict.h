@@ -137,7 +137,7 @@ struct VerdictProfile {
   // reported by the worker that built; for a pre-built candidate, its pre-build's, with
   // "worker_start" (that worker's stages before compile). Empty when nothing built.
   std::vector<std::pair<std::string, double>> build_s;
-  // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
+  // GPU with the shared-GPU lock ([tuning] exclusive_timing): seconds the worker waited for the lock, and
   // held it exclusive (its timing).
   std::optional<double> gpu_wait_s, gpu_exclusive_s;
   // gpu_wait_s by the stage that waited (load_reference, compile, correctness, timing, recheck).
