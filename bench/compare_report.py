@@ -62,7 +62,7 @@ def kz_charged_total_s(data: dict) -> float:
 
 def kz_overlap_scale(data: dict) -> float:
     """Batch wall time over the summed seconds of every verdict (kz_charge_s): 1 when nothing ran
-    at once; below 1 when kz ran several evaluations at once ([timing] gpu_jobs) and the `cuda`
+    at once; below 1 when kz ran several evaluations at once ([tuning] gpu_jobs) and the `cuda`
     pre-builds beside them. Each verdict's seconds times this is its share of the batch's wall time,
     so per-format rates add up to the batch's and `cuda` carries its own pre-build."""
     inside = kz_charged_total_s(data)
@@ -287,8 +287,7 @@ def startup_lines(verdicts: list) -> list:
     startup_s). For the evaluations a fork server served: the wait for a server (forked from its
     zygote, which the first time means its imports), the wait for the child's device (CUDA context;
     in older verdicts the profiler's warm-up too), and the rest (the child's own set-up and the harness's start up to its first message).
-    For those run in a worker started for the request alone ([worker] fork_server = "never", or
-    fresh_while_zygote_imports while the zygote imported): its
+    For those run in a worker started for the request alone ([tuning] fork_server = "never"): its
     imports, the wait for its device after them, and the seconds its CUDA context took in a thread
     beside the imports."""
     lines = []
@@ -320,10 +319,8 @@ def startup_lines(verdicts: list) -> list:
 def first_wave_lines(verdicts: list) -> list:
     """Which evaluations made up the first wave, per format, with their seconds: those that waited for
     a fork server at least half as long as the longest wait (the zygote's imports, which only the
-    first wave waits out in full), and those run in workers of their own ([worker]
-    fresh_while_zygote_imports: while the zygote imported; their start-up). Each is charged its own
-    start-up, so which formats the batch's order puts first moves their cold rates (the batch's own
-    rate does not)."""
+    first wave waits out in full). Each is charged its own start-up, so which formats the batch's
+    order puts first moves their cold rates (the batch's own rate does not)."""
     waits = [(v["format"], v["startup_s"]["server"]) for v in verdicts
              if (v.get("startup_s") or {}).get("server") is not None]
     longest = max((wait for _, wait in waits), default=0.0)
@@ -333,12 +330,6 @@ def first_wave_lines(verdicts: list) -> list:
         lines.append("  the first wave (waited for a server at least half the longest wait, the zygote's imports): "
                      + counted(first) + "; each format carries its own first wave's start-up, so the batch's "
                      "order moves the formats' cold rates, not the batch's")
-    # Beside fork servers' only (not a batch with fork_server = "never", where every worker is its own).
-    own = [(v["format"], (v.get("stage_s") or {}).get("startup") or 0.0) for v in verdicts
-           if waits and "imports" in (v.get("startup_s") or {})]
-    if own:
-        lines.append("  in workers of their own (started for them, their imports beside their CUDA context; "
-                     "start-up): " + counted(own))
     return lines
 
 

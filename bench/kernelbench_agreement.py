@@ -207,8 +207,9 @@ def read_kz(path: pathlib.Path, paths: dict) -> dict:
         v = json.loads(line)
         sample = paths.get(v.get("candidate")) or by_stem.get(pathlib.PurePath(v.get("candidate", "")).stem)
         if sample:
-            verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy", "wall_s",
+            verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy",
                                                       "trials_passed", "unchecked")}
+            verdicts[sample]["wall_s"] = (v.get("profile") or {}).get("wall_s")
     return verdicts
 
 

@@ -83,7 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--stability-format", default="cuda-rtc", choices=make_eval_batch.FORMATS)
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--kz-config", type=pathlib.Path, default=None,
-                   help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [worker] setting)")
+                   help="a TOML passed to kz's batch run as --config (e.g. an A/B of one [tuning] setting)")
     p.add_argument("--no-settle", action="store_true",
                    help="time without first writing out dirty pages and reading the toolchain's files")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: kb, stability, ref")
@@ -189,16 +189,18 @@ def shown(text: str, args) -> str:
 
 
 def trim(verdict: dict) -> dict:
-    """The fields the report uses; `id` is <task>/<file stem>, as in the batch's manifest."""
+    """The fields the report uses, in one flat record (compare.json's shape): the verdict's own and
+    its profile's; `id` is <task>/<file stem>, as in the batch's manifest."""
     path = pathlib.PurePath(verdict.get("candidate", ""))
-    keep = ("task_id", "format", "status", "checks", "wall_s", "stage_s", "speedup", "runtime_ms", "ref_runtime_ms",
-            "gpu_wait_s", "gpu_exclusive_s", "gpu_wait_by_stage_s", "startup_s", "load_reference_s", "compile_s",
-            "correctness_s", "timing_s", "timing_after_hold_s",
-            "prebuild_s", "started_s", "prebuild_started_s", "build_s", "device", "stage", "cached",
-            "custom_kernel_share", "unchecked", "cpu_s", "prebuild_cpu_s")
+    keep = ("task_id", "format", "status", "checks", "speedup", "runtime_ms", "ref_runtime_ms", "device", "stage",
+            "cached", "custom_kernel_share", "unchecked")
+    keep_profile = ("wall_s", "stage_s", "gpu_wait_s", "gpu_exclusive_s", "gpu_wait_by_stage_s", "startup_s",
+                    "load_reference_s", "compile_s", "correctness_s", "timing_s", "timing_after_hold_s", "prebuild_s",
+                    "started_s", "prebuild_started_s", "build_s", "cpu_s", "prebuild_cpu_s", "launch_spin")
+    profile = verdict.get("profile") or {}
     trimmed = {k: verdict.get(k) for k in keep}
-    trimmed.update(id=f"{path.parent.name}/{path.stem}", task=verdict.get("task_id"),
-                   launch_spin=(verdict.get("timing") or {}).get("launch_spin"))
+    trimmed.update({k: profile.get(k) for k in keep_profile})
+    trimmed.update(id=f"{path.parent.name}/{path.stem}", task=verdict.get("task_id"))
     return trimmed
 
 

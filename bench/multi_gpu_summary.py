@@ -58,7 +58,7 @@ def summarize(manifest: list, walls: list, runs: list) -> tuple:
         per_gpu = {}
         for v in verdicts:
             count, exclusive = per_gpu.get(v.get("device", "?"), (0, 0.0))
-            per_gpu[v.get("device", "?")] = (count + 1, exclusive + (v.get("gpu_exclusive_s") or 0.0))
+            per_gpu[v.get("device", "?")] = (count + 1, exclusive + ((v.get("profile") or {}).get("gpu_exclusive_s") or 0.0))
         gpus = ", ".join(f"{d}: {n} evals, {x:.1f} s exclusive" for d, (n, x) in sorted(per_gpu.items()))
         rate = 60.0 * len(verdicts) / wall if wall > 0 else 0.0
         rows.append([devices, rc, f"{wall:.0f}", f"{rate:.1f}", f"{len(verdicts) - len(wrong)}/{len(expected)}", gpus])

@@ -8,8 +8,8 @@
 #include "commands.h"
 #include "kz/eval/suite.h"
 #include "kz/llm/http_generator.h"
-#include "kz/measure/bench.h"
-#include "kz/measure/report.h"
+#include "kz/suite_bench/bench.h"
+#include "kz/suite_bench/report.h"
 
 #ifndef KZ_DEFAULT_PROMPTS_DIR
 #define KZ_DEFAULT_PROMPTS_DIR "prompts"

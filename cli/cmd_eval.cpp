@@ -19,12 +19,12 @@ struct EvalArgs {
 
 // Which end the timed samples took, and for "device_sync" why: the candidate's GPU work ran on
 // past its stream's end (docs/evaluation.md, Timing); and how the launch spins ended.
-std::string timing_end_note(const Verdict& v) {
-  std::string spin = v.launch_spin.empty() ? "" : ", launch spin: " + v.launch_spin;
-  if (v.timing_end.empty()) return spin;
-  if (v.timing_end != "device_sync") return ", end: " + v.timing_end + spin;
+std::string timing_end_note(const VerdictProfile& p) {
+  std::string spin = p.launch_spin.empty() ? "" : ", launch spin: " + p.launch_spin;
+  if (p.timing_end.empty()) return spin;
+  if (p.timing_end != "device_sync") return ", end: " + p.timing_end + spin;
   return fmt::format(", end: device_sync, the candidate's gap {:.4f} ms against the reference's {:.4f} ms{}",
-                     v.candidate_gap_ms, v.reference_gap_ms, spin);
+                     p.candidate_gap_ms, p.reference_gap_ms, spin);
 }
 
 void print_human(const Verdict& v) {
@@ -34,7 +34,7 @@ void print_human(const Verdict& v) {
   if (v.speedup)
     std::cout << fmt::format("speedup {:.3f}x  candidate {:.4f} ms  reference {:.4f} ms  (median of {} runs{})\n",
                              *v.speedup, v.candidate_timing->median_ms, v.reference_timing->median_ms,
-                             v.candidate_timing->runs, timing_end_note(v));
+                             v.candidate_timing->runs, timing_end_note(v.profile));
   if (v.compile_speedup && v.compiled_reference_timing)
     std::cout << fmt::format("over torch.compile {:.3f}x  compiled reference {:.4f} ms\n", *v.compile_speedup,
                              v.compiled_reference_timing->median_ms);

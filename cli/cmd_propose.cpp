@@ -42,7 +42,7 @@ struct ProposeArgs {
   std::string catalogue;
   std::string api_key_env;
   int jobs = 0;
-  std::string eval_config;  // its [worker] and [sandbox] apply to the validation
+  std::string eval_config;  // its [worker], [tuning] and [sandbox] apply to the validation
   ModuleValidationOptions validation;
 };
 
@@ -117,7 +117,7 @@ void print_report(const std::vector<Proposal>& proposals, const ProposeArgs& arg
                            proposals.size() - kept, by_reason.empty() ? "" : " (" + by_reason + ")", args.out);
 }
 
-// The evaluations' config: a module is validated with the worker and sandbox settings its
+// The evaluations' config: a module is validated with the worker, tuning and sandbox settings its
 // evaluations will get.
 Status apply_eval_config(ProposeArgs& args) {
   if (args.eval_config.empty()) return Status::ok();
@@ -125,6 +125,7 @@ Status apply_eval_config(ProposeArgs& args) {
   KZ_RETURN_IF_ERROR(apply_toml_file(args.eval_config, eval));
   KZ_RETURN_IF_ERROR(eval.validate());
   args.validation.worker = eval.worker;
+  args.validation.tuning = eval.tuning;
   args.validation.sandbox = eval.sandbox;
   return Status::ok();
 }
@@ -183,7 +184,7 @@ Action add_propose_command(CLI::App& app) {
   command->add_option("--n", args->n, "modules to ask for (default 8)");
   command->add_option("--out", args->out, "JSONL file the rows are appended to (kept rows load as tasks)")->required();
   command->add_option("--config", args->eval_config,
-                      "evaluation TOML (configs/eval.toml): its [worker] and [sandbox] apply to the validation");
+                      "evaluation TOML (configs/eval.toml): its [worker], [tuning] and [sandbox] apply to the validation");
   command->add_option("--device", args->validation.device, "validate on cpu or cuda:N (default cpu)");
   command->add_option("--level", args->level, "KernelBench level asked for: 1, 2 or 3 (default 1)");
   command->add_option("--temperature", args->temperature, "sampling temperature (default 0.8)");

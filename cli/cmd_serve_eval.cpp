@@ -118,7 +118,7 @@ Action add_serve_eval_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   command->add_option("--host", args->service.host, "address to listen on (default 127.0.0.1: this machine only)");
   command->add_option("--workers", args->service.workers,
-                      "evaluations at once, per device (default: cores on cpu, [timing] gpu_jobs on a GPU)")
+                      "evaluations at once, per device (default: cores on cpu, [tuning] gpu_jobs on a GPU)")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--prebuild", args->service.prebuild,
                       "pre-build `cuda` candidates beside the evaluations: gpu (on a GPU only), always, never "

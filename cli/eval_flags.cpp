@@ -27,7 +27,7 @@ void add_eval_flags(CLI::App& command, EvalFlags& flags) {
   command.add_option("--size", flags.sizes, "override a reference size constant, NAME=VALUE (repeatable)");
   command.add_flag("--no-timing", flags.no_timing, "skip GPU timing (correctness only)");
   command.add_flag("--no-cache", flags.no_cache, "neither reuse nor store verdicts (the [cache] section)");
-  command.add_option("--jobs", flags.jobs, "evaluations at once, per device (default: cores on cpu, [timing] gpu_jobs on a GPU)");
+  command.add_option("--jobs", flags.jobs, "evaluations at once, per device (default: cores on cpu, [tuning] gpu_jobs on a GPU)");
 }
 
 Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {
@@ -41,7 +41,7 @@ Result<EvalOptions> resolve_eval_options(const EvalFlags& flags) {
   if (flags.seed) options.seed = flags.seed;
   if (flags.no_timing) options.timing.enabled = false;
   if (flags.no_cache) options.cache.enabled = false;
-  if (flags.jobs >= 0) options.jobs = flags.jobs;
+  if (flags.jobs >= 0) options.tuning.jobs = flags.jobs;
   for (const auto& size : flags.sizes) {
     auto eq = size.find('=');
     long long value = 0;

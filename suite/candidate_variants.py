@@ -1,6 +1,6 @@
 """Broken variants of a candidate module, made from a correct one by editing its source text.
 
-Shared by the scripted model server (measure/tests/replay_model_server.py), which answers with
+Shared by the scripted model server (suite_bench/tests/replay_model_server.py), which answers with
 them like a model that sometimes fails, and the benchmark batch (bench/make_eval_batch.py), which
 needs candidates of every failure class. Each kind names the status kz gives it on a GPU
 (`EXPECTED`); none of them computes with torch inside `forward`, so none is a cheat and the

@@ -128,16 +128,6 @@ def test_the_first_wave_is_who_waited_out_the_zygotes_imports():
     assert compare_report.first_wave_lines([]) == []
 
 
-def test_the_first_wave_in_workers_of_their_own_is_named_with_its_start_up():
-    def own(fmt, startup):
-        return {"format": fmt, "startup_s": {"imports": startup - 0.5, "device": 0.5}, "stage_s": {"startup": startup}}
-    verdicts = [own("triton", 3.0), own("cuda-rtc", 2.5), own("cuda-rtc", 3.5),
-                {"format": "cuda-rtc", "startup_s": {"server": 0.0, "device": 0.5}}]
-    line, = compare_report.first_wave_lines(verdicts)
-    assert line.endswith("start-up): cuda-rtc 2 (6.0 s), triton 1 (3.0 s)"), line
-    assert compare_report.first_wave_lines(verdicts[:3]) == [], "no fork server at all: nothing to name"
-
-
 def test_cpu_seconds_lines_add_each_formats_workers_and_the_pre_builds_against_the_host():
     batch = {"verdicts": [{"format": "cuda", "prebuild_cpu_s": 10.0, "cpu_s": {"worker": 0.5, "subprocesses": 0.0}},
                           {"format": "cuda", "prebuild_cpu_s": 12.0, "cpu_s": {"worker": 0.75, "subprocesses": 0.0}},
@@ -401,7 +391,7 @@ def test_a_goal_on_a_run_the_time_budget_cut_short_says_it_is_provisional():
 
 
 def test_concurrent_evaluations_share_the_batch_wall_time():
-    # kz ran its 4 evaluations of 5 s at once ([timing] gpu_jobs): 10 s of wall for 20 s of work.
+    # kz ran its 4 evaluations of 5 s at once ([tuning] gpu_jobs): 10 s of wall for 20 s of work.
     data = synthetic()
     data["kz_batch"]["wall_s"] = 10.0
     assert compare_report.kz_overlap_scale(data) == 0.5

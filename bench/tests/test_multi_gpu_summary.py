@@ -15,7 +15,7 @@ MANIFEST = [{"id": "02_relu/cuda-rtc__correct", "expected": "ok"},
 def verdict(cid, status, device, speedup=None, exclusive=0.5):
     task, stem = cid.split("/")
     return {"candidate": f"batch/candidates/{task}/{stem}.py", "status": status, "device": device,
-            "speedup": speedup, "gpu_exclusive_s": exclusive}
+            "speedup": speedup, "profile": {"gpu_exclusive_s": exclusive}}
 
 
 def test_rates_devices_and_speedups():

@@ -541,7 +541,6 @@ struct Zygote::Channel {
   std::mutex spawn_mutex;
   std::mutex mutex;
   bool dead = false;                        // EOF, an error, or no answer in time
-  bool ready = false;                       // the zygote said its preparation is done
   std::optional<nlohmann::json> reply;      // the answer to the spawn in flight
   std::map<pid_t, Exit> exits;              // children that exited, until reaped
 
@@ -609,8 +608,6 @@ struct Zygote::Channel {
         // A pid the zygote hands out again: an exit filed under it is an earlier child's.
         if (message.contains("pid") && message["pid"].is_number_integer()) exits.erase(message["pid"].get<pid_t>());
         reply = std::move(message);
-      } else if (op == "ready") {
-        ready = true;
       } else {
         dead = true;  // not the protocol: trust nothing more from it
       }
@@ -1341,12 +1338,6 @@ bool Zygote::alive() {
   if (channel_->is_dead()) return false;
   std::lock_guard lock(process_mutex_);
   return !process_.wait_for(std::chrono::milliseconds(1));
-}
-
-bool Zygote::ready() {
-  std::lock_guard lock(channel_->mutex);
-  channel_->pump();
-  return channel_->ready && !channel_->dead;
 }
 
 pid_t Zygote::pid() const { return process_.pid(); }

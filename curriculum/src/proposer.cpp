@@ -66,8 +66,8 @@ std::string ProposerPipeline::unique_id(const std::string& content, std::set<std
 int ProposerPipeline::jobs_for(size_t replies) const {
   if (options_.jobs > 0) return options_.jobs;
   // On a GPU, validations share it through the GPU lock (their time bands run alone), as
-  // evaluations do: as many at once as [timing] gpu_jobs, capped by the cores.
-  if (options_.validation.device != "cpu") return std::min(TimingOptions{}.gpu_jobs, cpu_cores());
+  // evaluations do: as many at once as [tuning] gpu_jobs, capped by the cores.
+  if (options_.validation.device != "cpu") return std::min(TuningOptions{}.gpu_jobs, cpu_cores());
   return std::clamp(cpu_cores(), 1, std::max(1, static_cast<int>(replies)));
 }
 

@@ -84,12 +84,12 @@ Status ModuleValidationOptions::validate() const {
 Result<ModuleVerdict> validate_module(const std::string& source, const std::vector<ApiEntry>& apis,
                                       const ModuleValidationOptions& options) {
   KZ_RETURN_IF_ERROR(options.validate());
-  auto setup = resolve_worker_setup(options.worker, options.device);
+  auto setup = resolve_worker_setup(options.worker, options.tuning, options.device);
   if (!setup.ok()) return setup.status();
   setup->scratch_bound = scratch_bound(options.sandbox);
   // Python's own compiler first, in a long-lived interpreter (kz/eval/syntax_check.h): a module
   // that is not valid Python costs a millisecond, not a worker. The worker's check says the same.
-  if (options.worker.syntax_check)
+  if (options.tuning.syntax_check)
     if (auto error = SyntaxChecker::shared(*setup)->error(source, "module.py"))
       return supervisor_verdict("loads", "not valid Python: " + *error);  // worker/kz_worker/validate.py's words
   auto outcome = run_worker_request(

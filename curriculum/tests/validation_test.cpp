@@ -76,7 +76,7 @@ TEST(ValidateModule, GoodModuleIsValid) {
 TEST(ValidateModule, InvalidPythonIsRejectedAsTheWorkerWouldBeforeAnyWorker) {
   std::string source = module_with_forward("        return F.gelu(torch.matmul(x, self.weight)");
   ModuleValidationOptions by_worker;
-  by_worker.worker.syntax_check = false;
+  by_worker.tuning.syntax_check = false;
   auto expected = validate(source, by_worker);
   EXPECT_EQ(expected.failed_check, "loads") << expected.reason;
   auto started = std::chrono::steady_clock::now();

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Bumped when the stored JSON or the key's meaning changes, so old entries are simply never found.
-constexpr std::string_view kKeySchema = "kz-verdict-cache-v1";
+constexpr std::string_view kKeySchema = "kz-verdict-cache-v2";
 // How long a writer waits for another process's write lock. Writes are one small row, so a wait
 // this long means something is wrong; it is then reported (and the evaluation goes on uncached).
 constexpr int kBusyTimeoutMs = 10000;
@@ -168,8 +168,8 @@ Result<std::optional<Verdict>> VerdictCache::lookup(const std::string& key) cons
   auto verdict = verdict_from_json(json);
   if (!verdict.ok()) return verdict.status().with_context(fmt::format("verdict cache {}: entry {}", impl_->path.string(), key));
   verdict->cached = true;
-  verdict->cpu_s.clear();  // a replay costs a lookup: the stored run's CPU is not this one's
-  verdict->prebuild_cpu_s.reset();
+  verdict->profile.cpu_s.clear();  // a replay costs a lookup: the stored run's CPU is not this one's
+  verdict->profile.prebuild_cpu_s.reset();
   verdict->retried_alone = false;  // nor did it run twice
   return std::optional<Verdict>(std::move(*verdict));
 }

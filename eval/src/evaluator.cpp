@@ -69,7 +69,7 @@ bool ran_out_beside_others(const Verdict& verdict) {
 
 // Seconds per stage, each stage once, where it was first entered: a worker that waits for GPU memory
 // leaves load_reference for await_memory and goes back to it (worker/kz_worker/harness.py), and
-// the verdict's stage_s (a JSON object) holds one figure per stage.
+// the verdict profile's stage_s (a JSON object) holds one figure per stage.
 std::vector<std::pair<std::string, double>> seconds_per_stage(const std::vector<std::pair<std::string, double>>& entered) {
   std::vector<std::pair<std::string, double>> stages;
   for (const auto& [stage, seconds] : entered) {
@@ -112,11 +112,11 @@ Evaluator::Evaluator(EvalOptions options, WorkerSetup setup) : options_(std::mov
 
 Result<Evaluator> Evaluator::create(EvalOptions options) {
   KZ_RETURN_IF_ERROR(options.validate());
-  auto setup = resolve_worker_setup(options.worker, options.device);
+  auto setup = resolve_worker_setup(options.worker, options.tuning, options.device);
   if (!setup.ok()) return setup.status();
   Evaluator evaluator(std::move(options), std::move(*setup));
   if (evaluator.options_.cache.enabled) KZ_RETURN_IF_ERROR(evaluator.open_cache());
-  if (evaluator.options_.worker.syntax_check) evaluator.syntax_checker_ = SyntaxChecker::shared(evaluator.setup_);
+  if (evaluator.options_.tuning.syntax_check) evaluator.syntax_checker_ = SyntaxChecker::shared(evaluator.setup_);
   return evaluator;
 }
 
@@ -182,7 +182,7 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
     v.policy = options_.policy.mode;
     v.seed = seed;
     if (v.trials == 0) v.trials = options_.trials;
-    v.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+    v.profile.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
     return v;
   };
   auto format = resolve_format(options_.format, candidate.source);
@@ -211,7 +211,7 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
   uint64_t seed = options_.seed ? options_.seed : fresh_seed();
   auto verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/false);
   // Once more, with the same seed, once no other evaluation holds memory on the GPU; its verdict
-  // stands, whatever it is (a second out_of_memory_shared included: no third run). Its wall_s, from
+  // stands, whatever it is (a second out_of_memory_shared included: no third run). Its profile's wall_s, from
   // `started`, counts both runs.
   bool retried_alone = verdict.ok() && mode == EvalMode::full && ran_out_beside_others(*verdict);
   if (retried_alone) verdict = run_worker(task, candidate, *format, seed, mode, /*gpu_alone=*/true);
@@ -230,16 +230,13 @@ Result<Verdict> Evaluator::evaluate(const Task& task, const Candidate& candidate
 
 WorkerSetup Evaluator::worker_setup(EvalMode mode) const {
   WorkerSetup setup = setup_;
-  setup.fork_server = uses_fork_server(options_.worker, options_.device);  // with_device may have changed it
+  setup.fork_server = uses_fork_server(options_.tuning, options_.device);  // with_device may have changed it
   setup.require_isolation = options_.sandbox.enabled && options_.sandbox.require_isolation;
-  setup.timing_niceness = mode == EvalMode::full ? options_.timing.niceness : 0;  // builds never time
-  setup.compile_niceness = mode == EvalMode::full ? options_.worker.compile_niceness : 0;  // builds: prebuild_niceness
-  setup.prepare_niceness = mode == EvalMode::full ? options_.worker.prepare_niceness : 0;  // builds: prebuild_niceness throughout
-  // Only where a worker of its own gains something: its CUDA context beside its imports.
-  setup.fresh_while_zygote_imports =
-      mode == EvalMode::full && options_.device != "cpu" && options_.worker.fresh_while_zygote_imports;
+  setup.timing_niceness = mode == EvalMode::full ? options_.tuning.timing_niceness : 0;  // builds never time
+  setup.compile_niceness = mode == EvalMode::full ? options_.tuning.compile_niceness : 0;  // builds: prebuild_niceness
+  setup.prepare_niceness = mode == EvalMode::full ? options_.tuning.prepare_niceness : 0;  // builds: prebuild_niceness throughout
   setup.scratch_bound = scratch_bound(options_.sandbox);
-  // As many idle servers of a kind as run at once: evaluations on this device (and [worker]
+  // As many idle servers of a kind as run at once: evaluations on this device (and [tuning]
   // spare_servers more, whose next child is ready when a short evaluation hands its server back), or
   // `cuda` pre-builds (one per core), so that the next batch's first wave finds them all prepared.
   setup.max_idle_servers = mode == EvalMode::compile_only ? cpu_cores() : default_jobs(options_) + spare_servers(options_);
@@ -250,7 +247,7 @@ void Evaluator::customize_worker(ProcessSpec& spec, EvalMode mode) const {
   set_worker_device(options_.device, spec);
   if (mode == EvalMode::compile_only) {
     spec.env["KZ_WORKER_ROLE"] = "build";  // worker/kz_worker/process.py
-    spec.nice_increment = options_.worker.prebuild_niceness;
+    spec.nice_increment = options_.tuning.prebuild_niceness;
   }
   apply_sandbox(options_.sandbox, options_.device, spec);
 }
@@ -290,7 +287,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
         request["sandbox"] = sandbox_request_json(options_.sandbox);
         if (options_.device != "cpu") {
           std::string lock_dir = prepared_gpu_lock_dir(setup_.cache_dir).string();
-          if (options_.timing.exclusive) request["gpu_lock_dir"] = lock_dir;  // worker/kz_worker/gpu_lock.py
+          if (options_.tuning.exclusive_timing) request["gpu_lock_dir"] = lock_dir;  // worker/kz_worker/gpu_lock.py
           // Memory is reserved whether or not timings are exclusive (worker/kz_worker/gpu_memory.py):
           // its slot files, and how many processes may hold a CUDA context on the GPU beside it.
           request["gpu_memory_dir"] = lock_dir;
@@ -314,10 +311,11 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
   Verdict verdict = verdict_from_outcome(*outcome);
   // A limit only the supervisor sees (SIGXCPU, SIGXFSZ, the process cap) overrides the rest.
   if (auto violation = limit_verdict(outcome->limit_hit, options_.sandbox, verdict)) verdict = std::move(*violation);
-  verdict.stage_s = seconds_per_stage(outcome->stage_s);
+  verdict.profile.stage_s = seconds_per_stage(outcome->stage_s);
   // The worker reports its device wait; the server wait is ours alone.
-  std::erase_if(verdict.startup_s, [](const auto& part) { return part.first == "server"; });
-  if (outcome->server_wait_s) verdict.startup_s.insert(verdict.startup_s.begin(), {"server", *outcome->server_wait_s});
+  auto& startup = verdict.profile.startup_s;
+  std::erase_if(startup, [](const auto& part) { return part.first == "server"; });
+  if (outcome->server_wait_s) startup.insert(startup.begin(), {"server", *outcome->server_wait_s});
   return verdict;
 }
 

@@ -22,7 +22,6 @@ ConfigTable config_table(EvalOptions& o) {
       {"seed", o.seed},
       {"use_cpu_sizes", o.use_cpu_sizes},
       {"kernel_share", o.kernel_share},
-      {"jobs", o.jobs},
       {"size_overrides", o.size_overrides},
       {"policy.mode", o.policy.mode},
       {"policy.min_custom_kernel_share", o.policy.min_custom_kernel_share},
@@ -39,9 +38,6 @@ ConfigTable config_table(EvalOptions& o) {
       {"timing.input_sets", o.timing.input_sets},
       {"timing.l2_flush_mb", o.timing.l2_flush_mb},
       {"timing.launch_spin_us", o.timing.launch_spin_us},
-      {"timing.exclusive", o.timing.exclusive},
-      {"timing.gpu_jobs", o.timing.gpu_jobs},
-      {"timing.niceness", o.timing.niceness},
       {"timing.baseline", o.timing.baseline},
       {"timeouts.startup_s", o.timeouts.startup_s},
       {"timeouts.load_reference_s", o.timeouts.load_reference_s},
@@ -56,18 +52,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"worker.scratch_root", o.worker.scratch_root},
       {"worker.keep_scratch", o.worker.keep_scratch},
       {"worker.kept_builds_max_mb", o.worker.kept_builds_max_mb},
-      {"worker.fork_server", o.worker.fork_server},
-      {"worker.zygote", o.worker.zygote},
-      {"worker.fresh_while_zygote_imports", o.worker.fresh_while_zygote_imports},
-      {"worker.parallel_nvcc", o.worker.parallel_nvcc},
-      {"worker.nvcc_side_by_side", o.worker.nvcc_side_by_side},
-      {"worker.spare_servers", o.worker.spare_servers},
-      {"worker.prebuild_niceness", o.worker.prebuild_niceness},
-      {"worker.prepare_niceness", o.worker.prepare_niceness},
-      {"worker.compile_niceness", o.worker.compile_niceness},
       {"worker.cuda_connections", o.worker.cuda_connections},
-      {"worker.check_kernels_while_awaited", o.worker.check_kernels_while_awaited},
-      {"worker.syntax_check", o.worker.syntax_check},
       {"cache.enabled", o.cache.enabled},
       {"cache.path", o.cache.path},
       {"sandbox.enabled", o.sandbox.enabled},
@@ -85,18 +70,32 @@ ConfigTable config_table(EvalOptions& o) {
       {"sandbox.shm_mb", o.sandbox.shm_mb},
       {"sandbox.require_isolation", o.sandbox.require_isolation},
       {"sandbox.gpu_memory_fraction", o.sandbox.gpu_memory_fraction},
+      {"tuning.jobs", o.tuning.jobs},
+      {"tuning.exclusive_timing", o.tuning.exclusive_timing},
+      {"tuning.gpu_jobs", o.tuning.gpu_jobs},
+      {"tuning.timing_niceness", o.tuning.timing_niceness},
+      {"tuning.fork_server", o.tuning.fork_server},
+      {"tuning.zygote", o.tuning.zygote},
+      {"tuning.parallel_nvcc", o.tuning.parallel_nvcc},
+      {"tuning.nvcc_side_by_side", o.tuning.nvcc_side_by_side},
+      {"tuning.spare_servers", o.tuning.spare_servers},
+      {"tuning.prebuild_niceness", o.tuning.prebuild_niceness},
+      {"tuning.prepare_niceness", o.tuning.prepare_niceness},
+      {"tuning.compile_niceness", o.tuning.compile_niceness},
+      {"tuning.syntax_check", o.tuning.syntax_check},
   };
 }
 
 }  // namespace
 
 int default_jobs(const EvalOptions& options) {
-  if (options.jobs > 0) return options.jobs;
+  const TuningOptions& tuning = options.tuning;
+  if (tuning.jobs > 0) return tuning.jobs;
   if (options.device == "cpu") return cpu_cores();
-  return options.timing.exclusive ? std::min(options.timing.gpu_jobs, cpu_cores()) : 1;
+  return tuning.exclusive_timing ? std::min(tuning.gpu_jobs, cpu_cores()) : 1;
 }
 
-int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.worker.spare_servers; }
+int spare_servers(const EvalOptions& options) { return options.device == "cpu" ? 0 : options.tuning.spare_servers; }
 
 void set_gpu_memory_processes(EvalOptions& options, int jobs) {
   options.worker.gpu_memory_processes = std::max(1, jobs + spare_servers(options));
@@ -116,15 +115,11 @@ Status EvalOptions::validate() const {
     return invalid_argument("policy.min_custom_kernel_share must be within [0, 1] (0: off)");
   if (tolerance.rule != "kz" && tolerance.rule != "kernelbench" && tolerance.rule != "float64")
     return invalid_argument(fmt::format("tolerance.rule '{}' is not one of kz, kernelbench, float64", tolerance.rule));
-  if (jobs < 0) return invalid_argument("jobs must be 0 (automatic) or positive");
-  if (timing.runs < 1 || timing.input_sets < 1 || timing.gpu_jobs < 1 || timing.warmup_runs < 0 ||
-      timing.l2_flush_mb < 0 || timing.launch_spin_us < 0)
-    return invalid_argument(
-        "timing: runs, input_sets and gpu_jobs must be >= 1, warmup_runs, l2_flush_mb and launch_spin_us >= 0");
+  if (timing.runs < 1 || timing.input_sets < 1 || timing.warmup_runs < 0 || timing.l2_flush_mb < 0 ||
+      timing.launch_spin_us < 0)
+    return invalid_argument("timing: runs and input_sets must be >= 1, warmup_runs, l2_flush_mb and launch_spin_us >= 0");
   if (timing.baseline != "eager" && timing.baseline != "compile")
     return invalid_argument(fmt::format("timing.baseline '{}' is neither 'eager' nor 'compile'", timing.baseline));
-  if (timing.niceness < -20 || timing.niceness > 0)
-    return invalid_argument("timing.niceness must be within -20..0 (0: the worker's priority left as is)");
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
                    timeouts.timing_s, timeouts.recheck_s, timeouts.await_memory_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");
@@ -135,26 +130,33 @@ Status EvalOptions::validate() const {
       sandbox.open_files < 0 || sandbox.shm_mb < 0 || sandbox.scratch_mb < 0 || sandbox.scratch_files < 0)
     return invalid_argument("sandbox limits must be non-negative (0: no limit)");
   if (worker.kept_builds_max_mb < 0) return invalid_argument("worker.kept_builds_max_mb must be non-negative (0: no limit)");
-  if (worker.spare_servers < 0) return invalid_argument("worker.spare_servers must be non-negative");
   if (worker.gpu_memory_processes < 1)
     return invalid_argument(fmt::format("worker.gpu_memory_processes is {}: at least 1 (the evaluation's own worker)",
                                         worker.gpu_memory_processes));
-  if (worker.prebuild_niceness < -20 || worker.prebuild_niceness > 19)
-    return invalid_argument("worker.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
-  // Above 0 the supervisor could not set the worker back without CAP_SYS_NICE: the request would run niced.
-  if (worker.prepare_niceness < -20 || worker.prepare_niceness > 0)
-    return invalid_argument("worker.prepare_niceness must be within -20..0 (0: none)");
-  if (worker.compile_niceness < -20 || worker.compile_niceness > 0)
-    return invalid_argument("worker.compile_niceness must be within -20..0 (0: left as is)");
   if (worker.cuda_connections < 0 || worker.cuda_connections > 32)
     return invalid_argument("worker.cuda_connections must be within 0..32 (0: the driver's default, 8)");
-  if (worker.nvcc_side_by_side != "idle" && worker.nvcc_side_by_side != "always")
-    return invalid_argument(fmt::format("worker.nvcc_side_by_side \"{}\": expected idle or always", worker.nvcc_side_by_side));
-  if (worker.fork_server != "gpu" && worker.fork_server != "always" && worker.fork_server != "never")
-    return invalid_argument(
-        fmt::format("worker.fork_server '{}' is not one of always, gpu, never", worker.fork_server));
   if (sandbox.gpu_memory_fraction < 0 || sandbox.gpu_memory_fraction > 1)
     return invalid_argument("sandbox.gpu_memory_fraction must be within [0, 1] (0: no limit)");
+  return tuning.validate();
+}
+
+Status TuningOptions::validate() const {
+  if (jobs < 0) return invalid_argument("tuning.jobs must be 0 (automatic) or positive");
+  if (gpu_jobs < 1) return invalid_argument("tuning.gpu_jobs must be at least 1");
+  if (timing_niceness < -20 || timing_niceness > 0)
+    return invalid_argument("tuning.timing_niceness must be within -20..0 (0: the worker's priority left as is)");
+  if (spare_servers < 0) return invalid_argument("tuning.spare_servers must be non-negative");
+  if (prebuild_niceness < -20 || prebuild_niceness > 19)
+    return invalid_argument("tuning.prebuild_niceness must be within -20..19 (0: the evaluations' priority)");
+  // Above 0 the supervisor could not set the worker back without CAP_SYS_NICE: the request would run niced.
+  if (prepare_niceness < -20 || prepare_niceness > 0)
+    return invalid_argument("tuning.prepare_niceness must be within -20..0 (0: none)");
+  if (compile_niceness < -20 || compile_niceness > 0)
+    return invalid_argument("tuning.compile_niceness must be within -20..0 (0: left as is)");
+  if (nvcc_side_by_side != "idle" && nvcc_side_by_side != "always")
+    return invalid_argument(fmt::format("tuning.nvcc_side_by_side \"{}\": expected idle or always", nvcc_side_by_side));
+  if (fork_server != "gpu" && fork_server != "always" && fork_server != "never")
+    return invalid_argument(fmt::format("tuning.fork_server '{}' is not one of always, gpu, never", fork_server));
   return Status::ok();
 }
 

@@ -368,7 +368,7 @@ struct EvalService::Impl {
   int port = 0;
   int workers = 1;       // evaluation threads per device
   int compile_jobs = 0;  // pre-build threads; 0 where nothing is pre-built
-  // [timing] exclusive = false: one evaluation at a time on each GPU.
+  // [tuning] exclusive_timing = false: one evaluation at a time on each GPU.
   std::unique_ptr<std::mutex[]> gpu_mutexes;
   std::atomic<bool> stopped{false};
 
@@ -433,7 +433,7 @@ void EvalService::Impl::work() {
   while (auto ticket = board.take()) {
     double started_s = ticket->since_submitted();
     Verdict verdict = evaluate(*ticket, EvalMode::full);
-    verdict.started_s = started_s;
+    verdict.profile.started_s = started_s;
     if (ticket->prebuild) attach_prebuild(verdict, *ticket->prebuild);  // started_s from its batch's submission
     board.finish(ticket->job, to_json(verdict));
   }
@@ -447,7 +447,7 @@ void EvalService::Impl::build() {
     double started_s = ticket->since_submitted();
     Verdict verdict = evaluate(*ticket, EvalMode::compile_only);
     if (verdict.status == EvalStatus::compile_error) {
-      verdict.started_s = started_s;
+      verdict.profile.started_s = started_s;
       board.finish(ticket->job, to_json(verdict));
     } else {
       board.built(ticket->job, prebuild_of(verdict, started_s));
@@ -492,7 +492,7 @@ Verdict EvalService::Impl::evaluate(const Ticket& ticket, EvalMode mode) {
   size_t pool = lease ? lease->pool() : 0;
   const Evaluator& evaluator = evaluator_for(pool, item);
   std::unique_lock<std::mutex> gpu_turn;
-  if (mode == EvalMode::full && eval.device != "cpu" && !eval.timing.exclusive)
+  if (mode == EvalMode::full && eval.device != "cpu" && !eval.tuning.exclusive_timing)
     gpu_turn = std::unique_lock(gpu_mutexes[pool]);
   if (stopped) return failed({}, "the evaluation service stopped before this evaluation started");
   try {
@@ -600,7 +600,7 @@ Result<std::unique_ptr<EvalService>> EvalService::start(const EvalOptions& reque
   // a service is long-lived, so its first batch need not pay their imports. Build servers start as
   // pre-builds need them, as in eval-suite, and stay idle after (one per core), so a service that is
   // sent no `cuda` work holds none: a first batch's first wave waits for the evaluation servers, not
-  // for build servers. [worker] spare_servers more per GPU: with only as many servers as evaluation
+  // for build servers. [tuning] spare_servers more per GPU: with only as many servers as evaluation
   // threads, a thread done with a short evaluation takes back the server it just gave, whose next
   // child is still preparing; with spares it takes one idle longer, its child ready.
   int servers = impl->workers + spare_servers(eval);

@@ -198,7 +198,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
     if (!verdict.ok()) return verdict.status().with_context(fmt::format("pre-building {}", entry.candidate.label));
     // A failed build is final: the GPU phase would only fail it again, one build at a time.
     bool final = verdict->status == EvalStatus::compile_error;
-    if (final) verdict->started_s = started_s;
+    if (final) verdict->profile.started_s = started_s;
     else prebuilds[i] = prebuild_of(*verdict, started_s);
     KZ_RETURN_IF_ERROR(recorder.prebuilt(i, std::move(*verdict), final));
     return final ? Built::settled : Built::evaluate;
@@ -211,7 +211,7 @@ Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::ve
       return pools->at(lease.pool()).evaluate(tasks[entry.task_index], entry.candidate);
     }();
     if (!verdict.ok()) return verdict.status();
-    verdict->started_s = started_s;
+    verdict->profile.started_s = started_s;
     if (const auto& prebuild = prebuilds[i]) attach_prebuild(*verdict, *prebuild);
     return recorder.record(i, std::move(*verdict));
   };

@@ -104,6 +104,57 @@ MemoryReport memory_from_json(const nlohmann::json& j) {
   return m;
 }
 
+// The profile's optional figures, by key: one table for both directions.
+template <class Profile>
+auto profile_numbers(Profile& p) {
+  return std::array{std::pair{"gpu_wait_s", &p.gpu_wait_s},         std::pair{"gpu_exclusive_s", &p.gpu_exclusive_s},
+                    std::pair{"prebuild_s", &p.prebuild_s},         std::pair{"prebuild_cpu_s", &p.prebuild_cpu_s},
+                    std::pair{"started_s", &p.started_s},           std::pair{"prebuild_started_s", &p.prebuild_started_s}};
+}
+
+// The profile's stage parts (name -> seconds), by key: one table for both directions.
+template <class Profile>
+auto profile_parts(Profile& p) {
+  return std::array{std::pair{"startup_s", &p.startup_s},           std::pair{"load_reference_s", &p.load_reference_s},
+                    std::pair{"compile_s", &p.compile_s},           std::pair{"correctness_s", &p.correctness_s},
+                    std::pair{"timing_s", &p.timing_s},             std::pair{"timing_after_hold_s", &p.timing_after_hold_s},
+                    std::pair{"build_s", &p.build_s},               std::pair{"gpu_wait_by_stage_s", &p.gpu_wait_by_stage_s},
+                    std::pair{"cpu_s", &p.cpu_s}};
+}
+
+// wall_s and stage_s always; every other figure only where it was measured.
+nlohmann::json profile_json(const VerdictProfile& p) {
+  nlohmann::json j = {{"wall_s", p.wall_s}, {"stage_s", nlohmann::json::object()}};
+  for (const auto& [stage, seconds] : p.stage_s) j["stage_s"][stage] = seconds;
+  for (const auto& [key, parts] : profile_parts(p)) write_parts(j, key, *parts);
+  for (const auto& [key, field] : profile_numbers(p))
+    if (*field) j[key] = **field;
+  if (!p.timing_end.empty())
+    j.update({{"timing_end", p.timing_end},
+              {"reference_gap_ms", p.reference_gap_ms},
+              {"candidate_gap_ms", p.candidate_gap_ms}});
+  if (!p.launch_spin.empty()) j["launch_spin"] = p.launch_spin;
+  return j;
+}
+
+// Telemetry: a field of the wrong type is left out, never the verdict's failure.
+VerdictProfile profile_from_json(const nlohmann::json& j) {
+  VerdictProfile p;
+  p.wall_s = number_or_zero(j, "wall_s");
+  read_parts(j, "stage_s", p.stage_s);
+  // A JSON object keeps no order: put the stages back in the order they run.
+  std::stable_sort(p.stage_s.begin(), p.stage_s.end(),
+                   [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
+  for (const auto& [key, parts] : profile_parts(p)) read_parts(j, key, *parts);
+  for (const auto& [key, field] : profile_numbers(p))
+    if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
+  p.timing_end = j.contains("timing_end") && j["timing_end"].is_string() ? j["timing_end"].get<std::string>() : "";
+  p.reference_gap_ms = number_or_zero(j, "reference_gap_ms");
+  p.candidate_gap_ms = number_or_zero(j, "candidate_gap_ms");
+  p.launch_spin = j.contains("launch_spin") && j["launch_spin"].is_string() ? j["launch_spin"].get<std::string>() : "";
+  return p;
+}
+
 }  // namespace
 
 const char* status_name(EvalStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
@@ -133,18 +184,7 @@ nlohmann::json to_json(const Verdict& v) {
       {"correct", v.correct},       {"stage", v.stage},                 {"checks", checks},
       {"message", v.message},       {"trials", v.trials},               {"trials_passed", v.trials_passed},
       {"max_abs_error", v.max_abs_error}, {"max_rel_norm_error", v.max_rel_norm_error},
-      {"seed", v.seed},             {"wall_s", v.wall_s},               {"cached", v.cached}};
-  j["stage_s"] = nlohmann::json::object();
-  for (const auto& [stage, seconds] : v.stage_s) j["stage_s"][stage] = seconds;
-  write_parts(j, "startup_s", v.startup_s);          // optional: where a worker reported it
-  write_parts(j, "load_reference_s", v.load_reference_s);  // optional: runs that reached load_reference
-  write_parts(j, "compile_s", v.compile_s);          // optional: runs that reached the compile stage
-  write_parts(j, "correctness_s", v.correctness_s);  // optional: runs that reached the correctness stage
-  write_parts(j, "timing_s", v.timing_s);            // optional: timed runs
-  write_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
-  write_parts(j, "build_s", v.build_s);              // optional: a load_inline build ran (or pre-built)
-  write_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);  // optional: shared GPU lock, waited
-  write_parts(j, "cpu_s", v.cpu_s);                  // optional: a worker reported it
+      {"seed", v.seed},             {"cached", v.cached}};
   j["speedup"] = v.speedup ? nlohmann::json(*v.speedup) : nlohmann::json(nullptr);
   if (v.compile_speedup) j["compile_speedup"] = *v.compile_speedup;  // optional: [timing] baseline = "compile"
   if (v.custom_kernel_share) j["custom_kernel_share"] = *v.custom_kernel_share;  // optional: profiled audits only
@@ -152,27 +192,17 @@ nlohmann::json to_json(const Verdict& v) {
     j["unchecked"] = nlohmann::json::object();
     for (const auto& [check, why] : v.unchecked) j["unchecked"][check_name(check)] = why;
   }
-  if (v.gpu_wait_s) j["gpu_wait_s"] = *v.gpu_wait_s;                              // optional: shared GPU lock
-  if (v.gpu_exclusive_s) j["gpu_exclusive_s"] = *v.gpu_exclusive_s;
-  if (v.prebuild_s) j["prebuild_s"] = *v.prebuild_s;                              // optional: pre-built cuda
-  if (v.prebuild_cpu_s) j["prebuild_cpu_s"] = *v.prebuild_cpu_s;
-  if (v.started_s) j["started_s"] = *v.started_s;                                  // optional: eval-suite
-  if (v.prebuild_started_s) j["prebuild_started_s"] = *v.prebuild_started_s;
   if (v.memory) j["memory"] = memory_json(*v.memory);                              // optional: GPU memory reserved
   if (v.retried_alone) j["retried_alone"] = true;                                  // optional: out_of_memory_shared, run again alone
   j["runtime_ms"] = v.candidate_timing ? nlohmann::json(v.candidate_timing->median_ms) : nlohmann::json(nullptr);
   j["ref_runtime_ms"] = v.reference_timing ? nlohmann::json(v.reference_timing->median_ms) : nlohmann::json(nullptr);
   if (v.candidate_timing && v.reference_timing) {
     j["timing"] = {{"candidate", timing_json(*v.candidate_timing)}, {"reference", timing_json(*v.reference_timing)}};
-    if (!v.timing_end.empty())  // verdicts from before the end was chosen have none
-      j["timing"].update({{"end", v.timing_end},
-                          {"reference_gap_ms", v.reference_gap_ms},
-                          {"candidate_gap_ms", v.candidate_gap_ms}});
-    if (!v.launch_spin.empty()) j["timing"]["launch_spin"] = v.launch_spin;
     if (v.compiled_reference_timing) j["timing"]["compiled"] = timing_json(*v.compiled_reference_timing);
   } else {
     j["timing"] = nullptr;
   }
+  j["profile"] = profile_json(v.profile);
   return j;
 }
 
@@ -202,24 +232,7 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
   v.max_abs_error = number_or_zero(j, "max_abs_error");
   v.max_rel_norm_error = number_or_zero(j, "max_rel_norm_error");
   v.seed = j.value("seed", uint64_t{0});
-  v.wall_s = number_or_zero(j, "wall_s");
   v.cached = j.value("cached", false);
-  if (j.contains("stage_s") && j["stage_s"].is_object()) {
-    for (const auto& [stage, seconds] : j["stage_s"].items())
-      if (seconds.is_number()) v.stage_s.emplace_back(stage, seconds.get<double>());
-    // A JSON object keeps no order: put the stages back in the order they run.
-    std::stable_sort(v.stage_s.begin(), v.stage_s.end(),
-                     [](const auto& a, const auto& b) { return stage_rank(a.first) < stage_rank(b.first); });
-  }
-  read_parts(j, "startup_s", v.startup_s);
-  read_parts(j, "load_reference_s", v.load_reference_s);
-  read_parts(j, "compile_s", v.compile_s);
-  read_parts(j, "correctness_s", v.correctness_s);
-  read_parts(j, "timing_s", v.timing_s);
-  read_parts(j, "timing_after_hold_s", v.timing_after_hold_s);
-  read_parts(j, "build_s", v.build_s);
-  read_parts(j, "gpu_wait_by_stage_s", v.gpu_wait_by_stage_s);
-  read_parts(j, "cpu_s", v.cpu_s);
   if (j.contains("speedup") && j["speedup"].is_number()) v.speedup = j["speedup"].get<double>();
   if (j.contains("compile_speedup") && j["compile_speedup"].is_number())
     v.compile_speedup = j["compile_speedup"].get<double>();
@@ -233,11 +246,6 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
       v.unchecked.emplace_back(*check, why.get<std::string>());
     }
   }
-  for (auto [key, field] : {std::pair{"gpu_wait_s", &v.gpu_wait_s}, std::pair{"gpu_exclusive_s", &v.gpu_exclusive_s},
-                            std::pair{"prebuild_s", &v.prebuild_s}, std::pair{"prebuild_cpu_s", &v.prebuild_cpu_s},
-                            std::pair{"started_s", &v.started_s},
-                            std::pair{"prebuild_started_s", &v.prebuild_started_s}})
-    if (j.contains(key) && j[key].is_number()) *field = j[key].get<double>();
   if (j.contains("memory") && j["memory"].is_object()) v.memory = memory_from_json(j["memory"]);
   v.retried_alone = j.contains("retried_alone") && j["retried_alone"].is_boolean() && j["retried_alone"].get<bool>();
   if (j.contains("timing") && j["timing"].is_object()) {
@@ -245,32 +253,31 @@ Result<Verdict> verdict_from_json(const nlohmann::json& j) {
     if (t.contains("candidate")) v.candidate_timing = timing_from_json(t["candidate"]);
     if (t.contains("reference")) v.reference_timing = timing_from_json(t["reference"]);
     if (t.contains("compiled") && t["compiled"].is_object()) v.compiled_reference_timing = timing_from_json(t["compiled"]);
-    v.timing_end = t.value("end", "");
-    v.launch_spin = t.contains("launch_spin") && t["launch_spin"].is_string() ? t["launch_spin"].get<std::string>() : "";
-    v.reference_gap_ms = number_or_zero(t, "reference_gap_ms");
-    v.candidate_gap_ms = number_or_zero(t, "candidate_gap_ms");
   }
+  if (j.contains("profile") && j["profile"].is_object()) v.profile = profile_from_json(j["profile"]);
   return v;
 }
 
 PreBuild prebuild_of(const Verdict& build_verdict, double started_s) {
-  PreBuild prebuild{started_s, build_verdict.wall_s, build_verdict.build_s, std::nullopt};
+  const VerdictProfile& built = build_verdict.profile;
+  PreBuild prebuild{started_s, built.wall_s, built.build_s, std::nullopt};
   double worker_start = 0;
-  for (const auto& [stage, seconds] : build_verdict.stage_s)
+  for (const auto& [stage, seconds] : built.stage_s)
     if (stage == "startup" || stage == "load_reference") worker_start += seconds;
   if (!prebuild.build_s.empty()) prebuild.build_s.emplace_back("worker_start", worker_start);
-  if (!build_verdict.cpu_s.empty()) {
+  if (!built.cpu_s.empty()) {
     prebuild.cpu_s = 0.0;
-    for (const auto& [part, seconds] : build_verdict.cpu_s) *prebuild.cpu_s += seconds;
+    for (const auto& [part, seconds] : built.cpu_s) *prebuild.cpu_s += seconds;
   }
   return prebuild;
 }
 
 void attach_prebuild(Verdict& verdict, const PreBuild& prebuild) {
-  verdict.prebuild_started_s = prebuild.started_s;
-  verdict.prebuild_s = prebuild.seconds;
-  verdict.prebuild_cpu_s = prebuild.cpu_s;
-  if (verdict.build_s.empty()) verdict.build_s = prebuild.build_s;  // the evaluation loaded the build
+  VerdictProfile& profile = verdict.profile;
+  profile.prebuild_started_s = prebuild.started_s;
+  profile.prebuild_s = prebuild.seconds;
+  profile.prebuild_cpu_s = prebuild.cpu_s;
+  if (profile.build_s.empty()) profile.build_s = prebuild.build_s;  // the evaluation loaded the build
 }
 
 }  // namespace kz

@@ -93,7 +93,6 @@ std::map<std::string, std::string> worker_environment(const WorkerSetup& setup, 
     env["KZ_NVCC_SIDE_BY_SIDE"] = setup.nvcc_side_by_side;
   }
   if (setup.cuda_connections > 0) env["CUDA_DEVICE_MAX_CONNECTIONS"] = std::to_string(setup.cuda_connections);
-  if (!setup.check_kernels_while_awaited) env["KZ_CHECK_KERNELS_WHILE_AWAITED"] = "0";
   for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "KZ_NVRTC_LIB", "KZ_RTC_ARCH",
                            "TORCH_CUDA_ARCH_LIST", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                            "LANG", "LC_ALL",
@@ -180,7 +179,7 @@ std::string message_token() {
 }
 
 // The worker's process group's priority through its stages:
-//  - started at [worker] prepare_niceness (its start-up and device preparation), it is set to the
+//  - started at [tuning] prepare_niceness (its start-up and device preparation), it is set to the
 //    supervising thread's nice value (the one a worker is spawned at: kz renices none of its own
 //    threads) as soon as its first stage message is read (load_reference, sent before the candidate
 //    is imported), and again at each later one and at the request's end: a fork server forks its next child right
@@ -402,7 +401,6 @@ struct StartedZygote {
   std::shared_ptr<Zygote> zygote;
   fs::path scratch;
   bool keep_scratch = false;
-  Clock::time_point started = Clock::now();
   bool failure_said = false;  // its failure was warned about (once per kind)
   ~StartedZygote() {
     zygote.reset();  // its socket closes: it exits
@@ -435,8 +433,7 @@ class Zygotes {
     auto& entry = zygotes_[key];
     if (entry && entry->zygote && entry->zygote->alive()) return entry->zygote;
     if (entry) {  // it failed: no second try, whose wait every server would pay again
-      // One that ended with no failed spawn to say so (every request ran in a worker of its own
-      // while it imported: fresh_while_zygote_imports) is said here, once.
+      // One that ended with no failed spawn to say so (it died between spawns) is said here, once.
       if (entry->zygote && !entry->failure_said) why = "it has ended" + stderr_of(*entry->zygote);
       if (entry->zygote) entry->failure_said = true;
       return nullptr;
@@ -456,16 +453,6 @@ class Zygotes {
     }
     entry->zygote = std::move(*started);
     return entry->zygote;
-  }
-
-  // Whether the zygote of `key` is still importing: alive, not ready yet, and younger than the wait a
-  // spawn allows it (past that a spawn waits for it, and its timeout says why it failed).
-  bool importing(const std::string& key) {
-    std::lock_guard lock(mutex_);
-    auto it = zygotes_.find(key);
-    if (it == zygotes_.end() || !it->second || !it->second->zygote) return false;
-    const StartedZygote& entry = *it->second;
-    return Clock::now() - entry.started < kZygoteAnswer && entry.zygote->alive() && !entry.zygote->ready();
   }
 
   // A spawn's failure was warned about (with the zygote's stderr): get() says nothing more of it.
@@ -725,19 +712,6 @@ Result<WorkerOutcome> run_on_own_worker(const WorkerSetup& setup, const std::str
   return std::move(supervised.outcome);
 }
 
-// Whether the zygote of `key` is still importing (started now where there is none yet, so that it
-// imports for the requests after this one). False where there is no zygote.
-bool zygote_importing(const WorkerSetup& setup, const std::string& key, const std::string& scratch_prefix,
-                      const std::function<void(ProcessSpec&)>& customize) {
-  if (setup.zygote_library.empty()) return false;
-  std::string why;
-  if (!Zygotes::instance().get(key, setup, scratch_prefix, customize, why)) {
-    warn_without_zygote(why);
-    return false;
-  }
-  return Zygotes::instance().importing(key);
-}
-
 }  // namespace
 
 int stop_fork_servers() {
@@ -746,11 +720,12 @@ int stop_fork_servers() {
   return count;
 }
 
-bool uses_fork_server(const WorkerOptions& options, const std::string& device) {
-  return options.fork_server == "always" || (options.fork_server == "gpu" && device != "cpu");
+bool uses_fork_server(const TuningOptions& tuning, const std::string& device) {
+  return tuning.fork_server == "always" || (tuning.fork_server == "gpu" && device != "cpu");
 }
 
-Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device) {
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const TuningOptions& tuning,
+                                         const std::string& device) {
   WorkerSetup setup;
   setup.python = !options.python.empty() ? options.python : env_or("KZ_PYTHON", KZ_DEFAULT_PYTHON);
   fs::path worker_dir = !options.worker_dir.empty() ? options.worker_dir
@@ -766,19 +741,18 @@ Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std
   setup.scratch_root = options.scratch_root;
   setup.keep_scratch = options.keep_scratch;
   setup.cuda_connections = options.cuda_connections;
-  setup.check_kernels_while_awaited = options.check_kernels_while_awaited;
-  setup.fork_server = uses_fork_server(options, device);
+  setup.fork_server = uses_fork_server(tuning, device);
   setup.bytecode_prefix = bytecode_prefix_for(setup.python);
-  if (options.zygote) {
+  if (tuning.zygote) {
     fs::path library = env_or("KZ_ZYGOTE_LIBRARY", KZ_DEFAULT_ZYGOTE_LIBRARY);
     std::error_code missing;
     if (!library.empty() && fs::exists(library, missing)) setup.zygote_library = fs::absolute(library);
   }
-  if (options.parallel_nvcc) {
+  if (tuning.parallel_nvcc) {
     fs::path tool = env_or("KZ_PARALLEL_NVCC", KZ_DEFAULT_PARALLEL_NVCC);
     std::error_code missing;
     if (!tool.empty() && fs::exists(tool, missing)) setup.parallel_nvcc = fs::absolute(tool);
-    setup.nvcc_side_by_side = options.nvcc_side_by_side;
+    setup.nvcc_side_by_side = tuning.nvcc_side_by_side;
   }
   fs::path lighter_builds = env_or("KZ_LIGHTER_BUILDS_DIR", KZ_DEFAULT_LIGHTER_BUILDS_DIR);
   std::error_code error;
@@ -802,11 +776,6 @@ Result<WorkerOutcome> run_worker_request(const WorkerSetup& setup, const std::st
                                          const std::function<void(const fs::path&)>& after_request) {
   if (!setup.fork_server) return run_on_own_worker(setup, scratch_prefix, make_request, deadline_s, customize, after_request);
   std::string key = server_key(setup, scratch_prefix, customize);
-  if (setup.fresh_while_zygote_imports && zygote_importing(setup, key, scratch_prefix, customize)) {
-    WorkerSetup own = setup;
-    own.fork_server = false;
-    return run_on_own_worker(own, scratch_prefix, make_request, deadline_s, customize, after_request);
-  }
   auto supervised = run_on_fork_server(setup, key, scratch_prefix, make_request, deadline_s, customize, after_request);
   // A server that failed before its child's first message (killed while idle, a fork refused at a
   // process limit, a child that could not set up) is no verdict on the candidate: once more, on

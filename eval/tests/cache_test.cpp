@@ -93,13 +93,13 @@ TEST_F(CacheTest, RoundTripKeepsTheWholeVerdict) {
 TEST_F(CacheTest, AReplayCarriesNoCpuSeconds) {
   VerdictCache cache = open(db());
   Verdict v = sample_verdict();
-  v.cpu_s = {{"worker", 2.5}, {"subprocesses", 7.25}};
-  v.prebuild_cpu_s = 9.75;
+  v.profile.cpu_s = {{"worker", 2.5}, {"subprocesses", 7.25}};
+  v.profile.prebuild_cpu_s = 9.75;
   ASSERT_TRUE(cache.store("key-1", v).is_ok());
   auto hit = cache.lookup("key-1");
   ASSERT_TRUE(hit.ok() && hit->has_value());
-  EXPECT_TRUE((*hit)->cpu_s.empty()) << "a lookup, not the stored run's CPU";
-  EXPECT_FALSE((*hit)->prebuild_cpu_s);
+  EXPECT_TRUE((*hit)->profile.cpu_s.empty()) << "a lookup, not the stored run's CPU";
+  EXPECT_FALSE((*hit)->profile.prebuild_cpu_s);
 }
 
 // The stored run's memory report stays (diagnostics, as its stage seconds); its retry does not: a
@@ -284,7 +284,7 @@ TEST(CacheKey, EveryVerdictInputChangesTheKey) {
 TEST(CacheKey, SettingsThatCannotChangeAVerdictKeepTheKey) {
   EvalOptions o;
   o.timeouts.correctness_s = 7;  // a timeout is never stored
-  o.jobs = 3;
+  o.tuning.jobs = 3;
   o.format = "triton";           // the resolved format is a part of its own
   o.worker.keep_scratch = true;
   o.cache.path = "/elsewhere.sqlite";

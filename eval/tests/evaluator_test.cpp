@@ -151,14 +151,14 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   // Where the time went, stage by stage, in order; together they are the worker's whole run.
   std::vector<std::string> stages;
   double total = 0;
-  for (const auto& [stage, seconds] : v.stage_s) {
+  for (const auto& [stage, seconds] : v.profile.stage_s) {
     stages.push_back(stage);
     EXPECT_GE(seconds, 0.0) << stage;
     total += seconds;
   }
   EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "compile", "correctness"})) << dump(v);
-  EXPECT_LE(total, v.wall_s) << dump(v);
-  EXPECT_GT(total, 0.5 * v.wall_s) << dump(v);
+  EXPECT_LE(total, v.profile.wall_s) << dump(v);
+  EXPECT_GT(total, 0.5 * v.profile.wall_s) << dump(v);
   // The correctness stage's parts, measured by the worker: within the stage's own seconds. The
   // supervisor times a stage between its messages' arrivals, the worker its parts by its own clock:
   // the messages' latencies (ms idle; more on a loaded machine, through a fork server's relay) are
@@ -166,16 +166,16 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   constexpr double kMessageSlackS = 0.5;
   std::vector<std::string> parts;
   double parts_total = 0;
-  for (const auto& [part, seconds] : v.correctness_s) {
+  for (const auto& [part, seconds] : v.profile.correctness_s) {
     parts.push_back(part);
     parts_total += seconds;
   }
   EXPECT_EQ(parts, (std::vector<std::string>{"audit", "replay_probe", "trials"})) << dump(v);
-  EXPECT_LE(parts_total, v.stage_s.back().second + kMessageSlackS) << dump(v);
+  EXPECT_LE(parts_total, v.profile.stage_s.back().second + kMessageSlackS) << dump(v);
   // The load_reference stage's parts likewise (nlohmann's object keeps them sorted by name).
   parts.clear();
   parts_total = 0;
-  for (const auto& [part, seconds] : v.load_reference_s) {
+  for (const auto& [part, seconds] : v.profile.load_reference_s) {
     parts.push_back(part);
     parts_total += seconds;
   }
@@ -183,66 +183,68 @@ TEST_F(EvaluatorTest, TritonCorrectIsOk) {
   // The compile stage's likewise: no NVRTC for a Triton candidate.
   double compile_total = 0;
   std::vector<std::string> compile_parts;
-  for (const auto& [part, seconds] : v.compile_s) {
+  for (const auto& [part, seconds] : v.profile.compile_s) {
     compile_parts.push_back(part);
     compile_total += seconds;
   }
   EXPECT_EQ(compile_parts, (std::vector<std::string>{"construct", "import", "to_device"})) << dump(v);
-  auto compile_stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "compile"; });
-  ASSERT_NE(compile_stage, v.stage_s.end()) << dump(v);
+  const auto& ran = v.profile.stage_s;
+  auto compile_stage = std::find_if(ran.begin(), ran.end(), [](const auto& s) { return s.first == "compile"; });
+  ASSERT_NE(compile_stage, ran.end()) << dump(v);
   EXPECT_LE(compile_total, compile_stage->second + kMessageSlackS) << dump(v);
-  auto stage = std::find_if(v.stage_s.begin(), v.stage_s.end(), [](const auto& s) { return s.first == "load_reference"; });
-  ASSERT_NE(stage, v.stage_s.end()) << dump(v);
+  auto stage = std::find_if(ran.begin(), ran.end(), [](const auto& s) { return s.first == "load_reference"; });
+  ASSERT_NE(stage, ran.end()) << dump(v);
   EXPECT_LE(parts_total, stage->second + kMessageSlackS) << dump(v);
-  EXPECT_TRUE(v.gpu_wait_by_stage_s.empty()) << "the CPU takes no GPU lock: " << dump(v);
+  EXPECT_TRUE(v.profile.gpu_wait_by_stage_s.empty()) << "the CPU takes no GPU lock: " << dump(v);
   // Its CPU seconds, reported by the worker: a fork server's child counts its own run, not the
   // server's imports (the wait for the server, in wall_s, is where those went).
-  std::map<std::string, double> cpu(v.cpu_s.begin(), v.cpu_s.end());
+  std::map<std::string, double> cpu(v.profile.cpu_s.begin(), v.profile.cpu_s.end());
   ASSERT_TRUE(cpu.contains("worker") && cpu.contains("subprocesses")) << dump(v);
-  std::map<std::string, double> startup(v.startup_s.begin(), v.startup_s.end());
+  std::map<std::string, double> startup(v.profile.startup_s.begin(), v.profile.startup_s.end());
   ASSERT_TRUE(startup.contains("server")) << "served by a fork server: " << dump(v);
   EXPECT_GT(cpu["worker"], 0.01) << dump(v);
-  EXPECT_LT(cpu["worker"], 2 * (v.wall_s - startup["server"])) << "at most both cores, after the server: " << dump(v);
+  EXPECT_LT(cpu["worker"], 2 * (v.profile.wall_s - startup["server"]))
+      << "at most both cores, after the server: " << dump(v);
   EXPECT_GE(cpu["subprocesses"], 0.0) << dump(v);
 }
 
-// [worker] fork_server through the real worker: the server imports torch and Triton (interpreter
+// [tuning] fork_server through the real worker: the server imports torch and Triton (interpreter
 // mode, set before the import) once; every evaluation runs in a child forked from it, so its start
 // costs no imports, and its verdict is the one a worker started for it gives.
 TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
   EvalOptions o = options();
   o.cache.enabled = false;
   o.seed = 12345;  // the same inputs on both paths
-  o.worker.fork_server = "always";
+  o.tuning.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
   ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
   double forked_startup_s = 1e9;  // the quickest of the runs after the first (which may wait for the imports)
   for (int run = 0; run < 3; ++run) {
     Verdict v = evaluate(evaluator, kRelu, kTritonRelu);
     expect_ok(v);
-    ASSERT_FALSE(v.stage_s.empty()) << dump(v);
-    EXPECT_EQ(v.stage_s.front().first, "startup");
-    if (run > 0) forked_startup_s = std::min(forked_startup_s, v.stage_s.front().second);
+    ASSERT_FALSE(v.profile.stage_s.empty()) << dump(v);
+    EXPECT_EQ(v.profile.stage_s.front().first, "startup");
+    if (run > 0) forked_startup_s = std::min(forked_startup_s, v.profile.stage_s.front().second);
     // Where the start-up went: the wait for the server (the supervisor's clock) and for its child's
     // device (the child's), both inside the stage.
-    std::map<std::string, double> parts(v.startup_s.begin(), v.startup_s.end());
+    std::map<std::string, double> parts(v.profile.startup_s.begin(), v.profile.startup_s.end());
     ASSERT_TRUE(parts.contains("server") && parts.contains("device")) << dump(v);
     EXPECT_GE(parts["server"], 0.0);
     EXPECT_GE(parts["device"], 0.0);
-    EXPECT_LE(parts["server"] + parts["device"], v.stage_s.front().second + 1e-3) << dump(v);
+    EXPECT_LE(parts["server"] + parts["device"], v.profile.stage_s.front().second + 1e-3) << dump(v);
   }
   Verdict wrong = evaluate(evaluator, kRelu, kFixtures + "triton_wrong.py");
   EXPECT_EQ(wrong.status, EvalStatus::incorrect) << dump(wrong);
 
-  o.worker.fork_server = "never";
+  o.tuning.fork_server = "never";
   Verdict fresh = evaluate(make_evaluator(o), kRelu, kFixtures + "triton_wrong.py");
-  ASSERT_FALSE(fresh.stage_s.empty()) << dump(fresh);
+  ASSERT_FALSE(fresh.profile.stage_s.empty()) << dump(fresh);
   // A worker started for one request: its own imports and device, no server.
-  std::map<std::string, double> own(fresh.startup_s.begin(), fresh.startup_s.end());
+  std::map<std::string, double> own(fresh.profile.startup_s.begin(), fresh.profile.startup_s.end());
   EXPECT_TRUE(own.contains("imports") && own.contains("device") && !own.contains("server")) << dump(fresh);
-  EXPECT_LE(own["imports"] + own["device"], fresh.stage_s.front().second + 1e-3) << dump(fresh);
+  EXPECT_LE(own["imports"] + own["device"], fresh.profile.stage_s.front().second + 1e-3) << dump(fresh);
   // Relative, not a wall-time bound: on a loaded machine both slow down, the imports more.
-  EXPECT_LT(forked_startup_s, fresh.stage_s.front().second) << "a forked child starts without the imports";
+  EXPECT_LT(forked_startup_s, fresh.profile.stage_s.front().second) << "a forked child starts without the imports";
   EXPECT_EQ(fresh.status, wrong.status) << dump(fresh);
   EXPECT_EQ(fresh.checks, wrong.checks) << dump(fresh);
   EXPECT_EQ(fresh.max_abs_error, wrong.max_abs_error) << "same seed, same inputs, same outputs\n" << dump(fresh);
@@ -254,7 +256,7 @@ TEST_F(EvaluatorTest, ForkServerGivesTheSameVerdictsWithoutTheImports) {
 TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
   EvalOptions o = options();
   o.cache.enabled = false;
-  o.worker.fork_server = "always";
+  o.tuning.fork_server = "always";
   Evaluator evaluator = make_evaluator(o);
   ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());  // an evaluation server, idle when the pre-build comes
   const std::string probe = kFixtures + "worker_role_probe.py";
@@ -270,7 +272,7 @@ TEST_F(EvaluatorTest, CompileOnlyRequestsRunOnBuildServersOfTheirOwn) {
 }
 
 // Whether some kz evaluation worker process (a fork server, its zygote or child, a worker; not a
-// build server, which runs at [worker] prebuild_niceness) runs at nice value `nice`, within `wait`:
+// build server, which runs at [tuning] prebuild_niceness) runs at nice value `nice`, within `wait`:
 // its command line names kz_worker, its environment no build role.
 bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
   auto deadline = std::chrono::steady_clock::now() + wait;
@@ -285,9 +287,9 @@ bool a_kz_evaluation_worker_runs_at(int nice, std::chrono::seconds wait) {
   return false;
 }
 
-// [worker] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
+// [tuning] prepare_niceness: the worker starts and prepares at that increment (an idle fork server
 // shows it), and the candidate's constructor runs at the supervisor's own nice value, from a fork
-// server or in a worker of its own; with [worker] compile_niceness, at that value (its compile stage).
+// server or in a worker of its own; with [tuning] compile_niceness, at that value (its compile stage).
 TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
   errno = 0;
   int own = getpriority(PRIO_PROCESS, 0);
@@ -298,9 +300,9 @@ TEST_F(EvaluatorTest, TheCandidateRunsAtTheSupervisorsNiceValue) {
     for (const char* fork_server : {"always", "never"}) {
       EvalOptions o = options();
       o.cache.enabled = false;
-      o.worker.fork_server = fork_server;
-      o.worker.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
-      o.worker.compile_niceness = compile_niceness;
+      o.tuning.fork_server = fork_server;
+      o.tuning.prepare_niceness = -7;  // not the default (-5): a server made by another test has that
+      o.tuning.compile_niceness = compile_niceness;
       Evaluator evaluator = make_evaluator(o);
       if (std::string(fork_server) == "always" && compile_niceness == 0) {
         ASSERT_TRUE(evaluator.start_fork_servers(1).is_ok());
@@ -360,9 +362,9 @@ TEST_F(EvaluatorTest, HangingForwardTimesOutAndNextEvaluationIsOk) {
   EXPECT_TRUE(contains(v.message, "correctness")) << v.message;
   EXPECT_LT(elapsed, 30.0) << "the worker must be killed at the 5 s deadline";
   EXPECT_GE(elapsed, 5.0) << "the deadline cannot pass before 5 s";
-  ASSERT_FALSE(v.stage_s.empty()) << dump(v);
-  EXPECT_EQ(v.stage_s.back().first, "correctness") << dump(v);
-  EXPECT_GE(v.stage_s.back().second, 5.0) << "the stage that timed out ran to its deadline\n" << dump(v);
+  ASSERT_FALSE(v.profile.stage_s.empty()) << dump(v);
+  EXPECT_EQ(v.profile.stage_s.back().first, "correctness") << dump(v);
+  EXPECT_GE(v.profile.stage_s.back().second, 5.0) << "the stage that timed out ran to its deadline\n" << dump(v);
 
   expect_ok(evaluate(evaluator, kRelu, kTritonRelu));
 }
@@ -421,14 +423,14 @@ TEST_F(EvaluatorTest, InvalidPythonIsCompileError) {
   expect_verdict(v, EvalStatus::compile_error, {Check::python_syntax});
   EXPECT_TRUE(contains(v.message, "line 10")) << "the message points at the syntax error\n" << v.message;
   EXPECT_EQ(v.stage, "syntax_check") << "refused before any worker started\n" << dump(v);
-  EXPECT_TRUE(v.stage_s.empty()) << dump(v);
+  EXPECT_TRUE(v.profile.stage_s.empty()) << dump(v);
 }
 
 // The supervisor's syntax check answers as the worker would have: the same status, checks and
 // message as with it off, where the worker's own compile finds the error.
 TEST_F(EvaluatorTest, SyntaxCheckGivesTheWorkersVerdict) {
   EvalOptions off = options();
-  off.worker.syntax_check = false;
+  off.tuning.syntax_check = false;
   Verdict by_worker = evaluate(kRelu, kFixtures + "triton_syntax_error.py", off);
   Verdict by_checker = evaluate(kRelu, kFixtures + "triton_syntax_error.py");
   EXPECT_EQ(by_worker.stage, "compile") << dump(by_worker);
@@ -556,7 +558,7 @@ TEST_F(EvaluatorTest, CudaRtcCorrectIsCompiledNotRun) {
   EXPECT_TRUE(v.checks.empty()) << dump(v);
   EXPECT_TRUE(contains(v.message, "NVRTC")) << v.message;
   // The compile stage's parts: NVRTC's own seconds are inside the import and the constructor.
-  std::map<std::string, double> parts(v.compile_s.begin(), v.compile_s.end());
+  std::map<std::string, double> parts(v.profile.compile_s.begin(), v.profile.compile_s.end());
   ASSERT_EQ(parts.size(), 4u) << dump(v);
   ASSERT_TRUE(parts.contains("nvrtc")) << dump(v);
   EXPECT_GT(parts["nvrtc"], 0.0) << dump(v);
@@ -568,7 +570,7 @@ TEST_F(EvaluatorTest, CudaRtcSyntaxErrorIsCompileErrorWithNvrtcLog) {
   expect_verdict(v, EvalStatus::compile_error, {Check::kernel_compile});
   EXPECT_FALSE(v.compiled) << dump(v);
   // NVRTC's seconds are kept where it failed too.
-  std::map<std::string, double> parts(v.compile_s.begin(), v.compile_s.end());
+  std::map<std::string, double> parts(v.profile.compile_s.begin(), v.profile.compile_s.end());
   EXPECT_TRUE(parts.contains("nvrtc") && parts["nvrtc"] > 0.0) << dump(v);
   // NVRTC's own log: file name, line and diagnostic.
   EXPECT_TRUE(contains(v.message, "kz_fixture_bad_relu.cu")) << v.message;
@@ -635,8 +637,8 @@ class MemoryRetryTest : public EvaluatorTest {
     o.worker.python = "python3";
     o.worker.worker_dir = root_ / "worker";
     o.worker.cache_dir = root_ / "cache";
-    o.worker.fork_server = "never";
-    o.worker.syntax_check = false;  // the stand-in has no syntax_check.py
+    o.tuning.fork_server = "never";
+    o.tuning.syntax_check = false;  // the stand-in has no syntax_check.py
     o.sandbox.enabled = false;
     return make_evaluator(o);
   }
@@ -677,10 +679,10 @@ TEST_F(MemoryRetryTest, OutOfMemoryBesideOthersRunsOnceMoreAloneAndThatVerdictSt
   EXPECT_EQ(v.memory->alone, true) << "the second run's report";
   EXPECT_EQ(v.memory->slots, 16);
   std::vector<std::string> stages;
-  for (const auto& [stage, seconds] : v.stage_s) stages.push_back(stage);
+  for (const auto& [stage, seconds] : v.profile.stage_s) stages.push_back(stage);
   EXPECT_EQ(stages, (std::vector<std::string>{"startup", "load_reference", "await_memory"}))
       << "load_reference once, its two parts summed around the wait\n" << dump(v);
-  EXPECT_EQ(verdict_from_json(to_json(v))->stage_s, v.stage_s) << "the same through JSON";
+  EXPECT_EQ(verdict_from_json(to_json(v))->profile.stage_s, v.profile.stage_s) << "the same through JSON";
 
   // The retried verdict is cached as any other: the next evaluation runs no worker, and says nothing
   // of a retry of its own.

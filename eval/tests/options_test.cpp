@@ -57,7 +57,7 @@ TEST(Options, InvalidValuesAreRejected) {
   EvalOptions q;
   EXPECT_FALSE(apply_toml_text("format = \"fortran\"\n", "t", q).is_ok());
   EvalOptions r;
-  EXPECT_FALSE(apply_toml_text("[worker]\nspare_servers = -1\n", "t", r).is_ok());
+  EXPECT_FALSE(apply_toml_text("[tuning]\nspare_servers = -1\n", "t", r).is_ok());
   EvalOptions every_format, some;
   EXPECT_EQ(every_format.kernel_share, "cuda") << "the default";
   EXPECT_TRUE(apply_toml_text("kernel_share = \"all\"\n", "t", every_format).is_ok());
@@ -70,52 +70,62 @@ TEST(Options, InvalidValuesAreRejected) {
   }
   for (const char* niceness : {"-21", "1"}) {
     EvalOptions n;
-    EXPECT_FALSE(apply_toml_text(fmt::format("[timing]\nniceness = {}\n", niceness), "t", n).is_ok()) << niceness;
+    EXPECT_FALSE(apply_toml_text(fmt::format("[tuning]\ntiming_niceness = {}\n", niceness), "t", n).is_ok()) << niceness;
   }
   for (const char* niceness : {"-21", "20"}) {
     EvalOptions n;
-    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprebuild_niceness = {}\n", niceness), "t", n).is_ok())
+    EXPECT_FALSE(apply_toml_text(fmt::format("[tuning]\nprebuild_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
   }
   for (const char* niceness : {"-21", "1"}) {  // above 0 the worker could not be set back without privileges
     EvalOptions n;
-    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\nprepare_niceness = {}\n", niceness), "t", n).is_ok())
+    EXPECT_FALSE(apply_toml_text(fmt::format("[tuning]\nprepare_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
   }
   for (const char* niceness : {"-21", "1"}) {
     EvalOptions n;
-    EXPECT_FALSE(apply_toml_text(fmt::format("[worker]\ncompile_niceness = {}\n", niceness), "t", n).is_ok())
+    EXPECT_FALSE(apply_toml_text(fmt::format("[tuning]\ncompile_niceness = {}\n", niceness), "t", n).is_ok())
         << niceness;
   }
-  EvalOptions compiled, fresh;
-  EXPECT_TRUE(apply_toml_text("[worker]\ncompile_niceness = -5\n", "t", compiled).is_ok());  // the default is -10
-  EXPECT_EQ(compiled.worker.compile_niceness, -5);
-  EXPECT_FALSE(fresh.worker.fresh_while_zygote_imports) << "the default";
-  EXPECT_TRUE(apply_toml_text("[worker]\nfresh_while_zygote_imports = true\n", "t", fresh).is_ok());
-  EXPECT_TRUE(fresh.worker.fresh_while_zygote_imports);
-  EvalOptions skipping;
-  EXPECT_TRUE(skipping.worker.check_kernels_while_awaited) << "the default";
-  EXPECT_TRUE(apply_toml_text("[worker]\ncheck_kernels_while_awaited = false\n", "t", skipping).is_ok());
-  EXPECT_FALSE(skipping.worker.check_kernels_while_awaited);
+  EvalOptions compiled;
+  EXPECT_TRUE(apply_toml_text("[tuning]\ncompile_niceness = -5\n", "t", compiled).is_ok());  // the default is -10
+  EXPECT_EQ(compiled.tuning.compile_niceness, -5);
   EvalOptions idle, sometimes;
-  EXPECT_EQ(idle.worker.nvcc_side_by_side, "always") << "the default";
-  EXPECT_TRUE(apply_toml_text("[worker]\nnvcc_side_by_side = \"idle\"\n", "t", idle).is_ok());
-  EXPECT_EQ(idle.worker.nvcc_side_by_side, "idle");
-  EXPECT_FALSE(apply_toml_text("[worker]\nnvcc_side_by_side = \"sometimes\"\n", "t", sometimes).is_ok());
+  EXPECT_EQ(idle.tuning.nvcc_side_by_side, "always") << "the default";
+  EXPECT_TRUE(apply_toml_text("[tuning]\nnvcc_side_by_side = \"idle\"\n", "t", idle).is_ok());
+  EXPECT_EQ(idle.tuning.nvcc_side_by_side, "idle");
+  EXPECT_FALSE(apply_toml_text("[tuning]\nnvcc_side_by_side = \"sometimes\"\n", "t", sometimes).is_ok());
   EvalOptions favoured;  // builds first: below 0
-  EXPECT_TRUE(apply_toml_text("[worker]\nprebuild_niceness = -6\n", "t", favoured).is_ok());  // the default is -5
-  EXPECT_EQ(favoured.worker.prebuild_niceness, -6);
+  EXPECT_TRUE(apply_toml_text("[tuning]\nprebuild_niceness = -6\n", "t", favoured).is_ok());  // the default is -5
+  EXPECT_EQ(favoured.tuning.prebuild_niceness, -6);
   EvalOptions prepared;  // the first wave's preparation beside the builds
-  EXPECT_TRUE(apply_toml_text("[worker]\nprepare_niceness = -7\n", "t", prepared).is_ok());  // the default is -5
-  EXPECT_EQ(prepared.worker.prepare_niceness, -7);
+  EXPECT_TRUE(apply_toml_text("[tuning]\nprepare_niceness = -7\n", "t", prepared).is_ok());  // the default is -5
+  EXPECT_EQ(prepared.tuning.prepare_niceness, -7);
   EvalOptions small_shm, negative_shm;
   EXPECT_TRUE(apply_toml_text("[sandbox]\nshm_mb = 64\n", "t", small_shm).is_ok());
   EXPECT_EQ(small_shm.sandbox.shm_mb, 64);
   EXPECT_FALSE(apply_toml_text("[sandbox]\nshm_mb = -1\n", "t", negative_shm).is_ok());
   EvalOptions off;
-  EXPECT_TRUE(apply_toml_text("[timing]\nniceness = 0\n[worker]\nsyntax_check = false\n", "t", off).is_ok());
-  EXPECT_EQ(off.timing.niceness, 0);
-  EXPECT_FALSE(off.worker.syntax_check);
+  EXPECT_TRUE(apply_toml_text("[tuning]\ntiming_niceness = 0\nsyntax_check = false\n", "t", off).is_ok());
+  EXPECT_EQ(off.tuning.timing_niceness, 0);
+  EXPECT_FALSE(off.tuning.syntax_check);
+}
+
+// The throughput knobs are a table of their own; [timing] and [worker] no longer take them.
+TEST(Options, ThroughputKnobsLiveInTheTuningTable) {
+  EvalOptions o;
+  ASSERT_TRUE(apply_toml_text("[tuning]\njobs = 3\ngpu_jobs = 4\nexclusive_timing = false\nfork_server = \"never\"\n",
+                              "t", o).is_ok());
+  EXPECT_EQ(o.tuning.jobs, 3);
+  EXPECT_EQ(o.tuning.gpu_jobs, 4);
+  EXPECT_FALSE(o.tuning.exclusive_timing);
+  EXPECT_EQ(o.tuning.fork_server, "never");
+  for (const char* moved : {"[timing]\ngpu_jobs = 4\n", "[worker]\nfork_server = \"never\"\n", "jobs = 3\n",
+                            "[tuning]\ngpu_jobs = 0\n", "[tuning]\njobs = -1\n"}) {
+    EvalOptions m;
+    EXPECT_FALSE(apply_toml_text(moved, "t", m).is_ok()) << moved;
+  }
+  EXPECT_NE(to_toml(EvalOptions{}).find("[tuning]"), std::string::npos) << "config show writes the table";
 }
 
 TEST(Options, ThePolicyAndTheToleranceRuleAreNamedValues) {
@@ -157,6 +167,7 @@ TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   o.timing.launch_spin_us = 75;
   o.tolerance.norm_tol_half = 0.5;
   o.size_overrides["dim"] = 64;
+  o.tuning.gpu_jobs = 3;
   std::string text = to_toml(o);
   EvalOptions back;
   auto status = apply_toml_text(text, "printed", back);
@@ -166,6 +177,7 @@ TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   EXPECT_EQ(back.timing.launch_spin_us, 75);
   EXPECT_DOUBLE_EQ(back.tolerance.norm_tol_half, 0.5);
   EXPECT_EQ(back.size_overrides.at("dim"), 64);
+  EXPECT_EQ(back.tuning.gpu_jobs, 3);
 }
 
 TEST(Options, ShippedConfigFileMatchesTheDefaults) {

@@ -373,7 +373,7 @@ TEST_F(SandboxTest, AnotherCandidatesKeptBuildIsOutOfReach) {
 TEST_F(SandboxTest, TritonCacheIsTheRequestsOwn) {
   for (const char* fork_server : {"always", "never"}) {
     EvalOptions o = options();
-    o.worker.fork_server = fork_server;
+    o.tuning.fork_server = fork_server;
     Evaluator evaluator = make_evaluator(o);
     Verdict v = evaluate_fixture(evaluator, "sandbox_triton_cache_dir.py");
     expect_verdict(v, EvalStatus::runtime_error, {Check::forward_failed});
@@ -472,7 +472,7 @@ TEST_F(SandboxTest, SharedMemoryIsTheWorkersOwnAndBounded) {
   };
   for (const char* fork_server : {"always", "never"}) {
     EvalOptions o = options();
-    o.worker.fork_server = fork_server;
+    o.tuning.fork_server = fork_server;
     o.sandbox.shm_mb = 16;
     Evaluator evaluator = make_evaluator(o);
     Verdict first = evaluate(evaluator, "sandbox_shared_memory.py", source);

@@ -76,9 +76,9 @@ TEST_F(ServiceTest, SubmitPollAndFetchJobs) {
   EXPECT_EQ((*results)[0].verdict->status, EvalStatus::ok) << to_json(*(*results)[0].verdict).dump(2);
   EXPECT_EQ((*results)[0].verdict->task_id, "good") << "the client id labels the verdict without a task_id";
   for (const auto& result : *results) {
-    ASSERT_TRUE(result.verdict->started_s.has_value()) << "from the batch's submission";
-    EXPECT_GE(*result.verdict->started_s, 0);
-    EXPECT_FALSE(result.verdict->prebuild_s.has_value()) << "torch candidates are never pre-built";
+    ASSERT_TRUE(result.verdict->profile.started_s.has_value()) << "from the batch's submission";
+    EXPECT_GE(*result.verdict->profile.started_s, 0);
+    EXPECT_FALSE(result.verdict->profile.prebuild_s.has_value()) << "torch candidates are never pre-built";
   }
   EXPECT_EQ((*results)[1].verdict->status, EvalStatus::incorrect);
   EXPECT_EQ((*results)[2].verdict->status, EvalStatus::runtime_error);

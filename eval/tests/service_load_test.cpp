@@ -142,11 +142,11 @@ TEST_F(ServiceTest, ThousandEvaluationsWithAKilledWorker) {
       ++hits;
       // A lookup and the shared syntax check: a loose bound, with room for a loaded machine (the
       // cached flag and the hit count below are the checks that it was a hit).
-      EXPECT_LT(v.wall_s, 2.0) << id;
+      EXPECT_LT(v.profile.wall_s, 2.0) << id;
     } else {
       ++real;
-      // Not a wall-time floor: a child of a fork server ([worker] fork_server) starts with Python loaded.
-      EXPECT_FALSE(v.stage_s.empty()) << id << ": a real run goes through a worker's stages";
+      // Not a wall-time floor: a child of a fork server ([tuning] fork_server) starts with Python loaded.
+      EXPECT_FALSE(v.profile.stage_s.empty()) << id << ": a real run goes through a worker's stages";
     }
   }
   EXPECT_GE(real, kVariants) << "every variant runs at least once";

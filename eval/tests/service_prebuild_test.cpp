@@ -70,22 +70,23 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
 
   // Built ahead (prebuild_s, from the batch's submission), then evaluated: the build is loaded.
   EXPECT_EQ(status_name(cuda.status), std::string("compiled_not_run")) << to_json(cuda).dump(2);
-  ASSERT_TRUE(cuda.prebuild_s && cuda.prebuild_started_s && cuda.started_s) << to_json(cuda).dump(2);
-  EXPECT_GT(*cuda.prebuild_s, 0);
-  EXPECT_GE(*cuda.started_s, *cuda.prebuild_started_s + *cuda.prebuild_s - 0.5) << "evaluated after its build";
-  EXPECT_LT(cuda.wall_s, *cuda.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
+  const VerdictProfile& built = cuda.profile;
+  ASSERT_TRUE(built.prebuild_s && built.prebuild_started_s && built.started_s) << to_json(cuda).dump(2);
+  EXPECT_GT(*built.prebuild_s, 0);
+  EXPECT_GE(*built.started_s, *built.prebuild_started_s + *built.prebuild_s - 0.5) << "evaluated after its build";
+  EXPECT_LT(built.wall_s, *built.prebuild_s) << "the evaluation loads the pre-built extension: " << to_json(cuda).dump(2);
   // Where the pre-build's seconds went, reported by the worker that built (load_inline.py, build_parts).
-  std::map<std::string, double> parts(cuda.build_s.begin(), cuda.build_s.end());
+  std::map<std::string, double> parts(built.build_s.begin(), built.build_s.end());
   for (const char* part : {"worker_start", "import_to_build", "load_inline", "ninja", "ninja_cuda", "ninja_cpp",
                            "ninja_link", "nvcc_host_chain", "nvcc_device_chain", "nvcc_host_compile"})
     EXPECT_TRUE(parts.contains(part)) << part << " in " << to_json(cuda).dump(2);
   EXPECT_GT(parts["ninja_cuda"], 0.5) << "nvcc took seconds";
   EXPECT_LE(parts["ninja"], parts["load_inline"]);
-  EXPECT_LE(parts["worker_start"] + parts["import_to_build"] + parts["load_inline"], *cuda.prebuild_s)
+  EXPECT_LE(parts["worker_start"] + parts["import_to_build"] + parts["load_inline"], *built.prebuild_s)
       << "parts of the pre-build's wall time";
   // Its CPU seconds: the build's worker and, in its subprocesses, nvcc's steps and the compilers.
-  ASSERT_TRUE(cuda.prebuild_cpu_s) << to_json(cuda).dump(2);
-  EXPECT_GT(*cuda.prebuild_cpu_s, 1.0) << to_json(cuda).dump(2);
+  ASSERT_TRUE(built.prebuild_cpu_s) << to_json(cuda).dump(2);
+  EXPECT_GT(*built.prebuild_cpu_s, 1.0) << to_json(cuda).dump(2);
   // The build was kept by the supervisor (no worker can write there), and nothing was built in a
   // directory that workers share.
   int libraries = 0;
@@ -98,19 +99,19 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   // A failed build is the verdict: no evaluation follows it.
   EXPECT_EQ(status_name(broken.status), std::string("compile_error")) << to_json(broken).dump(2);
   EXPECT_TRUE(broken.has_check(Check::kernel_compile));
-  EXPECT_TRUE(broken.started_s.has_value());
-  EXPECT_FALSE(broken.prebuild_s.has_value()) << "the pre-build's own verdict";
-  EXPECT_TRUE(std::any_of(broken.build_s.begin(), broken.build_s.end(),
+  EXPECT_TRUE(broken.profile.started_s.has_value());
+  EXPECT_FALSE(broken.profile.prebuild_s.has_value()) << "the pre-build's own verdict";
+  EXPECT_TRUE(std::any_of(broken.profile.build_s.begin(), broken.profile.build_s.end(),
                           [](const auto& part) { return part.first == "load_inline"; }))
       << "a failed build reports its seconds too: " << to_json(broken).dump(2);
 
-  // The pre-build ran at [worker] prebuild_niceness (-5 by default: the builds first) where this
+  // The pre-build ran at [tuning] prebuild_niceness (-5 by default: the builds first) where this
   // process may lower a nice value, else at its own: the fixture's build worker puts its nice value
   // into the CUDA source nvcc refuses (nvcc inheriting it: core's NiceIncrementIsInheritedByGrandchildren).
   errno = 0;
   int own = ::getpriority(PRIO_PROCESS, 0);
   ASSERT_EQ(errno, 0);
-  int favoured = std::clamp(own + EvalOptions{}.worker.prebuild_niceness, -20, 19);
+  int favoured = std::clamp(own + EvalOptions{}.tuning.prebuild_niceness, -20, 19);
   int expected = nice_value_allowed(favoured) ? favoured : own;
   EXPECT_EQ(status_name(niced.status), std::string("compile_error")) << to_json(niced).dump(2);
   EXPECT_NE(niced.message.find(fmt::format("kz-build-niceness[{}]", expected)), std::string::npos)
@@ -118,9 +119,9 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
 
   // Other formats are never pre-built.
   EXPECT_EQ(triton.status, EvalStatus::ok) << to_json(triton).dump(2);
-  EXPECT_FALSE(triton.prebuild_s.has_value());
-  EXPECT_TRUE(triton.build_s.empty()) << "nothing built";
-  EXPECT_TRUE(triton.started_s.has_value());
+  EXPECT_FALSE(triton.profile.prebuild_s.has_value());
+  EXPECT_TRUE(triton.profile.build_s.empty()) << "nothing built";
+  EXPECT_TRUE(triton.profile.started_s.has_value());
 
   // A cached verdict is not built again: the repeat is a lookup.
   auto again = c.submit({relu_item("cuda", "suite/examples/cuda/02_relu.py")});
@@ -128,7 +129,7 @@ TEST_F(ServiceTest, CudaJobsArePreBuiltBeforeTheirEvaluation) {
   auto repeat = c.wait(again->batch, std::chrono::minutes(5));
   ASSERT_TRUE(repeat.ok() && repeat->size() == 1u && (*repeat)[0].verdict);
   EXPECT_TRUE((*repeat)[0].verdict->cached) << to_json(*(*repeat)[0].verdict).dump(2);
-  EXPECT_FALSE((*repeat)[0].verdict->prebuild_s.has_value()) << "no pre-build for a cache hit";
+  EXPECT_FALSE((*repeat)[0].verdict->profile.prebuild_s.has_value()) << "no pre-build for a cache hit";
 }
 
 }  // namespace

@@ -126,10 +126,10 @@ TEST(SuiteDevices, GpuJobsFollowTheTimingLock) {
   EvalOptions o;
   o.device = "cuda:0";
   EXPECT_GE(default_jobs(o), 1);
-  EXPECT_LE(default_jobs(o), o.timing.gpu_jobs);
-  o.timing.exclusive = false;  // no lock: timings could overlap, so one at a time
+  EXPECT_LE(default_jobs(o), o.tuning.gpu_jobs);
+  o.tuning.exclusive_timing = false;  // no lock: timings could overlap, so one at a time
   EXPECT_EQ(default_jobs(o), 1);
-  o.jobs = 3;
+  o.tuning.jobs = 3;
   EXPECT_EQ(default_jobs(o), 3);
 }
 
@@ -139,7 +139,7 @@ TEST(SuiteDevices, GpuMemoryProcessesCountTheJobsAndTheSpareServers) {
   EvalOptions o;
   EXPECT_EQ(o.worker.gpu_memory_processes, 1) << "a single kz eval";
   o.device = "cuda:0";
-  o.worker.spare_servers = 2;
+  o.tuning.spare_servers = 2;
   set_gpu_memory_processes(o, 8);
   EXPECT_EQ(o.worker.gpu_memory_processes, 10);
   o.device = "cpu";

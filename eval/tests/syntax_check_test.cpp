@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 SyntaxChecker real_checker() {
-  auto setup = resolve_worker_setup(WorkerOptions{}, "cpu");
+  auto setup = resolve_worker_setup(WorkerOptions{}, TuningOptions{}, "cpu");
   if (!setup.ok()) throw std::runtime_error(setup.status().to_string());
   return SyntaxChecker(setup->python, setup->worker_dir, setup->bytecode_prefix);
 }

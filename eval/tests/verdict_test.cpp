@@ -110,9 +110,10 @@ TEST(Verdict, AMemoryReportKeepsOnlyTheFieldsTheWorkerSent) {
 // The wait for GPU memory is entered from load_reference, and comes after it in stage_s.
 TEST(Verdict, AwaitMemoryComesAfterTheReferenceInStageSeconds) {
   auto v = verdict_from_json(
-      {{"status", "ok"}, {"stage_s", {{"compile", 3.0}, {"load_reference", 1.0}, {"await_memory", 2.0}, {"startup", 0.5}}}});
+      {{"status", "ok"},
+       {"profile", {{"stage_s", {{"compile", 3.0}, {"load_reference", 1.0}, {"await_memory", 2.0}, {"startup", 0.5}}}}}});
   ASSERT_TRUE(v.ok()) << v.status().to_string();
-  EXPECT_EQ(v->stage_s, (std::vector<std::pair<std::string, double>>{
+  EXPECT_EQ(v->profile.stage_s, (std::vector<std::pair<std::string, double>>{
                             {"startup", 0.5}, {"load_reference", 1.0}, {"await_memory", 2.0}, {"compile", 3.0}}));
 }
 
@@ -134,164 +135,165 @@ TEST(Verdict, JsonRoundTripKeepsTimingAndChecks) {
   EXPECT_EQ(back->speedup, 2.0);
   EXPECT_EQ(back->candidate_timing->p90_ms, 2.3);
   EXPECT_TRUE(back->has_check(Check::output_mismatch));
-  EXPECT_FALSE(json["timing"].contains("end")) << "no end chosen, none written";
+  EXPECT_FALSE(json["profile"].contains("timing_end")) << "no end chosen, none written";
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheTimingEndAndItsGaps) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   v.candidate_timing = TimingStats{0.5, 0.5, 0.01, 0.48, 0.6, 0.49, 0.52, 100};
   v.reference_timing = TimingStats{0.2, 0.2, 0.01, 0.19, 0.3, 0.19, 0.21, 100};
-  v.timing_end = "device_sync";
-  v.reference_gap_ms = 0.012;
-  v.candidate_gap_ms = 0.4;
-  v.launch_spin = "gated";
+  v.profile.timing_end = "device_sync";
+  v.profile.reference_gap_ms = 0.012;
+  v.profile.candidate_gap_ms = 0.4;
+  v.profile.launch_spin = "gated";
   auto json = to_json(v);
-  EXPECT_EQ(json["timing"]["end"], "device_sync");
-  EXPECT_EQ(json["timing"]["launch_spin"], "gated");
+  EXPECT_EQ(json["profile"]["timing_end"], "device_sync");
+  EXPECT_EQ(json["profile"]["launch_spin"], "gated");
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->timing_end, "device_sync");
-  EXPECT_EQ(back->launch_spin, "gated");
-  EXPECT_EQ(back->reference_gap_ms, 0.012);
-  EXPECT_EQ(back->candidate_gap_ms, 0.4);
+  EXPECT_EQ(back->profile.timing_end, "device_sync");
+  EXPECT_EQ(back->profile.launch_spin, "gated");
+  EXPECT_EQ(back->profile.reference_gap_ms, 0.012);
+  EXPECT_EQ(back->profile.candidate_gap_ms, 0.4);
 }
 
 TEST(Verdict, JsonRoundTripKeepsStageSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  v.stage_s = {{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}};
+  v.profile.stage_s = {{"startup", 1.5}, {"compile", 0.25}, {"timing", 2.0}};
   auto json = to_json(v);
-  EXPECT_EQ(json["stage_s"]["compile"], 0.25);
+  EXPECT_EQ(json["profile"]["stage_s"]["compile"], 0.25);
+  EXPECT_FALSE(json.contains("stage_s") || json.contains("wall_s")) << "telemetry stays in the profile";
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->stage_s, v.stage_s) << "in the order the stages run, as recorded";
-  EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["stage_s"].empty());
+  EXPECT_EQ(back->profile.stage_s, v.profile.stage_s) << "in the order the stages run, as recorded";
+  EXPECT_TRUE(to_json(make_verdict(EvalStatus::format_error, {}, "no worker"))["profile"]["stage_s"].empty());
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheStartupsParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("startup_s")) << "absent where no worker reported it (a verdict the static checks decided)";
-  v.startup_s = {{"device", 0.75}, {"server", 4.5}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("startup_s")) << "absent where no worker reported it (a verdict the static checks decided)";
+  v.profile.startup_s = {{"device", 0.75}, {"server", 4.5}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->startup_s, v.startup_s);
+  EXPECT_EQ(back->profile.startup_s, v.profile.startup_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheCorrectnessStagesParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("correctness_s")) << "absent where the stage was not reached";
-  v.correctness_s = {{"audit", 0.5}, {"replay_probe", 0.125}, {"trials", 0.25}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("correctness_s")) << "absent where the stage was not reached";
+  v.profile.correctness_s = {{"audit", 0.5}, {"replay_probe", 0.125}, {"trials", 0.25}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->correctness_s, v.correctness_s);
+  EXPECT_EQ(back->profile.correctness_s, v.profile.correctness_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheCompileStagesParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("compile_s")) << "absent where the stage was not reached";
-  v.compile_s = {{"construct", 0.25}, {"import", 0.125}, {"nvrtc", 0.0625}, {"to_device", 0.5}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("compile_s")) << "absent where the stage was not reached";
+  v.profile.compile_s = {{"construct", 0.25}, {"import", 0.125}, {"nvrtc", 0.0625}, {"to_device", 0.5}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->compile_s, v.compile_s);
+  EXPECT_EQ(back->profile.compile_s, v.profile.compile_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheLoadReferenceStagesPartsAndTheWaitsByStage) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("load_reference_s")) << "absent where the stage was not reached";
-  EXPECT_FALSE(to_json(v).contains("gpu_wait_by_stage_s")) << "absent where nothing waited for the GPU";
-  v.load_reference_s = {{"build", 0.25}, {"import", 0.125}, {"inputs", 0.5}, {"warm_up", 0.0625}};
-  v.gpu_wait_by_stage_s = {{"correctness", 0.75}, {"load_reference", 0.375}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("load_reference_s")) << "absent where the stage was not reached";
+  EXPECT_FALSE(to_json(v)["profile"].contains("gpu_wait_by_stage_s")) << "absent where nothing waited for the GPU";
+  v.profile.load_reference_s = {{"build", 0.25}, {"import", 0.125}, {"inputs", 0.5}, {"warm_up", 0.0625}};
+  v.profile.gpu_wait_by_stage_s = {{"correctness", 0.75}, {"load_reference", 0.375}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->load_reference_s, v.load_reference_s);
-  EXPECT_EQ(back->gpu_wait_by_stage_s, v.gpu_wait_by_stage_s);
+  EXPECT_EQ(back->profile.load_reference_s, v.profile.load_reference_s);
+  EXPECT_EQ(back->profile.gpu_wait_by_stage_s, v.profile.gpu_wait_by_stage_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheTimingsParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("timing_s")) << "absent where nothing was timed";
-  v.timing_s = {{"checks", 0.03}, {"inputs", 0.01}, {"timed", 0.2}, {"warmup", 0.05}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("timing_s")) << "absent where nothing was timed";
+  v.profile.timing_s = {{"checks", 0.03}, {"inputs", 0.01}, {"timed", 0.2}, {"warmup", 0.05}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->timing_s, v.timing_s);
+  EXPECT_EQ(back->profile.timing_s, v.profile.timing_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheTimingsWorkAfterItsHold) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("timing_after_hold_s")) << "absent where nothing was timed";
-  v.timing_s = {{"checks", 0.03}, {"timed", 0.2}};
-  v.timing_after_hold_s = {{"checks", 0.125}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("timing_after_hold_s")) << "absent where nothing was timed";
+  v.profile.timing_s = {{"checks", 0.03}, {"timed", 0.2}};
+  v.profile.timing_after_hold_s = {{"checks", 0.125}};
   auto json = to_json(v);
-  EXPECT_EQ(json["timing_after_hold_s"]["checks"], 0.125);
-  EXPECT_EQ(json["timing_s"]["checks"], 0.03) << "a field of its own: timing_s stays the exclusive hold";
+  EXPECT_EQ(json["profile"]["timing_after_hold_s"]["checks"], 0.125);
+  EXPECT_EQ(json["profile"]["timing_s"]["checks"], 0.03) << "a field of its own: timing_s stays the exclusive hold";
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->timing_after_hold_s, v.timing_after_hold_s);
-  EXPECT_EQ(back->timing_s, v.timing_s);
+  EXPECT_EQ(back->profile.timing_after_hold_s, v.profile.timing_after_hold_s);
+  EXPECT_EQ(back->profile.timing_s, v.profile.timing_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsGpuLockSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("gpu_wait_s")) << "absent where no GPU lock was taken";
-  v.gpu_wait_s = 3.5;
-  v.gpu_exclusive_s = 0.25;
+  EXPECT_FALSE(to_json(v)["profile"].contains("gpu_wait_s")) << "absent where no GPU lock was taken";
+  v.profile.gpu_wait_s = 3.5;
+  v.profile.gpu_exclusive_s = 0.25;
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->gpu_wait_s, 3.5);
-  EXPECT_EQ(back->gpu_exclusive_s, 0.25);
+  EXPECT_EQ(back->profile.gpu_wait_s, 3.5);
+  EXPECT_EQ(back->profile.gpu_exclusive_s, 0.25);
 }
 
 TEST(Verdict, JsonRoundTripKeepsThePreBuildSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("prebuild_s")) << "absent where nothing was pre-built";
-  v.prebuild_s = 41.5;
+  EXPECT_FALSE(to_json(v)["profile"].contains("prebuild_s")) << "absent where nothing was pre-built";
+  v.profile.prebuild_s = 41.5;
   auto json = to_json(v);
-  EXPECT_EQ(json["prebuild_s"], 41.5);
+  EXPECT_EQ(json["profile"]["prebuild_s"], 41.5);
   auto back = verdict_from_json(json);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->prebuild_s, 41.5);
-  EXPECT_FALSE(verdict_from_json(to_json(make_verdict(EvalStatus::ok, {}, "")))->prebuild_s);
+  EXPECT_EQ(back->profile.prebuild_s, 41.5);
+  EXPECT_FALSE(verdict_from_json(to_json(make_verdict(EvalStatus::ok, {}, "")))->profile.prebuild_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheBatchTimeline) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("started_s")) << "absent outside eval-suite";
-  EXPECT_FALSE(to_json(v).contains("prebuild_started_s"));
-  v.started_s = 40.25;
-  v.prebuild_started_s = 0.5;
+  EXPECT_FALSE(to_json(v)["profile"].contains("started_s")) << "absent outside eval-suite";
+  EXPECT_FALSE(to_json(v)["profile"].contains("prebuild_started_s"));
+  v.profile.started_s = 40.25;
+  v.profile.prebuild_started_s = 0.5;
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->started_s, 40.25);
-  EXPECT_EQ(back->prebuild_started_s, 0.5);
+  EXPECT_EQ(back->profile.started_s, 40.25);
+  EXPECT_EQ(back->profile.prebuild_started_s, 0.5);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheBuildsParts) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
-  EXPECT_FALSE(to_json(v).contains("build_s")) << "absent where nothing was built";
-  v.build_s = {{"load_inline", 6.5}, {"ninja", 6.25}, {"ninja_cuda", 6.0}};
+  EXPECT_FALSE(to_json(v)["profile"].contains("build_s")) << "absent where nothing was built";
+  v.profile.build_s = {{"load_inline", 6.5}, {"ninja", 6.25}, {"ninja_cuda", 6.0}};
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->build_s, v.build_s);
+  EXPECT_EQ(back->profile.build_s, v.profile.build_s);
 }
 
 TEST(Verdict, JsonRoundTripKeepsTheCpuSeconds) {
   Verdict v = make_verdict(EvalStatus::ok, {}, "correct");
   auto bare = to_json(v);
-  EXPECT_FALSE(bare.contains("cpu_s")) << "absent where no worker reported it";
-  EXPECT_FALSE(bare.contains("prebuild_cpu_s"));
-  v.cpu_s = {{"subprocesses", 0.25}, {"worker", 1.5}};  // a JSON object's order: by name
-  v.prebuild_cpu_s = 11.125;
+  EXPECT_FALSE(bare["profile"].contains("cpu_s")) << "absent where no worker reported it";
+  EXPECT_FALSE(bare["profile"].contains("prebuild_cpu_s"));
+  v.profile.cpu_s = {{"subprocesses", 0.25}, {"worker", 1.5}};  // a JSON object's order: by name
+  v.profile.prebuild_cpu_s = 11.125;
   auto back = verdict_from_json(to_json(v));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->cpu_s, v.cpu_s);
-  EXPECT_EQ(back->prebuild_cpu_s, 11.125);
+  EXPECT_EQ(back->profile.cpu_s, v.profile.cpu_s);
+  EXPECT_EQ(back->profile.prebuild_cpu_s, 11.125);
 }
 
 TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
   Verdict build = make_verdict(EvalStatus::compiled_not_run, {}, "built");
-  build.cpu_s = {{"worker", 1.25}, {"subprocesses", 8.5}};
-  build.wall_s = 9.5;
-  build.stage_s = {{"startup", 1.5}, {"load_reference", 0.25}, {"compile", 7.5}};
-  build.build_s = {{"load_inline", 7.0}};
+  build.profile.cpu_s = {{"worker", 1.25}, {"subprocesses", 8.5}};
+  build.profile.wall_s = 9.5;
+  build.profile.stage_s = {{"startup", 1.5}, {"load_reference", 0.25}, {"compile", 7.5}};
+  build.profile.build_s = {{"load_inline", 7.0}};
   PreBuild prebuild = prebuild_of(build, 0.125);
   EXPECT_EQ(prebuild.started_s, 0.125);
   EXPECT_EQ(prebuild.seconds, 9.5);
@@ -300,16 +302,16 @@ TEST(Verdict, APreBuildGoesOnTheEvaluationAfterIt) {
 
   Verdict evaluation = make_verdict(EvalStatus::ok, {}, "correct");
   attach_prebuild(evaluation, prebuild);
-  EXPECT_EQ(evaluation.prebuild_started_s, 0.125);
-  EXPECT_EQ(evaluation.prebuild_s, 9.5);
-  EXPECT_EQ(evaluation.prebuild_cpu_s, 9.75) << "the build's worker and its subprocesses";
-  EXPECT_TRUE(evaluation.cpu_s.empty()) << "the evaluation's own CPU is its worker's to report";
-  EXPECT_EQ(evaluation.build_s, prebuild.build_s);
+  EXPECT_EQ(evaluation.profile.prebuild_started_s, 0.125);
+  EXPECT_EQ(evaluation.profile.prebuild_s, 9.5);
+  EXPECT_EQ(evaluation.profile.prebuild_cpu_s, 9.75) << "the build's worker and its subprocesses";
+  EXPECT_TRUE(evaluation.profile.cpu_s.empty()) << "the evaluation's own CPU is its worker's to report";
+  EXPECT_EQ(evaluation.profile.build_s, prebuild.build_s);
 
   Verdict rebuilt = make_verdict(EvalStatus::ok, {}, "correct");  // it built again itself: its own parts stay
-  rebuilt.build_s = {{"load_inline", 3.0}};
+  rebuilt.profile.build_s = {{"load_inline", 3.0}};
   attach_prebuild(rebuilt, prebuild);
-  EXPECT_EQ(rebuilt.build_s, (Parts{{"load_inline", 3.0}}));
+  EXPECT_EQ(rebuilt.profile.build_s, (Parts{{"load_inline", 3.0}}));
   EXPECT_TRUE(prebuild_of(make_verdict(EvalStatus::compiled_not_run, {}, ""), 0).build_s.empty())
       << "no worker_start alone where nothing was built (a kept build)";
   EXPECT_FALSE(prebuild_of(make_verdict(EvalStatus::compiled_not_run, {}, ""), 0).cpu_s) << "none reported";

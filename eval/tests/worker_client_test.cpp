@@ -41,19 +41,17 @@ prepared_by = None
 
 def prepare_host(device):
     global prepared_by
-    time.sleep(float(os.environ.get("KZ_TEST_IMPORT_S", "0")))  # as long as imports take, where a test asks
     os.environ["KZ_SET_BY_IMPORTS"] = "1"  # as torch's import sets TORCHINDUCTOR_CACHE_DIR
     prepared_by = os.getpid()
 
-prepared_at = device_started_at = request_waited = None
+prepared_at = device_started_at = None
 device_steps_s = {}
 
-def prepare_device(device, request_waiting=lambda: False):  # as long as a CUDA context takes, roughly
-    global prepared_at, device_started_at, request_waited
+def prepare_device(device):  # as long as a CUDA context takes, roughly
+    global prepared_at, device_started_at
     device_started_at = time.time()
     seconds = float(os.environ.get("KZ_TEST_DEVICE_S", "0.3"))  # longer where a test asks
     time.sleep(seconds)
-    request_waited = request_waiting()  # where the real one asks it: before the check kernels
     prepared_at = time.time()
     device_steps_s["context"] = seconds
 
@@ -68,7 +66,7 @@ class EarlyContext:  # a process started for one request (__main__.py)
 
 def prepare_fresh(device, early):
     prepare_host(device)
-    prepare_device(device, request_waiting=lambda: True)  # as the real one: its request waits
+    prepare_device(device)
     return {"imports": 0.0, "device": device_steps_s["context"]}
 
 def listing(path):  # a fork server's dir is unlistable without capabilities (0311)
@@ -95,8 +93,7 @@ def evaluate(request):
              "triton_cache": os.environ.get("TRITON_CACHE_DIR"),
              "triton_helpers": os.environ.get("KZ_TRITON_HELPERS_DIR"),
              "cuda_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-             "check_kernels_while_awaited": os.environ.get("KZ_CHECK_KERNELS_WHILE_AWAITED"),
-             "prepared_at": prepared_at, "requested_at": requested_at, "request_waited": request_waited,
+             "prepared_at": prepared_at, "requested_at": requested_at,
              "device_started_at": device_started_at, "startup_s": request.get("startup_s"),
              "token": token, "prepared_by": prepared_by, "imported_at": started,
              "cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0]}
@@ -219,7 +216,7 @@ class WorkerClientTest : public ::testing::TestWithParam<bool> {
       WorkerOptions options;
       options.python = "python3";
       options.worker_dir = root_ / "worker";
-      auto resolved = resolve_worker_setup(options, "cpu");
+      auto resolved = resolve_worker_setup(options, TuningOptions{}, "cpu");
       ASSERT_TRUE(resolved.ok()) << resolved.status().to_string();
       zygote_library_ = resolved->zygote_library;
       ASSERT_FALSE(zygote_library_.empty()) << "the build's kz_zygote_child library";
@@ -352,24 +349,11 @@ TEST_P(WorkerClientTest, WorkersGetTheirCudaConnections) {
   }
 }
 
-// [worker] check_kernels_while_awaited = false reaches every worker as
-// KZ_CHECK_KERNELS_WHILE_AWAITED=0 (process.skips_check_kernels); the default sets nothing, and the
-// supervisor's own value never reaches a worker.
-TEST_P(WorkerClientTest, WorkersLearnWhetherToSkipTheCheckKernels) {
-  for (bool fork_server : {true, false}) {
-    WorkerSetup skipping = setup(fork_server);
-    skipping.check_kernels_while_awaited = false;
-    EXPECT_EQ(result(skipping)["check_kernels_while_awaited"], "0") << "fork server: " << fork_server;
-    ScopedEnv supervisors("KZ_CHECK_KERNELS_WHILE_AWAITED", "0");
-    EXPECT_TRUE(result(setup(fork_server))["check_kernels_while_awaited"].is_null()) << "fork server: " << fork_server;
-  }
-}
-
 // How long the niceness probes wait for a change the supervisor makes from another process, where
 // one is expected (they return as soon as it shows): a loaded CI machine can take a while.
 constexpr double kChangeWithin = 10.0;
 
-// [timing] niceness: the supervisor gives the worker's process group that nice value for its timing
+// [tuning] timing_niceness: the supervisor gives the worker's process group that nice value for its timing
 // stage and its own back at the next stage, a fork server's child or a fresh worker. Needs
 // CAP_SYS_NICE (root), as in the supervisor on a GPU host; the test says so where it is missing.
 TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
@@ -387,7 +371,7 @@ TEST_P(WorkerClientTest, TheTimingStageRunsAtItsNiceness) {
   }
 }
 
-// [worker] compile_niceness: likewise for the compile stage, a fork server's child or a fresh worker.
+// [tuning] compile_niceness: likewise for the compile stage, a fork server's child or a fresh worker.
 TEST_P(WorkerClientTest, TheCompileStageRunsAtItsNiceness) {
   if (!nice_value_allowed(-6)) GTEST_SKIP() << "lowering a nice value to -6 needs CAP_SYS_NICE (root)";
   int own = getpriority(PRIO_PROCESS, 0);
@@ -407,7 +391,7 @@ TEST_P(WorkerClientTest, TheCompileStageRunsAtItsNiceness) {
   }
 }
 
-// [worker] prepare_niceness: a worker starts and prepares its device at that nice value, and the
+// [tuning] prepare_niceness: a worker starts and prepares its device at that nice value, and the
 // supervisor sets it to its own at the first stage message, before the request's code; a fork
 // server's group stays there, so its next request is prepared and run at the supervisor's. Root only.
 TEST_P(WorkerClientTest, OnlyThePreparationRunsAtThePrepareNiceness) {
@@ -449,17 +433,17 @@ TEST_P(WorkerClientTest, TheBytecodePrefixIsTheBuildInterpretersOnceComplete) {
   ScopedEnv at("KZ_BYTECODE_PREFIX", prefix.c_str());
   WorkerOptions options;
   options.worker_dir = fs::path(source_dir) / "worker";
-  auto unfinished = resolve_worker_setup(options, "cpu");
+  auto unfinished = resolve_worker_setup(options, TuningOptions{}, "cpu");
   ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
   EXPECT_TRUE(unfinished->bytecode_prefix.empty()) << "no marker: compiling did not finish";
 
   ASSERT_TRUE(write_file_atomic(prefix / ".kz-complete", "python\n").is_ok());
-  auto finished = resolve_worker_setup(options, "cpu");
+  auto finished = resolve_worker_setup(options, TuningOptions{}, "cpu");
   ASSERT_TRUE(finished.ok()) << finished.status().to_string();
   EXPECT_EQ(finished->bytecode_prefix, prefix);
 
   options.python = "python3";  // not the build's interpreter
-  auto other = resolve_worker_setup(options, "cpu");
+  auto other = resolve_worker_setup(options, TuningOptions{}, "cpu");
   ASSERT_TRUE(other.ok()) << other.status().to_string();
   EXPECT_TRUE(other->bytecode_prefix.empty());
 }
@@ -473,11 +457,11 @@ TEST_P(WorkerClientTest, TritonHelpersAreHandedOverOnceComplete) {
   ScopedEnv at("KZ_TRITON_HELPERS_DIR", helpers.c_str());
   WorkerOptions options;
   options.worker_dir = fs::path(source_dir) / "worker";
-  auto unfinished = resolve_worker_setup(options, "cuda:0");
+  auto unfinished = resolve_worker_setup(options, TuningOptions{}, "cuda:0");
   ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
   EXPECT_TRUE(unfinished->triton_helpers_dir.empty()) << "no marker: setup did not finish";
   ASSERT_TRUE(write_file_atomic(helpers / ".kz-complete", "").is_ok());
-  auto finished = resolve_worker_setup(options, "cuda:0");
+  auto finished = resolve_worker_setup(options, TuningOptions{}, "cuda:0");
   ASSERT_TRUE(finished.ok()) << finished.status().to_string();
   EXPECT_EQ(finished->triton_helpers_dir, helpers);
 }
@@ -510,17 +494,15 @@ TEST_P(WorkerClientTest, TheNextChildPreparesOnlyOnceThePreviousIsPrepared) {
       << "the spare prepared beside the child it follows";
 }
 
-// A spare asks, at the end of preparing its device, whether its request is already in its pipe
-// (process.skips_check_kernels): yes where it was handed over meanwhile, no where it came later.
-TEST_P(WorkerClientTest, ASpareKnowsWhetherItsRequestCameWhileItPrepared) {
+// A request waits for its child's device only where it was handed over while the child prepared
+// (fork_server.run_child's startup_s "device"): a spare that was ready costs it nothing.
+TEST_P(WorkerClientTest, ARequestWaitsForItsChildsDeviceOnlyWhileItPrepares) {
   auto first = served_by_slow_device();
   ASSERT_GT(first["startup_s"].value("device", 0.0), 0.0) << "handed over while preparing: " << first.dump();
-  EXPECT_EQ(first["request_waited"], true) << first.dump();
   std::this_thread::sleep_for(4000ms);  // the next spare's 2 s preparation ends first
   auto later = served_by_slow_device();
   ASSERT_EQ(later["ppid"], first["ppid"]) << "the same server";
   ASSERT_EQ(later["startup_s"].value("device", -1.0), 0.0) << "its child was ready: " << later.dump();
-  EXPECT_EQ(later["request_waited"], false) << later.dump();
 }
 
 // The spare for the next request is forked while this one runs, but after the server dropped it:
@@ -729,35 +711,6 @@ TEST_P(WorkerClientTest, ServersStartOnTheirOwnWhereTheirZygoteFailsWithOneWarni
   ASSERT_NE(at, std::string::npos) << warnings;
   EXPECT_EQ(warnings.find("kz: worker zygote:", at + 1), std::string::npos) << "warned again:\n" << warnings;
   EXPECT_NE(warnings.find("no-such-kz_zygote_child.so"), std::string::npos) << "says why:\n" << warnings;
-}
-
-// A cold batch's first wave on a GPU ([worker] fresh_while_zygote_imports): a request that finds its
-// kind's zygote still importing runs in a worker of its own (whose CUDA context is made beside its
-// imports) instead of waiting; once the zygote said it is ready, requests get its servers again.
-TEST_P(WorkerClientTest, WhileTheZygoteImportsARequestRunsInAWorkerOfItsOwn) {
-  if (!zygote()) GTEST_SKIP() << "no zygote on this side";
-  auto slow_imports = [](ProcessSpec& spec) { spec.env["KZ_TEST_IMPORT_S"] = "1.5"; };
-  auto served = [&](const WorkerSetup& s, const std::string& prefix) {
-    WorkerOutcome outcome = run(s, nlohmann::json::object(), prefix, 30, slow_imports);
-    EXPECT_EQ(outcome.kind, WorkerOutcome::Kind::result) << outcome.message;
-    return outcome.result;
-  };
-  WorkerSetup fresh = setup(true);
-  fresh.fresh_while_zygote_imports = true;
-  auto first = served(fresh, "kz-test-fresh-");
-  ASSERT_TRUE(first.contains("prepared_by")) << first.dump();
-  EXPECT_EQ(first["prepared_by"], first["pid"]) << "a worker of its own did its own imports";
-  nlohmann::json later;
-  for (int i = 0; i < 50; ++i) {  // the zygote is ready ~1.5 s after it started
-    later = served(fresh, "kz-test-fresh-");
-    if (later.value("prepared_by", 0) != later.value("pid", 0)) break;
-    std::this_thread::sleep_for(200ms);
-  }
-  EXPECT_NE(later["prepared_by"], later["pid"]) << "once the zygote is ready, its servers serve: " << later.dump();
-  EXPECT_NE(later["prepared_by"], later["ppid"]) << "forked from the zygote, not prepared by the server";
-  // Without the option the first request waits for the zygote's imports.
-  auto waited = served(setup(true), "kz-test-wait-");
-  EXPECT_NE(waited["prepared_by"], waited["pid"]) << waited.dump();
 }
 
 TEST_P(WorkerClientTest, ServersOfAKindArePreparedOnceByTheirZygote) {

@@ -29,8 +29,8 @@
 #include "kz/llm/prompt.h"
 #include "kz/loop/evolve_config.h"
 #include "kz/loop/run_dir.h"
-#include "kz/measure/bench.h"
-#include "kz/measure/report.h"
+#include "kz/suite_bench/bench.h"
+#include "kz/suite_bench/report.h"
 #include "kz/rl/advantage.h"
 #include "kz/task/catalogue.h"
 #include "kz/task/task.h"
@@ -1098,6 +1098,7 @@ Status Evolution::open_models() {
   options.validation.device = eval_device_;
   options.validation.dedup_threshold = config_.dedup_threshold;
   options.validation.worker = eval_options_.worker;
+  options.validation.tuning = eval_options_.tuning;
   options.validation.sandbox = eval_options_.sandbox;
   options.jobs = config_.eval_jobs;
   auto pipeline = ProposerPipeline::create(proposer_->generator(), options);

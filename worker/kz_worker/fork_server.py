@@ -227,9 +227,9 @@ def run_spare(device: str, request_fd: int, message_fd: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the server
-    # A request handed over while the device is prepared is already readable in the pipe. (So is
-    # the EOF of a spare being discarded, which then exits without a request: no harm.)
-    process.quietly(lambda name: process.prepare_device(name, lambda: _readable(request_fd)), device)
+    # A request handed over while the device is prepared waits in the pipe. (So does the EOF of a
+    # spare being discarded, which then exits without a request: no harm.)
+    process.quietly(process.prepare_device, device)
     prepared_at = time.monotonic()
     chunks = []
     while chunk := os.read(request_fd, 1 << 16):
@@ -289,7 +289,7 @@ def finish_child(child, device_name: str, own_shm: bool = False):
 
 def run_child(request: dict, prepared_at: float) -> None:
     """The spare once it has its request: the request's scratch dir and environment, then the
-    evaluation, as a worker started for it would run it. The verdict's startup_s says how long the
+    evaluation, as a worker started for it would run it. The verdict profile's startup_s says how long the
     request waited for this child's device (its CUDA context; 0 when it was ready) and, where it
     waited, how long each step of that preparation took (device_context, device_clock,
     device_launch_gate, device_kernels: process.prepare_device)."""

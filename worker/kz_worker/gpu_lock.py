@@ -75,7 +75,7 @@ class GpuLock:
         self.device = device  # synchronised before each release (None: no CUDA device, nothing to wait for)
         self.mode = None  # None, "shared" or "exclusive": what this process holds now
         # Seconds spent waiting for the lock (both modes) and holding it exclusive: where an
-        # evaluation's time went when workers share a GPU (the verdict's gpu_wait_s, gpu_exclusive_s).
+        # evaluation's time went when workers share a GPU (the verdict profile's gpu_wait_s, gpu_exclusive_s).
         self.waited_s = 0.0
         self.exclusive_s = 0.0
 
@@ -149,7 +149,7 @@ class GpuLock:
 
 
 class NoLock:
-    """The CPU, or [timing] exclusive = false."""
+    """The CPU, or [tuning] exclusive_timing = false."""
 
     waited_s = 0.0  # never waits (GpuLock's counter, which the harness reads per stage)
 

@@ -145,7 +145,8 @@ class Evaluation:
         self.scratch = pathlib.Path(request["scratch_dir"])
         self.stage = "start"
         self.result = {"status": None, "correct": False, "compiled": False, "checks": [], "message": "",
-                       "trials": int(request["trials"]), "trials_passed": 0, "timing": None}
+                       "trials": int(request["trials"]), "trials_passed": 0, "timing": None, "profile": {}}
+        self.profile = self.result["profile"]  # where the seconds went (the verdict's profile): telemetry
         self.expected = None
         self.guard = None
         self.replays = None
@@ -166,11 +167,11 @@ class Evaluation:
         self.channel.stage(stage)
 
     def _note_gpu_wait(self) -> None:
-        """Adds the GPU-lock waits since the last call to the stage that had them (the verdict's
+        """Adds the GPU-lock waits since the last call to the stage that had them (the verdict profile's
         gpu_wait_by_stage_s: which stage's seconds were waits, for the throughput report)."""
         waited = self.gpu.waited_s
         if waited > self._gpu_waited_noted:
-            into = self.result.setdefault("gpu_wait_by_stage_s", {})
+            into = self.profile.setdefault("gpu_wait_by_stage_s", {})
             into[self.stage] = into.get(self.stage, 0.0) + waited - self._gpu_waited_noted
             self._gpu_waited_noted = waited
 
@@ -187,14 +188,14 @@ class Evaluation:
                 self._fail(status, v.describe_exception(exc), [check])
         self.result["stage"] = self.stage
         self._note_gpu_wait()
-        self.result.update(self.gpu.report())
+        self.profile.update(self.gpu.report())
         try:  # diagnostics: never in the way of the verdict
             self._report_memory()
         except Exception:
             pass
         try:
             if build_s := load_inline.builds.build_parts(self.compile_started):
-                self.result["build_s"] = build_s
+                self.profile["build_s"] = build_s
         except Exception:
             pass
         return self.result
@@ -211,7 +212,7 @@ class Evaluation:
         on_cpu = self.device.type == "cpu"
         # Where the stage's time goes (lock waits included): the reference's import, its Model built
         # and moved to the device, every input set and reference output, the audit's warm-up.
-        loaded = self.result["load_reference_s"] = {}
+        loaded = self.profile["load_reference_s"] = {}
         with _seconds(loaded, "import"):
             reference = loading.load_reference(self.request["reference_source"], self.scratch,
                                                use_cpu_sizes=on_cpu and self.request.get("use_cpu_sizes", True),
@@ -261,7 +262,7 @@ class Evaluation:
         # Where the stage's time goes (lock waits included): the candidate's import, its ModelNew
         # built, moved to the device with the reference's weights; nvrtc: kz_rtc's compiles, inside
         # the first two.
-        compiled = self.result["compile_s"] = {}
+        compiled = self.profile["compile_s"] = {}
         nvrtc_before = formats.nvrtc_seconds(self.format)
         try:
             candidate_model = self._compile_candidate(compiled, init_inputs, reference_model)
@@ -281,7 +282,7 @@ class Evaluation:
         self.replays = cheats.ReplayDetector(self.expected.differ)
         # The GPU lock is taken per unit of work (the audit, each trial, the probe), so a waiting
         # timing gets the GPU between them instead of after all of them.
-        parts = self.result["correctness_s"] = {}  # where the stage's time goes (lock waits included)
+        parts = self.profile["correctness_s"] = {}  # where the stage's time goes (lock waits included)
         with torch.no_grad():
             if cheats.POLICY.get(self.format) is not None:
                 with _seconds(parts, "audit"):
@@ -620,8 +621,11 @@ class Evaluation:
         with self.gpu.exclusive():
             measured = self._timed_runs(reference_model, candidate_model, snapshots)
         # Its own field: timing_s is the exclusive hold, and these seconds are not in it.
-        with self.gpu.shared(), _seconds(self.result.setdefault("timing_after_hold_s", {}), "checks"):
+        with self.gpu.shared(), _seconds(self.profile.setdefault("timing_after_hold_s", {}), "checks"):
             self._check_snapshots(snapshots)
+        # How the samples were taken is the profile's; what they measured is the verdict's.
+        self.profile["timing_end"] = measured.pop("end")
+        self.profile.update({key: measured.pop(key) for key in ("reference_gap_ms", "candidate_gap_ms", "launch_spin")})
         self.result["timing"] = measured
         self.result["runtime_ms"] = measured["candidate"]["median_ms"]
         self.result["ref_runtime_ms"] = measured["reference"]["median_ms"]
@@ -637,7 +641,7 @@ class Evaluation:
         keys = [timing_key(k) for k in range(n)]
         # Where the exclusive hold goes: inputs, warmup, timed; new_round, guard (its check after each
         # candidate run) and samples (the sampled outputs' live checks and copies) are parts of the last two.
-        parts = self.result["timing_s"] = {}
+        parts = self.profile["timing_s"] = {}
         with _seconds(parts, "inputs"):
             buffers = [self.expected.inputs(key) for key in keys]
         holds = list(range(n))  # buffers[k] holds the data of input set holds[k]
@@ -730,13 +734,11 @@ _WARM_UP_TOLERANCE = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "norm_tol_fp32": 1e-
 
 def load_check_kernels(device: torch.device) -> None:
     """Runs the harness's checks once on a small float32 tensor of the device (a worker preparing its
-    device; process.skips_check_kernels says where it may skip this and load them at first use): CUDA
-    loads each kernel at its first launch (lazy loading), and the checks' ~20 (input sets' randn, the
-    comparisons in float64 with their masks, norms and reductions, the fingerprints' sums and
-    hashes, the poison's fill) otherwise loaded in the first evaluation's audit, inside a shared GPU
-    hold that a waiting timing, and every worker queued behind it, waits out: 0.1-0.2 s of each
-    `cuda-rtc` audit on an idle H200 host. Other dtypes load theirs where a
-    request uses them. (On the CPU it loads nothing: tests run it.)"""
+    device): CUDA loads each kernel at its first launch (lazy loading), and the checks' ~20 (input
+    sets' randn, the comparisons in float64 with their masks, norms and reductions, the
+    fingerprints' sums and hashes, the poison's fill) otherwise load in the first evaluation's audit,
+    inside a shared GPU hold that a waiting timing, and every worker queued behind it, waits out.
+    Other dtypes load theirs where a request uses them. (On the CPU it loads nothing: tests run it.)"""
     with torch.device(device):
         reference = torch.randn(256)
     out = reference.clone()

@@ -104,13 +104,13 @@ def _cuda_ordinal(device_name: str):
 
 
 # Seconds of prepare_device's steps in this process (context, clock, launch_gate, kernels), for the
-# verdict's startup_s where a request waited for them (fork_server.run_child).
+# verdict profile's startup_s where a request waited for them (fork_server.run_child).
 device_steps_s = {}
 
 
-def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
-    """On a GPU: the CUDA context, the launch spin's clock and gate, the checks' kernels loaded (unless
-    skips_check_kernels(request_waiting)). Never in a fork server: a CUDA context does not survive a
+def prepare_device(device_name: str) -> None:
+    """On a GPU: the CUDA context, the launch spin's clock and gate, the checks' kernels loaded. Never
+    in a fork server: a CUDA context does not survive a
     fork. Not the profiler: only a request whose audit is profiled (cheats.profiles_audit: `cuda` by
     default) starts it, in its load_reference stage, so a cold batch's first wave of other formats
     does not wait for it (~0.5 s each with eight at once)."""
@@ -123,36 +123,25 @@ def prepare_device(device_name: str, request_waiting=lambda: False) -> None:
                  # The launch spin's clock and gate, before any candidate code.
                  ("clock", lambda: timing.cycles_per_us(device)),
                  ("launch_gate", lambda: timing.launch_gate(device)),
-                 # The harness's own checks once, so their kernels are loaded before the request
-                 # (unless skips_check_kernels: then at their first use in it).
+                 # The harness's own checks once, so their kernels are loaded before the request.
                  ("kernels", lambda: harness.load_check_kernels(device)))
         for name, step in steps:
-            if name == "kernels" and skips_check_kernels(request_waiting):
-                continue  # absent from device_steps_s: the verdict's startup_s shows it was skipped
             started = time.monotonic()
             step()
             device_steps_s[name] = time.monotonic() - started
         freeze_heap()
 
 
-def skips_check_kernels(request_waiting) -> bool:
-    """Whether prepare_device goes to its request without loading the checks' kernels: [worker]
-    check_kernels_while_awaited = false (KZ_CHECK_KERNELS_WHILE_AWAITED=0) and a request already
-    waits for this process. They then load at their first use in the request, which may be inside a
-    shared GPU hold (harness.load_check_kernels says what that costs)."""
-    return os.environ.get("KZ_CHECK_KERNELS_WHILE_AWAITED") == "0" and request_waiting()
-
-
 def prepare_fresh(device_name: str, early: "EarlyContext") -> dict:
     """Both preparations in a process started for one request (__main__.py), `early` making the
-    context meanwhile; the verdict's startup_s: "imports" (prepare_host), "device" (the wait for the
+    context meanwhile; the verdict profile's startup_s: "imports" (prepare_host), "device" (the wait for the
     device after them), where it waited the device steps as in a fork server's child, and
     "early_context" (the thread's own seconds, beside the imports)."""
     started = time.monotonic()
     quietly(prepare_host, device_name)
     imported = time.monotonic()
     early.join()
-    quietly(lambda name: prepare_device(name, request_waiting=lambda: True), device_name)  # its request waits
+    quietly(prepare_device, device_name)
     startup = {"imports": imported - started, "device": time.monotonic() - imported}
     startup.update({f"device_{step}": s for step, s in device_steps_s.items()})
     if early.seconds is not None:
@@ -187,7 +176,7 @@ def _link_triton_helpers() -> None:
 
 
 def cpu_seconds() -> dict:
-    """The verdict's cpu_s: user + system seconds of this process ("worker": every thread; a fork
+    """The verdict profile's cpu_s: user + system seconds of this process ("worker": every thread; a fork
     server's child counts from its fork, its device preparation included, a worker started for the
     request its imports too) and of the subprocesses it waited for ("subprocesses": a build's ninja
     with nvcc and the compilers under it, Triton's ptxas and launcher builds). Diagnostics: candidate
@@ -212,10 +201,10 @@ def evaluate(request: dict) -> None:
         from .harness import Evaluation
         result = Evaluation(request, channel).run()
         sandbox.apply(result)  # a recorded violation makes the verdict sandbox_violation
-        result["cpu_s"] = cpu_seconds()
+        result["profile"]["cpu_s"] = cpu_seconds()
     result["type"] = "result"
     if startup:
-        result["startup_s"] = startup
+        result.setdefault("profile", {})["startup_s"] = startup
     channel.send(result)
     # Skip interpreter teardown: a candidate's broken destructors must not turn a verdict
     # into a crash after it was sent.

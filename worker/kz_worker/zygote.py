@@ -7,8 +7,8 @@ machinery) beside nvcc on the same cores. A zygote per kind of server does those
 
 The protocol (kz/core/subprocess.h, class Zygote) on the control socket at fd 4, one JSON object per
 SOCK_SEQPACKET message: {"op": "spawn", "plan": ..., "env": ..., "fds": [...]} with descriptors,
-answered by {"op": "spawned", "pid": N} or {"op": "spawn_failed", "error": ...}; {"op": "ready"} once,
-when its imports are done; {"op": "exited", ...} when a child exits (it stays a zombie until
+answered by {"op": "spawned", "pid": N} or {"op": "spawn_failed", "error": ...};
+{"op": "exited", ...} when a child exits (it stays a zombie until
 {"op": "reap", "pid": N}); EOF ends the zygote.
 
 Each child is the first process of a new PID namespace where the plan asks for one (unshare before
@@ -56,7 +56,6 @@ def serve(device_name: str):
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     control = socket.socket(fileno=CONTROL_FD)
     zygote = Zygote(control, libc, own_pid_namespace)
-    zygote.send({"op": "ready"})  # imports done: a request now gets a server sooner than a worker of its own
     while True:
         for fd, _ in zygote.poller.poll():
             if fd == control.fileno():

@@ -240,7 +240,7 @@ def test_a_symlink_in_a_lock_files_place_is_refused(tmp_path):
 
 def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(monkeypatch, tmp_path):
     # A timing elsewhere holds the GPU while the evaluation precomputes its reference outputs: the
-    # wait shows in gpu_wait_s and, by stage, in gpu_wait_by_stage_s (load_reference's).
+    # wait shows in the profile's gpu_wait_s and, by stage, in gpu_wait_by_stage_s (load_reference's).
     import pathlib
     import types
 
@@ -263,7 +263,8 @@ def test_an_evaluations_waits_for_the_gpu_are_given_to_the_stage_that_waited(mon
     timing.join(10)
     assert timing.exitcode == 0
     assert result["status"] == v.OK, result
-    by_stage = result["gpu_wait_by_stage_s"]
+    profile = result["profile"]
+    by_stage = profile["gpu_wait_by_stage_s"]
     assert by_stage["load_reference"] > LONG_HOLD_S / 2, result
-    assert sum(by_stage.values()) == pytest.approx(result["gpu_wait_s"]), result
-    assert sum(result["load_reference_s"].values()) > by_stage["load_reference"], result
+    assert sum(by_stage.values()) == pytest.approx(profile["gpu_wait_s"]), result
+    assert sum(profile["load_reference_s"].values()) > by_stage["load_reference"], result

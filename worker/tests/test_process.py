@@ -163,22 +163,7 @@ def test_a_cuda_ordinal_is_read_as_torch_reads_the_device():
     assert process._cuda_ordinal("cpu") is None
 
 
-def test_check_kernels_are_skipped_only_where_configured_and_a_request_waits(monkeypatch):
-    sys.path.insert(0, str(WORKER_DIR))
-    from kz_worker import process
-    asked = []
-
-    def waiting():
-        asked.append(True)
-        return True
-    monkeypatch.delenv("KZ_CHECK_KERNELS_WHILE_AWAITED", raising=False)
-    assert not process.skips_check_kernels(waiting) and not asked, "the default loads them, asking nothing"
-    monkeypatch.setenv("KZ_CHECK_KERNELS_WHILE_AWAITED", "0")
-    assert process.skips_check_kernels(waiting)
-    assert not process.skips_check_kernels(lambda: False), "a child still ahead of its request loads them"
-
-
-SKIPPED_ON_THE_GPU = """
+ON_THE_GPU = """
 import json, os, torch
 from kz_worker import harness, process
 os.environ["KZ_CHECK_KERNELS_WHILE_AWAITED"] = "0"

@@ -29,14 +29,16 @@ with open(args.out, "w") as out:
         timed = status == "ok" and args.device != "cpu"
         default_format = "cuda-rtc" if args.format == "auto" else args.format
         verdict = {"task_id": task, "candidate": str(path), "format": fmt if kind else default_format,
-                   "status": status, "checks": [], "wall_s": 0.05,
-                   "stage_s": {"startup": 0.02, "load_reference": 0.01, "compile": 0.01, "correctness": 0.01},
+                   "status": status, "checks": [],
                    "speedup": 1.25 if timed else None, "runtime_ms": 0.08 if timed else None,
-                   "ref_runtime_ms": 0.1 if timed else None, "started_s": 0.2 + 0.05 * index,
-                   "cpu_s": {"worker": 0.04, "subprocesses": 0.0}}
+                   "ref_runtime_ms": 0.1 if timed else None,
+                   "profile": {"wall_s": 0.05, "started_s": 0.2 + 0.05 * index,
+                               "stage_s": {"startup": 0.02, "load_reference": 0.01, "compile": 0.01,
+                                           "correctness": 0.01},
+                               "cpu_s": {"worker": 0.04, "subprocesses": 0.0}}}
         if verdict["format"] == "cuda" and args.device != "cpu" and status != "compile_error":
             # kz pre-builds cuda candidates on a GPU, all at once from its start; a failed build is the verdict
-            verdict.update(prebuild_s=0.1, prebuild_started_s=0.2, prebuild_cpu_s=0.3)
+            verdict["profile"].update(prebuild_s=0.1, prebuild_started_s=0.2, prebuild_cpu_s=0.3)
         time.sleep(0.05)
         out.write(json.dumps(verdict) + "\n")
 phases = {"setup": 0.2, "batch": time.monotonic() - batch_started, "shutdown": 0.0, "servers_ended": 0}

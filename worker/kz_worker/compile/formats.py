@@ -43,7 +43,7 @@ def prepare(fmt: str, device: torch.device, extensions=None, mute_extensions: bo
 
 
 def nvrtc_seconds(fmt: str):
-    """kz_rtc's NVRTC seconds so far in this process for a `cuda-rtc` request (a verdict's compile_s
+    """kz_rtc's NVRTC seconds so far in this process for a `cuda-rtc` request (a verdict profile's compile_s
     part), else None (another format, or anything gone wrong: the candidate runs in this process and
     could replace kz_rtc's function). Diagnostics only."""
     if fmt != "cuda-rtc":

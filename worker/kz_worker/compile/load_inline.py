@@ -1,7 +1,7 @@
 """load_inline as a `cuda` candidate's process runs it (LoadInlineBuilds): every build named by its
 content, the supervisor's kept pre-build imported instead of built again, the sources built with
 lighter headers where they compile so (lighter_headers.py), nvcc as kz-nvcc, and where each build's
-seconds went (a verdict's build_s)."""
+seconds went (a verdict profile's build_s)."""
 import hashlib
 import json
 import math
@@ -102,7 +102,7 @@ class LoadInlineBuilds:
                 pass
 
     def build_parts(self, compile_started=None) -> dict:
-        """Where this process's load_inline builds spent their seconds (a verdict's build_s, reported for
+        """Where this process's load_inline builds spent their seconds (a verdict profile's build_s, reported for
         the throughput benchmark, never part of a reward; a candidate could write these files itself):
           import_to_build   from the compile stage's start (compile_started, time.monotonic()) to the
                             candidate's first load_inline call: its import up to there
@@ -187,7 +187,7 @@ builds = LoadInlineBuilds()
 
 def use_parallel_nvcc() -> None:
     """load_inline's ninja runs $PYTORCH_NVCC as nvcc: kz-nvcc where the supervisor gives one
-    (KZ_PARALLEL_NVCC, [worker] parallel_nvcc), which runs nvcc's own steps with the host and device
+    (KZ_PARALLEL_NVCC, [tuning] parallel_nvcc), which runs nvcc's own steps with the host and device
     halves at once and writes the same object (eval/include/kz/eval/parallel_nvcc.h). It runs the
     nvcc torch would have (KZ_REAL_NVCC). A PYTORCH_NVCC set already (ccache, say) is kept."""
     tool = os.environ.get("KZ_PARALLEL_NVCC")

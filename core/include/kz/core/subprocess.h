@@ -227,8 +227,7 @@ class Process {
 //   {"op": "spawn", "plan": <sandbox plan>, "env": {...}, "fds": ["stdin", "stdout", ...]}
 // with those descriptors (SCM_RIGHTS, the error pipe last) and gets {"op": "spawned", "pid": N}
 // (where it could not make the PID namespace asked for, also "pid_namespace_error") or
-// {"op": "spawn_failed", "error": "..."}; unprompted, {"op": "ready"} once its own preparation is
-// done, and {"op": "exited", "pid": N,
+// {"op": "spawn_failed", "error": "..."}; unprompted, {"op": "exited", "pid": N,
 // "exit_code": N | null, "signal": N | null, "cpu_s": F} with the child still a zombie, and it
 // answers {"op": "reap", "pid": N} by reaping it. EOF on the socket ends the zygote.
 class Zygote {
@@ -248,9 +247,6 @@ class Zygote {
   Result<Process> spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout);
   // False once the zygote died, closed its socket or failed to answer.
   bool alive();
-  // Whether the zygote said it is ready (its preparation done: a spawn is answered at once). Does
-  // not wait.
-  bool ready();
   pid_t pid() const;
   // The zygote's stderr so far (its imports' complaints, a traceback when it died).
   std::string stderr_tail() const;

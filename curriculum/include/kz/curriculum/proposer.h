@@ -50,7 +50,7 @@ struct ProposerOptions {
   // How each module is validated (device, time band, deadlines, worker, sandbox) and the dedup
   // threshold (validation.dedup_threshold).
   ModuleValidationOptions validation;
-  // Validations at once; <= 0: the default: on a GPU [timing] gpu_jobs (they share it through the
+  // Validations at once; <= 0: the default: on a GPU [tuning] gpu_jobs (they share it through the
   // GPU lock), capped by the cores; on the CPU the cores, capped by the replies of the call.
   int jobs = 0;
 

@@ -5,7 +5,7 @@
 // an evaluation (kz/eval/worker_client.h): loads, runs, deterministic, outputs finite and
 // non-degenerate, depends on every input, executes every requested API (by the ATen ops its
 // forward dispatches), runtime in a band. The first check that fails is the verdict. A module that
-// is not valid Python fails `loads` before any worker starts ([worker] syntax_check;
+// is not valid Python fails `loads` before any worker starts ([tuning] syntax_check;
 // kz/eval/syntax_check.h), in the worker's words.
 #pragma once
 
@@ -41,6 +41,7 @@ struct ModuleValidationOptions {
   // Jaccard similarity >= this with a kept module's is a duplicate of it.
   double dedup_threshold = 0.8;
   WorkerOptions worker;            // interpreter, worker dir, scratch: as for evaluations
+  TuningOptions tuning;            // fork servers, zygotes, the syntax check: as for evaluations
   // The Proposer's module is model-written code: it runs in the evaluations' sandbox (limits,
   // no network, read-only mounts, the audit hook; a refused operation rejects it as `sandbox`).
   SandboxOptions sandbox;

@@ -48,7 +48,7 @@ class Evaluator {
   // true) without a worker, and a new cacheable verdict is stored; compile_only never touches it.
   // A full evaluation that ran out of GPU memory while other evaluations held some
   // (out_of_memory_shared) runs once more with the GPU's memory to itself: that verdict is the
-  // result, with retried_alone and both runs' wall_s.
+  // result, with retried_alone and both runs' wall_s in its profile.
   Result<Verdict> evaluate(const Task& task, const Candidate& candidate, EvalMode mode = EvalMode::full) const;
 
   // Whether evaluate(task, candidate) would be a cache hit (false with the cache off): no point in
@@ -60,7 +60,7 @@ class Evaluator {
   Result<Evaluator> with_format(const std::string& format) const;
   // A copy that judges under policy `mode` ([policy] mode: strict | kernelbench), sharing the cache.
   Result<Evaluator> with_policy(const std::string& mode) const;
-  // Starts `count` fork servers ahead of the first requests of `mode` ([worker] fork_server; nothing
+  // Starts `count` fork servers ahead of the first requests of `mode` ([tuning] fork_server; nothing
   // where it is off), so that a batch's first wave finds them prepared: evaluation servers, or build
   // servers for the `cuda` pre-builds (compile_only).
   Status start_fork_servers(int count, EvalMode mode = EvalMode::full) const;
@@ -90,7 +90,7 @@ class Evaluator {
   EvalOptions options_;
   WorkerSetup setup_;  // resolved once (interpreter, worker code, caches); worker_setup() adapts it
   std::shared_ptr<VerdictCache> cache_;  // shared by copies; thread-safe
-  std::shared_ptr<SyntaxChecker> syntax_checker_;  // shared by copies; null with [worker] syntax_check off
+  std::shared_ptr<SyntaxChecker> syntax_checker_;  // shared by copies; null with [tuning] syntax_check off
   std::string code_version_;             // worker code, interpreter, supervisor build: for cache keys
   std::string gpu_name_;                 // GPU model(s), for cache keys on a GPU
 };

@@ -1,4 +1,6 @@
-// Every setting of the evaluation protocol, with its default, and its TOML form.
+// Every setting of the evaluation, with its default, and its TOML form: the protocol's settings
+// (what a verdict depends on), where the worker runs, and apart from them [tuning], the throughput
+// knobs, which change how fast verdicts come and never which verdicts come.
 //
 // configs/eval.toml writes out every default below; `kz config show` prints the resolved values.
 // A [section] key in TOML maps to the struct of the same name.
@@ -42,33 +44,25 @@ struct PolicyOptions {
 
 struct TimingOptions {
   bool enabled = true;      // time on GPUs (never on the CPU)
-  int warmup_runs = 3;      // untimed passes over all input sets, per model
-  int runs = 100;           // timed runs per model, reference and candidate interleaved
-  int input_sets = 4;       // rotating fresh input sets (defeats caching by pointer)
-  int l2_flush_mb = 256;    // buffer written before each run; > the H200's 60 MB L2
+  int warmup_runs = 3;      // untimed passes over all input sets, per model; >= 0
+  int runs = 100;           // timed runs per model, reference and candidate interleaved; >= 1
+  int input_sets = 4;       // rotating fresh input sets (defeats caching by pointer); >= 1
+  int l2_flush_mb = 256;    // buffer written before each run, larger than the GPU's L2 cache; >= 0
   // A GPU spin after the flush and before the start event: the host issues the forward's launches
   // meanwhile, so host launch latency up to this long (Python launchers, a host busy with other
-  // evaluations) stays out of both models' samples; beyond it, it counts. 0: none.
+  // evaluations) stays out of both models' samples; beyond it, it counts. >= 0; 0: none.
   int launch_spin_us = 200;
-  // A lock file per GPU: a timing runs alone on its GPU while other workers' GPU work waits, so
-  // several evaluations share one GPU (jobs = 0 picks gpu_jobs). false: one evaluation per GPU.
-  bool exclusive = true;
-  int gpu_jobs = 8;         // evaluations at once per GPU when exclusive (capped by the cores)
-  // The nice value a worker's process group gets for its timing stage (the supervisor sets it and
-  // sets it back): its exclusive hold keeps every other evaluation on the GPU waiting, and on a host
-  // busy with builds and other workers' start-up the CPU it needs for its runs' launches and checks
-  // stretched the hold up to ~3x. Needs CAP_SYS_NICE (root), else nothing changes. -20..0; 0: off.
-  int niceness = -10;
   // What the candidate's speedup is measured against: "eager" (the reference as written: `speedup`)
   // or "compile" (also torch.compile of the reference, compiled before the candidate is imported and
   // timed beside it in every run: `compile_speedup`, besides `speedup`).
   std::string baseline = "eager";
 };
 
+// Wall-clock limits per worker stage, in seconds (> 0); past one the worker's process group is killed.
 struct StageTimeouts {
   double startup_s = 120;        // Python + torch import, up to the first message
   double load_reference_s = 120;
-  double compile_s = 900;        // load_inline builds take ~1 min on a GPU host, more on 2 CPU cores
+  double compile_s = 900;        // load_inline builds: minutes on a host with few cores
   double correctness_s = 300;    // all trials (the Triton interpreter is slow)
   double timing_s = 300;
   double recheck_s = 120;
@@ -77,6 +71,7 @@ struct StageTimeouts {
   double await_memory_s = 3600;
 };
 
+// Where and how the workers run.
 struct WorkerOptions {
   std::string python;            // interpreter; empty: $KZ_PYTHON, else the build's default venv
   std::filesystem::path worker_dir;   // folder holding kz_worker/ and kz_rtc/; empty: the source tree's
@@ -84,93 +79,83 @@ struct WorkerOptions {
   std::filesystem::path scratch_root; // per-evaluation scratch dirs; empty: $TMPDIR or /tmp
   bool keep_scratch = false;     // keep scratch dirs (debugging)
   // Room for the kept `cuda` builds (<cache_dir>/extension_builds, ~1 MB per candidate): past it the
-  // ones kept longest ago go. 0: no limit.
+  // ones kept longest ago go. >= 0; 0: no limit.
   int64_t kept_builds_max_mb = 20480;
-  // Run evaluations in children forked from fork servers that imported torch, Triton and the
-  // harness once (worker/kz_worker/fork_server.py): ~1 s to a ready process on the GPU host instead
-  // of ~12 s. Every evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or
-  // "never" (a new interpreter per evaluation).
-  std::string fork_server = "always";
-  // Fork servers are forked from a zygote of their kind (worker/kz_worker/zygote.py), which did their
-  // imports once, instead of each importing on its own: a cold batch starts ~20 servers beside the
-  // `cuda` pre-builds' nvcc. Each server still gets its whole sandbox (namespaces, limits, scratch
-  // dir), applied by the supervisor's own code in the forked child. Where no zygote can start or
-  // answer, servers are started as programs of their own, with a warning.
-  bool zygote = true;
-  // On a GPU, an evaluation that finds its zygote still importing (a cold batch's first wave) runs in
-  // a worker started for it instead of waiting: that worker makes its CUDA context in a thread beside
-  // its own imports, where a server forked from the zygote makes it only after the zygote's imports.
-  // Once the zygote is ready, evaluations get fork servers as before. Builds always wait (no context).
-  bool fresh_while_zygote_imports = false;
-  // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
-  // the host front end and the device chain at once (nvcc_side_by_side; one build alone 1.25-1.4x
-  // sooner on the H200; the same object byte for byte). false: nvcc itself.
-  bool parallel_nvcc = true;
-  // When kz-nvcc runs the device chain beside the host chain: "always", from the start (a build
-  // takes a second core even while every core is busy: the pre-builds are a cold batch's critical
-  // path, `cuda` 37% faster on the H200); "idle", once a core is idle while the host chain runs
-  // (else after it, in nvcc's order). Its workers' KZ_NVCC_SIDE_BY_SIDE.
-  std::string nvcc_side_by_side = "always";
-  // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
-  // them with the rest; none on the CPU, where a child is ready at once: spare_servers()). A server
-  // handed back by a short evaluation is still preparing its next child (its CUDA context; with the
-  // profiler then, 3-5 s on two busy H200s), and a request given it waits; one idle longer has its child ready.
-  // Each holds a CUDA context. Servers beyond the cap are killed when their request ends.
-  int spare_servers = 2;
-  // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc). A cold
-  // batch's pre-builds are its critical path: with kz-nvcc's chains side by side (nvcc_side_by_side =
-  // "always") each build's chains want the CPU at once, and below 0 they get it before the
-  // evaluations. -20..19; 0: same priority; below 0 needs CAP_SYS_NICE (else left at 0). On the
-  // H200, -5 against 0 makes the cold batch ~9% shorter, `cuda` ~19% faster and `cuda-rtc` ~7% slower
-  // (its evaluations wait for the CPU while the builds run; they end before the builds either way).
-  // With nvcc_side_by_side = "idle" (the builds' chains one after the other) -5 gains nothing; above
-  // 0 the evaluations go first, `cuda-rtc` faster and the batch longer.
-  int prebuild_niceness = -5;
-  // Added to the nice value of evaluation workers (not module validation's) until their first stage
-  // message (load_reference, before the candidate is imported), where the supervisor sets their
-  // process group back to its own: a worker's start-up (the imports where no server did them) and
-  // its device's preparation (the CUDA context). A fork server starts at it
-  // (its zygote keeps it) and is set back during its first request, so it covers each new server's
-  // start-up and first child: in a cold batch, the first wave's eight CUDA contexts made at 2-4 s,
-  // while the pre-builds take the cores first at prebuild_niceness. -20..0; 0: none; below 0 needs
-  // CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is refused, since a worker could not be set
-  // back without them. On one H200, -5 against 0 makes `cuda-rtc`'s summed start-up in a cold batch
-  // ~12 s against ~15 s and its rate ~13% higher, `cuda` and `triton` ~4-5%, the pre-builds' end
-  // unmoved.
-  int prepare_niceness = -5;
-  // The nice value of an evaluation worker's process group during its compile stage (the
-  // candidate's import and constructor: NVRTC for `cuda-rtc`, loading the pre-built library for
-  // `cuda`), set and set back by the supervisor as for [timing] niceness. In a cold batch that stage
-  // runs while the `cuda` pre-builds hold the cores at prebuild_niceness: below 0 (CAP_SYS_NICE, else
-  // left as is) NVRTC gets its share of them. -20..0; 0: left as is.
-  int compile_niceness = -10;
-  // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context (the
-  // driver's default is 8). The driver makes each queue when it makes a context, and it makes contexts
-  // largely one process at a time; every evaluation makes one, and a cold batch's first wave eight at
-  // once. On the H200, 16 at once take 2.0-2.3 s each with 8 queues and 0.6-0.75 s with 1. With 1, work a candidate spreads over several streams shares one queue and
-  // overlaps less than under the default: such a candidate can time slower, never faster, and the
-  // reference (one stream) times the same. 1..32; 0: the driver's default.
+  // CUDA_DEVICE_MAX_CONNECTIONS of every worker: the hardware work queues of each CUDA context, which
+  // the driver makes with the context (fewer: a cheaper context). Work a candidate spreads over
+  // several streams shares the queues and overlaps less with fewer of them: such a candidate can time
+  // slower, never faster, and the reference (one stream) times the same; so it is a part of the
+  // protocol (the verdict cache's key). 0..32; 0: the driver's default (8).
   int cuda_connections = 1;
-  // A fork server's child loads the harness's check kernels as the last step of preparing its device,
-  // so that they do not load inside a request's shared GPU hold (harness.load_check_kernels). A child
-  // whose request came while it made its context (a cold batch's first wave) makes the request wait
-  // for that step too (~0.4-0.8 s in a cold batch's first wave on the H200). false: such a child,
-  // and every worker started for one request (fork_server = "never"), skips it and the kernels load
-  // at their first use in the request; a child still ahead of its request loads them as before.
-  // false shortens a cold batch's `cuda-rtc` start-up (~25% on the H200) but lengthens its audits
-  // (~3 s summed: the kernels then load there, inside the shared GPU hold).
-  bool check_kernels_while_awaited = true;
-  // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
-  // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error in ~1 ms instead of
-  // a worker's start-up. The verdict is the worker's own (same status, check and message). false:
-  // the worker finds it.
-  bool syntax_check = true;
   // Worker processes that may hold a CUDA context on one GPU at once: its evaluations at once and
   // the spare fork servers (each prepares its next child's context ahead: default_jobs +
   // spare_servers, kz/eval/suite.h). Sent to GPU workers (request gpu_memory_processes), whose
   // memory reservation leaves room for every context. Not a TOML key: kz eval-suite, serve-eval and
-  // bench set it from their job counts; a single `kz eval` runs one.
+  // bench set it from their job counts; a single `kz eval` runs one. >= 1.
   int gpu_memory_processes = 1;
+};
+
+// The throughput knobs ([tuning]): how many evaluations run at once, how their processes are made,
+// at what CPU priority each part runs. None of them changes a verdict.
+struct TuningOptions {
+  int jobs = 0;                  // eval-suite evaluations at once; >= 0; 0: CPU cores on cpu, gpu_jobs per GPU
+  // A lock file per GPU: a timing runs alone on its GPU while other workers' GPU work waits, so
+  // several evaluations share one GPU (jobs = 0 picks gpu_jobs). false: one evaluation per GPU.
+  bool exclusive_timing = true;
+  int gpu_jobs = 8;              // evaluations at once per GPU with exclusive_timing (capped by the cores); >= 1
+  // The nice value a worker's process group gets for its timing stage (the supervisor sets it and
+  // sets it back), so the CPU work of its exclusive hold (its runs' launches and checks), which
+  // keeps every other evaluation on the GPU waiting, goes before builds and other workers'
+  // start-up. Needs CAP_SYS_NICE (root), else nothing changes. -20..0; 0: off.
+  int timing_niceness = -10;
+  // Run evaluations in children forked from fork servers that imported torch, Triton and the
+  // harness once (worker/kz_worker/fork_server.py), instead of a new interpreter each. Every
+  // evaluation still gets a fresh process. "always", "gpu" (GPU devices only), or "never".
+  std::string fork_server = "always";
+  // Fork servers are forked from a zygote of their kind (worker/kz_worker/zygote.py), which did their
+  // imports once, instead of each importing on its own. Each server still gets its whole sandbox
+  // (namespaces, limits, scratch dir), applied by the supervisor's own code in the forked child.
+  // Where no zygote can start or answer, servers are started as programs of their own, with a
+  // warning. false: always so.
+  bool zygote = true;
+  // load_inline's nvcc is kz-nvcc (PYTORCH_NVCC; kz/eval/parallel_nvcc.h): nvcc's own steps, with
+  // the host front end and the device chain at once; the same object byte for byte. false: nvcc
+  // itself.
+  bool parallel_nvcc = true;
+  // When kz-nvcc runs the device chain beside the host chain: "always", from the start (a build
+  // takes a second core even while every core is busy); "idle", once a core is idle while the host
+  // chain runs (else after it, in nvcc's order). Its workers' KZ_NVCC_SIDE_BY_SIDE.
+  std::string nvcc_side_by_side = "always";
+  // Fork servers kept idle per GPU beyond the evaluations that run at once (`kz serve-eval` starts
+  // them with the rest; none on the CPU, where a child is ready at once: spare_servers()), so a
+  // request finds one whose child has its CUDA context ready. Each holds a CUDA context. Servers
+  // beyond the cap are killed when their request ends. >= 0.
+  int spare_servers = 2;
+  // Added to the nice value of `cuda` pre-build workers and all they start (nvcc, gcc): below 0 the
+  // pre-builds, a cold batch's critical path, get the CPU before the evaluations; above 0 after them.
+  // -20..19; 0: same priority; below 0 needs CAP_SYS_NICE (else left at 0).
+  int prebuild_niceness = -5;
+  // Added to the nice value of evaluation workers (not module validation's) until their first stage
+  // message (load_reference, before the candidate is imported), where the supervisor sets their
+  // process group back to its own: a worker's start-up (the imports where no server did them) and
+  // its device's preparation (the CUDA context). A fork server starts at it (its zygote keeps it)
+  // and is set back during its first request, so it covers each new server's start-up and first
+  // child. -20..0; 0: none; below 0 needs CAP_SYS_NICE or RLIMIT_NICE (else left at 0); above 0 is
+  // refused, since a worker could not be set back without them.
+  int prepare_niceness = -5;
+  // The nice value of an evaluation worker's process group during its compile stage (the
+  // candidate's import and constructor: NVRTC for `cuda-rtc`, loading the pre-built library for
+  // `cuda`), set and set back by the supervisor as for timing_niceness, so those compiles get their
+  // share of the cores beside pre-builds at prebuild_niceness. -20..0; 0: left as is; below 0 needs
+  // CAP_SYS_NICE (else left as is).
+  int compile_niceness = -10;
+  // Check each candidate's Python syntax in one long-lived interpreter before any worker starts
+  // (kz/eval/syntax_check.h): one that is not valid Python gets its compile_error without a worker's
+  // start-up. The verdict is the worker's own (same status, check and message). false: the worker
+  // finds it.
+  bool syntax_check = true;
+
+  Status validate() const;
 };
 
 // The verdict cache (kz/eval/cache.h): an evaluation whose inputs were all seen before returns the
@@ -235,11 +220,10 @@ struct EvalOptions {
   // On a GPU, which formats' audit forward runs under the profiler, whose kernel list gives the
   // verdict's custom_kernel_share: "cuda" (its no_custom_kernel check reads that list) or "all"
   // (cuda-rtc and triton too, where their launch counters decide no_custom_kernel and the ATen policy
-  // already refuses torch compute: the share is a report; the profiler's warm-up took ~0.2 s a
-  // process in a cold batch's first wave on the H200, its start and trace a part of each audit).
+  // already refuses torch compute: the share is a report, each audit the profiler's start and trace
+  // longer).
   std::string kernel_share = "cuda";
   std::map<std::string, long long> size_overrides;  // module constant -> value, applied last
-  int jobs = 0;                  // eval-suite workers at once; 0: CPU cores on cpu, 1 on a GPU
   PolicyOptions policy;
   ToleranceOptions tolerance;
   TimingOptions timing;
@@ -247,16 +231,17 @@ struct EvalOptions {
   WorkerOptions worker;
   CacheOptions cache;
   SandboxOptions sandbox;
+  TuningOptions tuning;
 
   Status validate() const;
 };
 
-// Evaluations at once (per device) when the options say 0: every core on the CPU; on a GPU,
-// [timing] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
+// Evaluations at once (per device) when [tuning] jobs says 0: every core on the CPU; on a GPU,
+// [tuning] gpu_jobs when timings hold the GPU exclusively (gpu_lock.py), else 1.
 int default_jobs(const EvalOptions& options);
-// Idle fork servers kept beyond those: [worker] spare_servers on a GPU, none on the CPU.
+// Idle fork servers kept beyond those: [tuning] spare_servers on a GPU, none on the CPU.
 int spare_servers(const EvalOptions& options);
-// Sets [worker] gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
+// Sets WorkerOptions::gpu_memory_processes for `jobs` evaluations at once per device: those and the spare
 // fork servers, each of which may hold a CUDA context on the GPU.
 void set_gpu_memory_processes(EvalOptions& options, int jobs);
 

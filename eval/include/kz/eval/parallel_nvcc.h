@@ -82,7 +82,7 @@ Command with_dependency_output(Command command, const std::string& depfile, cons
 Result<std::string> merge_dependency_files(const std::vector<std::string>& gcc_depfiles, const std::string& target);
 
 // Whether the device chain may start beside the host chain now: `policy` "always" (the workers'
-// default, [worker] nvcc_side_by_side), "never" (nvcc itself), or "idle" (kz-nvcc's own default):
+// default, [tuning] nvcc_side_by_side), "never" (nvcc itself), or "idle" (kz-nvcc's own default):
 // while a core is idle (`running()`, asked for "idle" only: the host's runnable tasks, this one
 // included, /proc/stat's procs_running; `cores`: the host's online cores).
 bool side_by_side(std::string_view policy, const std::function<int()>& running, int cores);

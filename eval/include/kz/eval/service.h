@@ -27,11 +27,11 @@
 //   GET /v1/health         -> {"status": "ok", "device" (the first), "devices", "workers" (per device),
 //                          "compile_jobs", "queued", "building",
 //                          "running", "done", "submitted", "cache": path or null}
-// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; started_s
-// (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
+// Verdicts are kz eval --json objects (to_json(Verdict)), `cached` true for cache hits; their profile's
+// started_s (and a pre-built job's prebuild_started_s, prebuild_s) count from the batch's submission.
 //
-// On a GPU, timings never overlap on a device: each holds the device's GPU lock alone ([timing]
-// exclusive), or, without it, one evaluation at a time runs on each device. With several devices
+// On a GPU, timings never overlap on a device: each holds the device's GPU lock alone ([tuning]
+// exclusive_timing), or, without it, one evaluation at a time runs on each device. With several devices
 // each evaluation goes to the one with the fewest in flight. Finished batches are forgotten
 // `retention_s` after their last verdict.
 // The process ignores SIGPIPE from the first EvalService on (a client that disconnects must not
@@ -66,7 +66,7 @@ Result<ServiceItem> service_item_from_json(const nlohmann::json& json);
 struct ServiceOptions {
   std::string host = "127.0.0.1";  // loopback: the service runs any code it is sent
   int port = 0;                    // 0: any free port (port() says which)
-  int workers = 0;                 // evaluation threads per device; 0: default_jobs (cores on cpu, [timing] gpu_jobs on a GPU)
+  int workers = 0;                 // evaluation threads per device; 0: default_jobs (cores on cpu, [tuning] gpu_jobs on a GPU)
   // Several GPUs of one model (parse_devices): a pool of `workers` evaluations on each, every
   // evaluation on the one with the fewest in flight. Empty: the evaluation options' device alone.
   std::vector<std::string> devices;

@@ -101,7 +101,7 @@ struct SuiteRunOptions {
 // Runs every entry; verdicts come back in entry order, and go to results.jsonl as they arrive.
 // On a GPU the `cuda` candidates are pre-built (compile-only, `compile_jobs` at once) while the
 // evaluations start with the other entries; each pre-built one is evaluated once its build is done,
-// in the order the builds finish, its verdict carrying the build's seconds (prebuild_s). A build
+// in the order the builds finish, its verdict's profile carrying the build's seconds (prebuild_s). A build
 // that fails (compile_error) is the entry's verdict. Infra failures (cannot start a worker, in
 // either phase) abort with a Status after the verdicts already written are safely in results.jsonl.
 Result<std::vector<Verdict>> run_suite(const Evaluator& evaluator, const std::vector<Task>& tasks,

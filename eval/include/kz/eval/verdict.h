@@ -85,6 +85,85 @@ struct TimingStats {
   int runs = 0;
 };
 
+// Where an evaluation's seconds (and CPU) went: telemetry for the throughput reports, never part of a
+// reward or of the verdict's outcome. Every field is measured by the worker unless it says otherwise.
+struct VerdictProfile {
+  double wall_s = 0;                // the whole evaluation, process start to verdict (the supervisor's)
+  // A `cuda` candidate pre-built by kz eval-suite or kz serve-eval on a GPU: the wall_s of its
+  // compile-only pre-build, which ran before this evaluation and is not in wall_s. Unset otherwise,
+  // and where the build failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
+  std::optional<double> prebuild_s;
+  // When kz eval-suite or kz serve-eval ran it, in seconds from the batch's start (its submission,
+  // in the service): this evaluation's start, and its pre-build's (with prebuild_s: the batch's
+  // timeline, the builds' critical path). Unset from kz eval; a final pre-build verdict has
+  // started_s only.
+  std::optional<double> started_s;
+  std::optional<double> prebuild_started_s;
+  // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),
+  // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
+  // stored run's).
+  std::vector<std::pair<std::string, double>> stage_s;
+  // Where the startup stage's seconds went, with a fork server: "server", the wait for one to be
+  // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
+  // the wait for its child's CUDA context, clock and launch gate, reported by the worker with, where
+  // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate",
+  // "device_kernels": the harness's checks run once, their kernels loaded). The rest is the child's
+  // own set-up. For a worker started for one request: "imports", "device" (the wait for the device
+  // after the imports, with the same steps where it waited) and, on a GPU, "early_context" (its CUDA
+  // context, made in a thread beside the imports).
+  std::vector<std::pair<std::string, double>> startup_s;
+  // Where the load_reference stage's seconds went (import: the reference module and its init inputs;
+  // build: its Model on the device; inputs: every input set and reference output; warm_up: the
+  // launch hooks, the audit's warm-up and the identity snapshot), GPU-lock waits included. Empty
+  // when not reached.
+  std::vector<std::pair<std::string, double>> load_reference_s;
+  // Where the compile stage's seconds went (import: the candidate's module; construct: its ModelNew
+  // built; to_device: moved to the device with the reference's weights; nvrtc: kz_rtc's compiles, a
+  // `cuda-rtc` request's only, inside import and construct), GPU-lock waits included. Empty when not
+  // reached.
+  std::vector<std::pair<std::string, double>> compile_s;
+  // Where the correctness stage's seconds went (audit, trials, replay_probe), GPU-lock waits
+  // included. Empty when not reached.
+  std::vector<std::pair<std::string, double>> correctness_s;
+  // Where the timing's exclusive hold went (inputs, warmup, timed; inside the last two new_round,
+  // guard: the Guard's verifies between runs, and samples: the sampled outputs' live checks and
+  // copies). Empty when not timed.
+  std::vector<std::pair<std::string, double>> timing_s;
+  // The timing's work after its exclusive hold, under the shared lock and not in timing_s ("checks":
+  // comparing the sampled outputs and inputs copied in the hold). Empty when not timed.
+  std::vector<std::pair<std::string, double>> timing_after_hold_s;
+  // Where a `cuda` candidate's load_inline build spent its seconds (import_to_build, load_inline,
+  // ninja and its steps, kz-nvcc's phases: worker/kz_worker/compile/load_inline.py, build_parts),
+  // reported by the worker that built; for a pre-built candidate, its pre-build's, with
+  // "worker_start" (that worker's stages before compile). Empty when nothing built.
+  std::vector<std::pair<std::string, double>> build_s;
+  // GPU with the shared-GPU lock ([tuning] exclusive_timing): seconds the worker waited for the lock, and
+  // held it exclusive (its timing).
+  std::optional<double> gpu_wait_s, gpu_exclusive_s;
+  // gpu_wait_s by the stage that waited (load_reference, compile, correctness, timing, recheck).
+  // Empty without the lock or without a wait.
+  std::vector<std::pair<std::string, double>> gpu_wait_by_stage_s;
+  // CPU seconds (user + system) the worker spent on this request: "worker", its own process (all its
+  // threads; a fork server's child counts from its fork, so its device preparation is in and the
+  // zygote's imports are not; a worker started for the request counts its imports too), and
+  // "subprocesses", those it waited for (a build's ninja, nvcc and compilers; Triton's ptxas and
+  // launcher builds). Empty when no worker reported (a crash, a timeout, a static verdict) and in a
+  // replay from the verdict cache.
+  std::vector<std::pair<std::string, double>> cpu_s;
+  // A pre-built `cuda` candidate: its pre-build's CPU seconds (the sum of that verdict's cpu_s).
+  std::optional<double> prebuild_cpu_s;
+  // Where both models' timed samples ended (worker/kz_worker/timing.py): "stream" (the end event
+  // on the current stream as the forward returned) or "device_sync" (after a device-wide
+  // synchronize: the candidate left work running on another stream); empty when untimed. Why: each
+  // model's median gap between the two ends.
+  std::string timing_end;
+  double reference_gap_ms = 0, candidate_gap_ms = 0;
+  // How each timed run's launch spin ended: "gated" (by the host once it had issued the run, at
+  // most [timing] launch_spin_us), "fixed" (after launch_spin_us: the driver refused the gate) or
+  // "none" (launch_spin_us = 0); empty when untimed.
+  std::string launch_spin;
+};
+
 struct Verdict {
   std::string task_id;
   std::string candidate;            // the candidate's file (or label)
@@ -105,16 +184,6 @@ struct Verdict {
   // over the candidate's. Unset otherwise, or where Inductor could not compile the reference.
   std::optional<TimingStats> compiled_reference_timing;
   std::optional<double> compile_speedup;
-  // Where both models' timed samples ended (worker/kz_worker/timing.py): "stream" (the end event
-  // on the current stream as the forward returned) or "device_sync" (after a device-wide
-  // synchronize: the candidate left work running on another stream); empty when untimed. Why: each
-  // model's median gap between the two ends.
-  std::string timing_end;
-  double reference_gap_ms = 0, candidate_gap_ms = 0;
-  // How each timed run's launch spin ended: "gated" (by the host once it had issued the run, at
-  // most [timing] launch_spin_us), "fixed" (after launch_spin_us: the driver refused the gate) or
-  // "none" (launch_spin_us = 0); empty when untimed or from before the gate.
-  std::string launch_spin;
   // GPU, where the audit was profiled (`cuda`, every kernel format with kernel_share = "all" or under
   // policy kernelbench or a min_custom_kernel_share): the share of the audit forward's kernel time in
   // the candidate's own kernels.
@@ -124,81 +193,15 @@ struct Verdict {
   // must not cost the Coder a correct answer, and the verdict says so. Empty almost always.
   std::vector<std::pair<Check, std::string>> unchecked;
   uint64_t seed = 0;
-  double wall_s = 0;                // the whole evaluation, process start to verdict
-  // A `cuda` candidate pre-built by kz eval-suite or kz serve-eval on a GPU: the wall_s of its
-  // compile-only pre-build, which ran before this evaluation and is not in wall_s. Unset otherwise,
-  // and where the build failed there (that verdict is the pre-build's own: its wall_s is the pre-build).
-  std::optional<double> prebuild_s;
-  // When kz eval-suite or kz serve-eval ran it, in seconds from the batch's start (its submission,
-  // in the service): this evaluation's start, and its pre-build's (with prebuild_s: the batch's
-  // timeline, the builds' critical path). Unset from kz eval; a final pre-build verdict has
-  // started_s only.
-  std::optional<double> started_s;
-  std::optional<double> prebuild_started_s;
-  // Seconds per worker stage (startup, load_reference, compile, correctness, timing, recheck),
-  // measured by the supervisor; empty when no worker ran (static checks, cache hits keep the
-  // stored run's).
-  std::vector<std::pair<std::string, double>> stage_s;
-  // Where the startup stage's seconds went, with a fork server: "server", the wait for one to be
-  // forked or started (the first time, its zygote's imports), measured by the supervisor; "device",
-  // the wait for its child's CUDA context, clock and launch gate, reported by the worker with, where
-  // it waited, each step's own seconds ("device_context", "device_clock", "device_launch_gate",
-  // "device_kernels": the harness's checks run once, their kernels loaded;
-  // "device_profiler" in older verdicts, from a child that warmed the profiler). The rest
-  // is the child's own set-up. For a worker started for one request, reported by it: "imports",
-  // "device" (the wait for the device after the imports, with the same steps where it waited) and,
-  // on a GPU, "early_context" (its CUDA context, made in a thread beside the imports). Diagnostics
-  // for the throughput report.
-  std::vector<std::pair<std::string, double>> startup_s;
-  // Where the load_reference stage's seconds went (import: the reference module and its init inputs;
-  // build: its Model on the device; inputs: every input set and reference output; warm_up: the
-  // launch hooks, the audit's warm-up and the identity snapshot), measured by the worker, GPU-lock
-  // waits included: diagnostics for the throughput report. Empty when not reached.
-  std::vector<std::pair<std::string, double>> load_reference_s;
-  // Where the compile stage's seconds went (import: the candidate's module; construct: its ModelNew
-  // built; to_device: moved to the device with the reference's weights; nvrtc: kz_rtc's compiles, a
-  // `cuda-rtc` request's only, inside import and construct), measured by the worker, GPU-lock waits
-  // included: diagnostics for the throughput report. Empty when not reached.
-  std::vector<std::pair<std::string, double>> compile_s;
-  // Where the correctness stage's seconds went (audit, trials, replay_probe), measured by the
-  // worker, GPU-lock waits included: diagnostics for the throughput report. Empty when not reached.
-  std::vector<std::pair<std::string, double>> correctness_s;
-  // Where the timing's exclusive hold went (inputs, warmup, timed; inside the last two new_round,
-  // guard: the Guard's verifies between runs, and samples: the sampled outputs' live checks and
-  // copies), measured by the worker. Empty when not timed.
-  std::vector<std::pair<std::string, double>> timing_s;
-  // The timing's work after its exclusive hold, under the shared lock and not in timing_s ("checks":
-  // comparing the sampled outputs and inputs copied in the hold), measured by the worker. Empty when
-  // not timed.
-  std::vector<std::pair<std::string, double>> timing_after_hold_s;
-  // Where a `cuda` candidate's load_inline build spent its seconds (import_to_build, load_inline,
-  // ninja and its steps, kz-nvcc's phases: worker/kz_worker/compile/load_inline.py, build_parts), reported by
-  // the worker that built; for a pre-built candidate, its pre-build's, with "worker_start" (that
-  // worker's stages before compile). Diagnostics for the throughput report. Empty when nothing built.
-  std::vector<std::pair<std::string, double>> build_s;
-  // GPU with the shared-GPU lock ([timing] exclusive): seconds the worker waited for the lock, and
-  // held it exclusive (its timing). Reported by the worker: diagnostics, never part of a reward.
-  std::optional<double> gpu_wait_s, gpu_exclusive_s;
-  // gpu_wait_s by the stage that waited (load_reference, compile, correctness, timing, recheck),
-  // reported by the worker. Empty without the lock or without a wait.
-  std::vector<std::pair<std::string, double>> gpu_wait_by_stage_s;
-  // CPU seconds (user + system) the worker spent on this request: "worker", its own process (all its
-  // threads; a fork server's child counts from its fork, so its device preparation is in and the
-  // zygote's imports are not; a worker started for the request counts its imports too), and
-  // "subprocesses", those it waited for (a build's ninja, nvcc and compilers; Triton's ptxas and
-  // launcher builds). Reported by the worker: diagnostics for the throughput report (where a cold
-  // batch's CPU goes), never part of a reward. Empty when no worker reported (a crash, a timeout, a
-  // static verdict) and in a replay from the verdict cache.
-  std::vector<std::pair<std::string, double>> cpu_s;
-  // A pre-built `cuda` candidate: its pre-build's CPU seconds (the sum of that verdict's cpu_s).
-  std::optional<double> prebuild_cpu_s;
   // GPU memory reserved and used, where the worker reported it (on a GPU, from the worker that
-  // reserves memory); nullopt otherwise.
+  // reserves memory); nullopt otherwise. What an exceeds_gpu_memory or out_of_memory_shared
+  // verdict's message names.
   std::optional<MemoryReport> memory;
   // Run a second time with every memory slot of its GPU held (request gpu_alone), after the first
-  // run's out_of_memory_shared: this verdict is the second run's, its wall_s both runs'.
+  // run's out_of_memory_shared: this verdict is the second run's, its profile's wall_s both runs'.
   bool retried_alone = false;
   bool cached = false;              // replayed from the verdict cache (kz/eval/cache.h); no worker ran
+  VerdictProfile profile;           // where its seconds went
 
   bool has_check(Check check) const;
 };
@@ -218,7 +221,7 @@ struct PreBuild {
   std::optional<double> cpu_s;  // the build's worker and subprocesses, where it reported them
 };
 PreBuild prebuild_of(const Verdict& build_verdict, double started_s);
-// Puts the pre-build on the verdict of the evaluation after it (prebuild_started_s, prebuild_s,
+// Puts the pre-build on the profile of the evaluation after it (prebuild_started_s, prebuild_s,
 // prebuild_cpu_s, build_s).
 void attach_prebuild(Verdict& verdict, const PreBuild& prebuild);
 

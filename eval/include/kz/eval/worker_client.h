@@ -38,15 +38,10 @@ struct WorkerSetup {
   // Every isolation the worker's spec asks for must hold ([sandbox] require_isolation): a worker
   // that did not get one is killed, and its start is an error naming what is missing.
   bool require_isolation = false;
-  // Workers' KZ_PARALLEL_NVCC: kz-nvcc, which their load_inline runs as nvcc ([worker] parallel_nvcc).
+  // Workers' KZ_PARALLEL_NVCC: kz-nvcc, which their load_inline runs as nvcc ([tuning] parallel_nvcc).
   // Empty: nvcc itself.
   std::filesystem::path parallel_nvcc;
-  std::string nvcc_side_by_side = "always";  // workers' KZ_NVCC_SIDE_BY_SIDE ([worker] nvcc_side_by_side)
-  // A request that finds its kind's zygote still importing runs in a worker started for it instead
-  // of waiting ([worker] fresh_while_zygote_imports; a cold batch's first wave on a GPU): that
-  // worker's CUDA context is made beside its imports (process.EarlyContext), a forked server's only
-  // after the zygote's. Later requests, once the zygote is ready, get fork servers as before.
-  bool fresh_while_zygote_imports = false;
+  std::string nvcc_side_by_side = "always";  // workers' KZ_NVCC_SIDE_BY_SIDE ([tuning] nvcc_side_by_side)
   // Idle fork servers of one kind kept for later requests; more are killed when their request ends
   // (the cuda pre-build runs one per core, the evaluations after it fewer). 0: no cap.
   int max_idle_servers = 0;
@@ -62,15 +57,13 @@ struct WorkerSetup {
   std::filesystem::path triton_helpers_dir;
   // Workers' CUDA_DEVICE_MAX_CONNECTIONS ([worker] cuda_connections). 0: not set (the driver's default).
   int cuda_connections = 0;
-  // Workers' KZ_CHECK_KERNELS_WHILE_AWAITED=0 where false ([worker] check_kernels_while_awaited).
-  bool check_kernels_while_awaited = true;
-  // The nice value of a worker's process group while it is in its timing stage ([timing] niceness),
+  // The nice value of a worker's process group while it is in its timing stage ([tuning] timing_niceness),
   // set by the supervisor at the stage message and set back at the next (or at the request's end).
   // 0: left as is.
   int timing_niceness = 0;
-  // The same for its compile stage ([worker] compile_niceness). 0: left as is.
+  // The same for its compile stage ([tuning] compile_niceness). 0: left as is.
   int compile_niceness = 0;
-  // Added to a worker's nice value until its first stage message ([worker] prepare_niceness), where
+  // Added to a worker's nice value until its first stage message ([tuning] prepare_niceness), where
   // the supervisor sets its process group to the supervising thread's nice value: start-up and
   // device preparation only. A fork server's group stays there, so its later children prepare at
   // that value too; each new server (its zygote keeps the increment) starts at it again. 0: none.
@@ -80,18 +73,20 @@ struct WorkerSetup {
   ScratchBound scratch_bound;
 };
 
-// Resolves WorkerOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
+// Resolves WorkerOptions and the process knobs of TuningOptions: python (option, else $KZ_PYTHON, else the build's venv), worker_dir
 // (option, else $KZ_WORKER_DIR, else the source tree's worker/), cache_dir (option, else
 // $XDG_CACHE_HOME/kernelzero or ~/.cache/kernelzero), fork_server for requests on `device`
 // (uses_fork_server), bytecode_prefix (for the build's interpreter only: $KZ_BYTECODE_PREFIX, else
 // build/pycache, where scripts/setup.sh finished it), lighter_builds_dir ($KZ_LIGHTER_BUILDS_DIR,
 // else build/lighter-builds, where it exists), triton_helpers_dir ($KZ_TRITON_HELPERS_DIR, else
 // build/triton-helpers, where setup finished it), parallel_nvcc (with the option: $KZ_PARALLEL_NVCC,
-// else the kz-nvcc built beside kz). not_found when the worker or Python is missing.
-Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const std::string& device);
+// else the kz-nvcc built beside kz), zygote_library (with [tuning] zygote). not_found when the worker
+// or Python is missing.
+Result<WorkerSetup> resolve_worker_setup(const WorkerOptions& options, const TuningOptions& tuning,
+                                         const std::string& device);
 
-// Whether requests on `device` run in fork server children ([worker] fork_server: always, gpu, never).
-bool uses_fork_server(const WorkerOptions& options, const std::string& device);
+// Whether requests on `device` run in fork server children ([tuning] fork_server: always, gpu, never).
+bool uses_fork_server(const TuningOptions& tuning, const std::string& device);
 
 // The environment a worker for `device` needs before its first import (a fork server imports
 // before any request): KZ_WORKER_DEVICE, and TRITON_INTERPRET=1 on the CPU (Triton reads it when

@@ -1,5 +1,5 @@
 // bench summaries: metrics JSON, the terminal table, and the HTML report with inline SVG charts.
-#include "kz/measure/report.h"
+#include "kz/suite_bench/report.h"
 
 #include <fmt/format.h>
 

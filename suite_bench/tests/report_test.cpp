@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "kz/measure/report.h"
+#include "kz/suite_bench/report.h"
 
 namespace kz {
 namespace {

@@ -1,5 +1,5 @@
 // kz bench: generate -> extract -> evaluate -> summarise, resumable through append-only logs.
-#include "kz/measure/bench.h"
+#include "kz/suite_bench/bench.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +15,7 @@
 #include "kz/core/terminal.h"
 #include "kz/eval/suite.h"
 #include "kz/llm/prompt.h"
-#include "kz/measure/report.h"
+#include "kz/suite_bench/report.h"
 
 namespace kz {
 namespace fs = std::filesystem;

@@ -18,7 +18,7 @@ trap cleanup EXIT
 mkdir -p "$WORK/suite/level1" "$WORK/suite/level2"
 cp "$SRC"/suite/kzbench/level1/{02_relu,04_silu,07_softmax}.py "$WORK/suite/level1/"
 cp "$SRC"/suite/kzbench/level2/19_scale_residual_gelu.py "$WORK/suite/level2/"
-python3 "$SRC/measure/tests/replay_model_server.py" --suite "$WORK/suite" \
+python3 "$SRC/suite_bench/tests/replay_model_server.py" --suite "$WORK/suite" \
   --candidates "$SRC/suite/examples/triton" --port-file "$WORK/port" &
 SERVER=$!
 for _ in $(seq 300); do [[ -s "$WORK/port" ]] && break; sleep 0.1; done
