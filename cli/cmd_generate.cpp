@@ -87,6 +87,7 @@ Action add_generate_command(CLI::App& app) {
                "do not stop at the generation config's eos tokens (--no-ignore-eos undoes a config file's true)");
   settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
   settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
+  settings.add("--cuda-graph,!--no-cuda-graph", "engine.cuda_graph", "decode through a CUDA graph on GPUs (default on)");
   command->add_flag("--json", args->json,
                     "print {text, token_ids (new tokens), logprobs, finish_reason, prompt_ids, usage, timing}");
   return [args] { return run(*args); };

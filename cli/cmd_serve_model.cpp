@@ -64,6 +64,7 @@ Action add_serve_model_command(CLI::App& app) {
   settings.add("--host", "serve.host", "address to listen on (default 127.0.0.1: this machine only)");
   settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
   settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
+  settings.add("--cuda-graph,!--no-cuda-graph", "engine.cuda_graph", "decode through a CUDA graph on GPUs (default on)");
   settings.add("--served-model-name", "serve.served_model_name",
                "the model id /v1/models lists (default: the directory's name)");
   settings.add("--max-batch", "serve.max_batch", "completions generated together at most (default 32)")

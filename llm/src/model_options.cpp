@@ -10,6 +10,7 @@ ConfigTable config_table(ModelOptions& o) {
       {"engine.dtype", ConfigField(o.engine.dtype)
                            .matching("|fp32|bf16|fp16|float32|bfloat16|float16",
                                      "fp32, bf16, fp16 or \"\" (the checkpoint's)")},
+      {"engine.cuda_graph", o.engine.cuda_graph},
       {"sampling.max_new_tokens", ConfigField(o.sampling.max_new_tokens).at_least(1)},
       {"sampling.temperature", ConfigField(o.sampling.temperature).at_least(0)},
       {"sampling.top_p", ConfigField(o.sampling.top_p).above(0).at_most(1)},

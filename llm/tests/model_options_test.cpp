@@ -16,6 +16,7 @@ ModelOptions every_key_changed() {
   ModelOptions o;
   o.engine.device = "cuda:1";
   o.engine.dtype = "bf16";
+  o.engine.cuda_graph = false;
   o.sampling.max_new_tokens = 3;
   o.sampling.temperature = 0.7;
   o.sampling.top_p = 0.9;

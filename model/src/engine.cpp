@@ -173,6 +173,7 @@ std::vector<Result<EngineCompletion>> Engine::generate(const std::vector<EngineR
   std::lock_guard lock(impl_->mutex);
   GenerateOptions options;
   options.pad_token_id = impl_->pad_id;
+  options.cuda_graph = impl_->options.cuda_graph;
   auto results = model::generate(*impl_->model, batch, options);
   for (size_t k = 0; k < valid.size(); ++k) {
     size_t i = valid[k];

@@ -28,6 +28,7 @@ struct EngineOptions {
   fs::path model_dir;           // config.json, safetensors, tokenizer.json (+ generation_config.json)
   std::string device = "cpu";   // "cpu", "cuda", "cuda:N"
   std::string dtype;            // "": the checkpoint's; "fp32", "bf16" or "fp16"
+  bool cuda_graph = true;       // decode through a CUDA graph on CUDA devices (generate.h); false: eager
   Status validate() const;
 };
 
