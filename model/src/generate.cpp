@@ -30,7 +30,6 @@ Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t v
 
 // Per-row state of one generate() call.
 struct Row {
-  const SamplingOptions* sampling;
   const GenerateRequest* request;
   GenerateResult result;
   bool done = false;
@@ -41,12 +40,12 @@ bool update_finished(std::vector<Row>& rows) {
   bool all_done = true;
   for (auto& row : rows) {
     if (row.done) continue;
-    const auto& stops = row.sampling->stop_token_ids;
+    const auto& stops = row.request->sampling.stop_token_ids;
     int64_t last = row.result.token_ids.back();
     if (std::find(stops.begin(), stops.end(), last) != stops.end()) {
       row.result.finish_reason = FinishReason::stop;
       row.done = true;
-    } else if (static_cast<int64_t>(row.result.token_ids.size()) >= row.sampling->max_new_tokens) {
+    } else if (static_cast<int64_t>(row.result.token_ids.size()) >= row.request->sampling.max_new_tokens) {
       row.result.finish_reason = FinishReason::length;
       row.done = true;
     } else if (row.request->stop_check && row.request->stop_check(row.result.token_ids)) {
@@ -98,7 +97,7 @@ Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::v
     prompt_of.push_back(it->second);
     sampling.push_back(r.sampling);
     max_new = std::max(max_new, r.sampling.max_new_tokens);
-    rows.push_back(Row{&r.sampling, &r, {}});
+    rows.push_back(Row{&r, {}});
   }
   auto [ids, mask] = left_pad(prompts, options.pad_token_id);
   // The last new token is never fed back, so it needs no slot.
@@ -112,8 +111,8 @@ Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::v
   }
   Sampler sampler(sampling, model.device());
   auto [first, first_logprob] = sampler.choose(*logits);  // the first token, from the prefill
-  if (append_chunk(first.unsqueeze(1).to(at::kCPU), first_logprob.unsqueeze(1).to(at::kCPU), rows) ||
-      cache.length >= cache.capacity())
+  // A row still running after it needs another token, so max_new >= 2 and the cache has a free slot.
+  if (append_chunk(first.unsqueeze(1).to(at::kCPU), first_logprob.unsqueeze(1).to(at::kCPU), rows))
     return collect(rows);
   auto loop = DecodeLoop::create(model, cache, std::move(sampler), {.cuda_graph = options.cuda_graph});
   if (!loop.ok()) return loop.status();

@@ -42,7 +42,7 @@ Sampler::Sampler(const std::vector<SamplingOptions>& rows, at::Device device)
     : Sampler(static_cast<int64_t>(rows.size()), device) {
   std::vector<uint8_t> greedy;
   std::vector<float> inv_temperature, top_p;
-  std::vector<int64_t> top_k, seed_lo, seed_hi;
+  std::vector<int64_t> top_k, seed_lo, seed_hi;  // each seed's two 32-bit halves
   for (const auto& r : rows) {
     bool is_greedy = r.temperature == 0;
     all_greedy_ = all_greedy_ && is_greedy;
@@ -59,13 +59,12 @@ Sampler::Sampler(const std::vector<SamplingOptions>& rows, at::Device device)
   inv_temperature_ = on(at::tensor(inv_temperature, at::kFloat));
   top_k_ = on(at::tensor(top_k, at::kLong));
   top_p_ = on(at::tensor(top_p, at::kFloat));
-  seed_lo_ = on(at::tensor(seed_lo, at::kLong));
-  seed_hi_ = on(at::tensor(seed_hi, at::kLong));
+  seed_key_ = mix32(mix32(on(at::tensor(seed_lo, at::kLong)).bitwise_xor(0x5851f42dLL))
+                        .bitwise_xor(on(at::tensor(seed_hi, at::kLong))));
 }
 
 at::Tensor Sampler::uniforms() const {
-  at::Tensor h = mix32(mix32(seed_lo_.bitwise_xor(0x5851f42dLL)).bitwise_xor(seed_hi_));
-  h = mix32(h.bitwise_xor(step_.bitwise_and(kLow32)));
+  at::Tensor h = mix32(seed_key_.bitwise_xor(step_.bitwise_and(kLow32)));
   // The top 24 bits, centred in their bucket: exact in float32, never 0 or 1.
   return (h.bitwise_right_shift(8).to(at::kFloat) + 0.5f) * (1.0f / 16777216.0f);
 }

@@ -54,7 +54,7 @@ class Sampler {
   at::Tensor inv_temperature_;  // [B] float32 (1 for greedy rows: their draw is discarded)
   at::Tensor top_k_;        // [B] int64, V or more for none
   at::Tensor top_p_;        // [B] float32
-  at::Tensor seed_lo_, seed_hi_;  // [B] int64: each seed's two 32-bit halves
+  at::Tensor seed_key_;     // [B] int64 in [0, 2^32): each row's seed hashed once, mixed with the step
   at::Tensor step_;         // [1] int64
 };
 
