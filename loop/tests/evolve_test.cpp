@@ -158,17 +158,24 @@ config = "EVAL_CONFIG"
     return path;
   }
 
-  // The tiny CPU config with its random-init models made, the static curriculum and no held-out
-  // point at the start: dir_/static.toml.
-  void write_static_tiny_config() {
+  // configs/evolve-tiny-cpu.toml as shipped, its random-init models made in dir_ and its paths
+  // pointing at them.
+  void tiny_cpu_config(std::string& config) {
     for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
       auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
       ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
     }
     auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
     ASSERT_TRUE(text.ok());
-    std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
-                                     "runs/tiny-coder", (dir_ / "tiny-coder").string());
+    config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
+                         "runs/tiny-coder", (dir_ / "tiny-coder").string());
+  }
+
+  // The tiny CPU config with the static curriculum and no held-out point at the start:
+  // dir_/static.toml.
+  void write_static_tiny_config() {
+    std::string config;
+    ASSERT_NO_FATAL_FAILURE(tiny_cpu_config(config));
     config = replace_all(config, "curriculum = \"frontier\"", "curriculum = \"static\"");
     config = replace_all(config, "static_suite = \"\"",
                          "static_suite = \"" + (source_dir() / "suite/kzbench/level1").string() + "\"");
@@ -186,14 +193,8 @@ config = "EVAL_CONFIG"
 };
 
 TEST_F(EvolveTest, TheTinyCpuConfigRunsAFullIterationAndResumesForAnother) {
-  for (auto [name, seed] : {std::pair{"tiny-proposer", "1"}, std::pair{"tiny-coder", "2"}}) {
-    auto made = kz({"init-model", "--preset", "tiny", "--out", (dir_ / name).string(), "--seed", seed});
-    ASSERT_EQ(made.exit.exit_code, 0) << made.stderr_text;
-  }
-  auto text = read_file(source_dir() / "configs/evolve-tiny-cpu.toml");
-  ASSERT_TRUE(text.ok());
-  std::string config = replace_all(replace_all(*text, "runs/tiny-proposer", (dir_ / "tiny-proposer").string()),
-                                   "runs/tiny-coder", (dir_ / "tiny-coder").string());
+  std::string config;
+  ASSERT_NO_FATAL_FAILURE(tiny_cpu_config(config));
   ASSERT_TRUE(write_file_atomic(dir_ / "tiny.toml", config).is_ok());
   fs::path run = dir_ / "run";
 
