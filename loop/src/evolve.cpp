@@ -528,7 +528,8 @@ Result<std::optional<rl::PolicyUpdateStats>> Evolution::update_proposer(std::vec
       j.advantage = advantages[m];
       auto tokens = Policy::token_sample(j.proposal->reply);
       if (j.advantage && tokens)
-        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *j.advantage, {}});
+        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *j.advantage, {},
+                            static_cast<int64_t>(b)});
     }
   }
   if (!proposer_->trainable() || !any_nonzero(rollouts)) return std::optional<rl::PolicyUpdateStats>();
@@ -577,7 +578,8 @@ Status Evolution::coder_phase(int64_t i) {
       KZ_RETURN_IF_ERROR(log_kernel(i, "coder", tasks[t], s, groups.back().rewards[k], advantage));
       auto tokens = Policy::token_sample(s.completion);
       if (advantage && tokens)
-        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *advantage, {}});
+        rollouts.push_back({tokens->prompt_ids, tokens->completion_ids, tokens->logprobs, *advantage, {},
+                            static_cast<int64_t>(t)});
     }
   }
   std::optional<rl::PolicyUpdateStats> update;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "kz/dist/process_group.h"
@@ -62,6 +63,34 @@ uint64_t epoch_seed(uint64_t shuffle_seed, int64_t steps_done, int epoch) {
   uint64_t b = splitmix64(state);
   state = b ^ static_cast<uint64_t>(epoch);
   return splitmix64(state);
+}
+
+// One epoch's mini-batches as lists of rollout indices: the units (each group of Rollout::group
+// whole, each ungrouped rollout alone) in shuffled order, packed in turn into mini-batches of at
+// most mini_batch_size sequences; a unit larger than that is a mini-batch of its own.
+std::vector<std::vector<size_t>> epoch_mini_batches(const std::vector<Rollout>& rollouts, size_t mini_batch_size,
+                                                    uint64_t seed) {
+  std::vector<std::vector<size_t>> units;
+  std::map<int64_t, size_t> unit_of_group;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    const int64_t group = rollouts[i].group;
+    if (group < 0) {
+      units.push_back({i});
+      continue;
+    }
+    auto [it, added] = unit_of_group.try_emplace(group, units.size());
+    if (added) units.emplace_back();
+    units[it->second].push_back(i);
+  }
+  std::vector<size_t> order(units.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  shuffle(order, seed);
+  std::vector<std::vector<size_t>> batches;
+  for (size_t u : order) {
+    if (batches.empty() || batches.back().size() + units[u].size() > mini_batch_size) batches.emplace_back();
+    batches.back().insert(batches.back().end(), units[u].begin(), units[u].end());
+  }
+  return batches;
 }
 
 Status check_rollout(const Rollout& r, size_t index, int64_t vocab, bool need_ref) {
@@ -153,15 +182,13 @@ Result<PolicyUpdateStats> PolicyUpdate::run(const std::vector<Rollout>& rollouts
   PolicyUpdateStats out;
   model::LossStats sums;  // token-weighted statistics over every step
   const int64_t start_step = trainer_.steps_done();
-  std::vector<size_t> order(rollouts.size());
   for (int epoch = 0; epoch < options_.epochs; ++epoch) {
-    std::iota(order.begin(), order.end(), size_t{0});
-    shuffle(order, epoch_seed(options_.shuffle_seed, start_step, epoch));
-    for (size_t begin = 0; begin < order.size(); begin += static_cast<size_t>(options_.mini_batch_size)) {
-      const size_t end = std::min(order.size(), begin + static_cast<size_t>(options_.mini_batch_size));
+    const auto batches = epoch_mini_batches(rollouts, static_cast<size_t>(options_.mini_batch_size),
+                                            epoch_seed(options_.shuffle_seed, start_step, epoch));
+    for (size_t b = 0; b < batches.size(); ++b) {
       std::vector<const Rollout*> all, active;
-      for (size_t k = begin; k < end; ++k) {
-        const Rollout* r = &rollouts[order[k]];
+      for (size_t index : batches[b]) {
+        const Rollout* r = &rollouts[index];
         all.push_back(r);
         if (!skip || r->advantage != 0.0) active.push_back(r);
       }
@@ -173,8 +200,7 @@ Result<PolicyUpdateStats> PolicyUpdate::run(const std::vector<Rollout>& rollouts
       std::vector<const Rollout*> mine;
       for (size_t k = static_cast<size_t>(rank); k < active.size(); k += static_cast<size_t>(world))
         mine.push_back(active[k]);
-      const std::string where = fmt::format("policy update epoch {}, mini-batch {}{}", epoch,
-                                            begin / static_cast<size_t>(options_.mini_batch_size),
+      const std::string where = fmt::format("policy update epoch {}, mini-batch {}{}", epoch, b,
                                             world > 1 ? fmt::format(", rank {} of {}", rank, world) : "");
       auto step = trainer_.step(micro_batches(mine, options_.micro_batch_size, options_.pad_token_id), loss,
                                 denominator / world);

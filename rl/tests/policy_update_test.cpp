@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <set>
 #include <string>
 
 #include "kz/model/generate.h"
@@ -301,6 +302,51 @@ TEST(PolicyUpdateLoss, MiniBatchesAndShuffling) {
   EXPECT_TRUE(epochs_differ);
 }
 
+// Groups stay whole: three groups of 4 (each group's advantage its own constant, so a step's loss
+// at ratio 1 names the groups in it) and two ungrouped rollouts. Mini-batches of 6 take one
+// group each (4 + 4 > 6), the ungrouped ones fill in beside a group; a mini-batch of 3 still
+// takes a group of 4 whole.
+TEST(PolicyUpdateLoss, GroupsStayWholeInAMiniBatch) {
+  auto m = tiny_model(4);
+  ASSERT_TRUE(m);
+  std::vector<Rollout> rollouts;
+  for (int i = 0; i < 12; ++i)
+    rollouts.push_back({{int64_t(3 + i)}, {int64_t(20 + i), int64_t(40 + i)}, {}, 1.0 + i % 3, {}, i % 3});
+  // (interleaved: group g, advantage g + 1)
+  for (int i = 0; i < 2; ++i) rollouts.push_back({{int64_t(30 + i)}, {int64_t(50 + i)}, {}, 10.0, {}});
+  auto lps = completion_logprobs(*m, rollouts);
+  for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].old_logprobs = lps[i];
+  auto run = [&](int mini_batch_size, uint64_t seed) {
+    auto trainer = make_trainer(m, 0.0);  // ratio 1 at every step: the loss is minus the mean advantage
+    PolicyUpdateOptions options;
+    options.mini_batch_size = mini_batch_size;
+    options.micro_batch_size = 2;
+    options.shuffle_seed = seed;
+    auto stats = PolicyUpdate(*trainer, options).run(rollouts);
+    EXPECT_TRUE(stats.ok()) << stats.status().to_string();
+    return *stats;
+  };
+  for (uint64_t seed : {1, 2, 3}) {
+    PolicyUpdateStats six = run(6, seed);
+    int sequences = 0;
+    std::set<long> groups_seen;
+    for (const auto& s : six.per_step) {
+      sequences += s.sequences;
+      // A step of one group and k ungrouped rollouts: tokens 8 at advantage g + 1, k at 10.
+      const int ungrouped = s.sequences - 4;
+      ASSERT_TRUE(ungrouped >= 0 && ungrouped <= 2) << "a step of " << s.sequences << " sequences, seed " << seed;
+      const double group_advantage = (-s.step.loss * (8 + ungrouped) - 10.0 * ungrouped) / 8;
+      EXPECT_NEAR(group_advantage, std::round(group_advantage), 1e-4) << "a step mixes groups, seed " << seed;
+      groups_seen.insert(std::lround(group_advantage));
+    }
+    EXPECT_EQ(sequences, 14);
+    EXPECT_EQ(groups_seen, (std::set<long>{1, 2, 3})) << "seed " << seed;
+    std::vector<int> sizes;
+    for (const auto& s : run(3, seed).per_step) sizes.push_back(s.sequences);
+    EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 4), 3) << "seed " << seed;
+  }
+}
+
 TEST(PolicyUpdateLoss, ErrorsNameTheProblem) {
   auto m = tiny_model(4);
   ASSERT_TRUE(m);
@@ -423,6 +469,63 @@ TEST(PolicyUpdateLearning, FlippedRewardLowersTheTargetProbability) {
     EXPECT_LE(r.after, 0.25 * r.before) << "seed " << seed;
     RecordProperty("p_target_seed" + std::to_string(seed), fmt::format("{:.4f} -> {:.4f}", r.before, r.after));
   }
+}
+
+// ---- whole groups against noise ----
+
+// `prompts` x `group` copies of one fixed completion per prompt, advantages +1/-1 alternating in
+// each group (zero mean), old log-probs the model's own: a near-deterministic policy's group,
+// where every sample is the same and the reward says nothing.
+std::vector<Rollout> identical_groups(CausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
+                                      const std::vector<std::vector<int64_t>>& completions, int group, bool grouped) {
+  std::vector<Rollout> out;
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (int g = 0; g < group; ++g)
+      out.push_back({prompts[p], completions[p], {}, g % 2 ? -1.0 : 1.0, {}, grouped ? int64_t(p) : -1});
+  auto lps = completion_logprobs(m, out);
+  for (size_t i = 0; i < out.size(); ++i) out[i].old_logprobs = lps[i];
+  return out;
+}
+
+// Mean teacher-forced log-prob of the completions: how much of what the model knew is left.
+double mean_logprob(CausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
+                    const std::vector<std::vector<int64_t>>& completions) {
+  std::vector<Rollout> rows;
+  for (size_t p = 0; p < prompts.size(); ++p) rows.push_back({prompts[p], completions[p], {}, 0.0, {}});
+  double sum = 0, n = 0;
+  for (const auto& lp : completion_logprobs(m, rows))
+    for (float v : lp) sum += v, n += 1;
+  return sum / n;
+}
+
+// Identical completions with zero-mean advantages (a near-deterministic policy's group, the
+// reward saying nothing): kept whole, a step's gradient is float rounding alone; split into
+// mini-batches (two groups of 4 shuffled into steps of 4), each step pushes the shared completion
+// up or down and Adam's momentum carries it on. Measured: the completions' mean log-prob moved
+// 0.12 whole against 2.1 split. Threshold: a fifth.
+TEST(PolicyUpdateLearning, WholeGroupsOfIdenticalSamplesMoveTheModelLess) {
+  double moved[2] = {0, 0};
+  for (bool grouped : {true, false}) {
+    auto m = tiny_model(7);
+    ASSERT_TRUE(m);
+    auto prompts = make_prompts(2, 5, 11);
+    auto completions = make_prompts(2, 4, 12);
+    const double before = mean_logprob(*m, prompts, completions);
+    model::TrainOptions train;
+    train.lr = 1e-3;
+    auto trainer = model::Trainer::create(m, train);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().to_string();
+    PolicyUpdateOptions options;
+    options.mini_batch_size = 4;
+    options.micro_batch_size = 4;
+    options.shuffle_seed = 3;
+    auto stats = PolicyUpdate(**trainer, options).run(identical_groups(*m, prompts, completions, 4, grouped));
+    ASSERT_TRUE(stats.ok()) << stats.status().to_string();
+    moved[grouped] = std::abs(mean_logprob(*m, prompts, completions) - before);
+  }
+  RecordProperty("moved", fmt::format("whole {:.4f}, split {:.4f}", moved[1], moved[0]));
+  EXPECT_GT(moved[0], 0.1) << "split groups should move the model (the test's premise)";
+  EXPECT_LT(moved[1], moved[0] / 5) << "whole groups moved it " << moved[1] << ", split " << moved[0];
 }
 
 // The numbers behind the thresholds: KZ_POLICY_UPDATE_SWEEP=1 rl_policy_update_test

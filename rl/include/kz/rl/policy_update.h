@@ -9,8 +9,15 @@
 //
 // run(): for each epoch the rollouts are shuffled (seeded: shuffle_seed, the trainer's step count
 // when run() starts and the epoch, so a resumed run shuffles as the uninterrupted one would) and
-// cut into mini-batches of mini_batch_size sequences (the last may be smaller); each mini-batch
-// is one optimiser step, its forward/backward done micro_batch_size sequences at a time with the
+// cut into mini-batches of mini_batch_size sequences (the last may be smaller). A group
+// (Rollout::group: the completions of one prompt) is shuffled as one unit and never split: a
+// mini-batch takes whole groups while they fit, a group larger than mini_batch_size is a
+// mini-batch of its own. Why: the group's mean is its baseline, and it only works inside one
+// gradient: the completions share most of their tokens and their advantages sum to zero, so in
+// one step the shared tokens' terms cancel and the step follows what tells the completions apart;
+// split across steps, each part pushes the shared tokens up or down and Adam carries that on
+// (rl/tests/policy_update_test.cpp measures it; verl keeps groups whole too). Each mini-batch is
+// one optimiser step, its forward/backward done micro_batch_size sequences at a time with the
 // gradients accumulated. The ratio is always against the recorded old_logprobs: the first step of
 // the first epoch sees ratio 1 (up to the numerics of sampling versus teacher forcing), later
 // steps the policy's drift, which the clip bounds.
@@ -57,13 +64,14 @@ struct Rollout {
   double advantage = 0;                 // the same for every completion token
   // Only when loss.kl_coef > 0: the reference model's log-probs, one per completion token.
   std::vector<float> ref_logprobs;
+  int64_t group = -1;  // rollouts with the same id >= 0 share a mini-batch (see above); -1: alone
 };
 
 // The update's defaults: clipped_policy with DAPO's asymmetric clip (0.2, 0.28), no KL.
 model::LossOptions default_policy_loss();
 
 struct PolicyUpdateOptions {
-  int mini_batch_size = 8;     // sequences per optimiser step
+  int mini_batch_size = 8;     // sequences per optimiser step (whole groups: see above)
   int epochs = 1;              // passes over the rollouts
   int micro_batch_size = 4;    // sequences per forward/backward (gradient accumulation)
   model::LossOptions loss = default_policy_loss();  // kind clipped_policy or policy_gradient
