@@ -5,24 +5,9 @@
 
 #include <limits>
 
+#include "tensor_hash.h"
+
 namespace kz::model {
-namespace {
-
-constexpr int64_t kLow32 = 0xffffffffLL;
-
-// A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values in [0, 2^32).
-// Both multipliers are below 2^31, so no product leaves int64's range.
-at::Tensor mix32(at::Tensor x) {
-  x = x.bitwise_xor(x.bitwise_right_shift(16));
-  x = x.mul(0x7feb352dLL).bitwise_and(kLow32);
-  x = x.bitwise_xor(x.bitwise_right_shift(15));
-  x = x.mul(0x2c1b3c6dLL).bitwise_and(kLow32);
-  x = x.bitwise_xor(x.bitwise_right_shift(16));
-  x = x.mul(0x297a2d39LL).bitwise_and(kLow32);
-  return x.bitwise_xor(x.bitwise_right_shift(15));
-}
-
-}  // namespace
 
 Status SamplingOptions::validate() const {
   if (!(temperature >= 0)) return invalid_argument(fmt::format("temperature must be >= 0, got {}", temperature));

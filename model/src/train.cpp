@@ -18,12 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <mutex>
 
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
+#include "tensor_hash.h"
 #include "torch_status.h"
 
 namespace kz::model {
@@ -563,22 +565,90 @@ void Trainer::zero_grad() {
   }
 }
 
+namespace {
+
+// One AdamW step's constants.
+struct AdamWStep {
+  double lr, beta1, beta2, eps, decay_factor, bias1, bias2_sqrt;
+};
+
+// AdamW on float32 tensors, in place: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
+void adamw_float(at::Tensor& w, at::Tensor& m, at::Tensor& v, const at::Tensor& g, const AdamWStep& s) {
+  if (s.decay_factor != 1.0) w.mul_(s.decay_factor);
+  m.lerp_(g, 1.0 - s.beta1);
+  v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+  at::Tensor denom = (v.sqrt() / s.bias2_sqrt).add_(s.eps);
+  w.addcdiv_(m, denom, -s.lr / s.bias1);
+}
+
+uint64_t mix64(uint64_t z) {  // splitmix64's finaliser: the stochastic rounding's stream keys
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// float32 -> bf16, rounded up (in magnitude) with probability equal to the cut bits' fraction of
+// the gap: the random 16 bits are added to the float's bits (sign-magnitude, so this works for
+// either sign), the carry reaches the kept bits exactly that often, and the low half is cut.
+at::Tensor round_stochastic_bf16(const at::Tensor& x, const at::Tensor& random16) {
+  at::Tensor bits = x.contiguous().view(at::kInt).add(random16).bitwise_and(static_cast<int32_t>(0xffff0000u));
+  return bits.view(at::kFloat).to(at::kBFloat16);
+}
+
+// Elements per chunk of the low-precision update: its float32 and int64 temporaries stay in the
+// hundreds of megabytes even for a 7B's embedding table.
+constexpr int64_t kUpdateChunk = int64_t{1} << 24;
+
+// AdamW for a bf16/fp16 parameter without a float32 master: weight, moments and gradient in the
+// parameter's dtype, the step computed in float32 a chunk at a time and rounded back, for bf16
+// stochastically (an update far below bf16's resolution still moves the weight in expectation,
+// and the moments' running averages stay unbiased; rounded to nearest, v's (1 - beta2) g^2 share
+// vanishes), for fp16 to nearest. `key` names this parameter's and step's random stream.
+void adamw_low_precision(at::Tensor& param, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const at::Tensor& grad,
+                         const AdamWStep& s, uint64_t key) {
+  at::Tensor w = param.view(-1), m = exp_avg.view(-1), v = exp_avg_sq.view(-1), g = grad.reshape(-1);
+  const bool stochastic = param.scalar_type() == at::kBFloat16;
+  const int64_t n = w.numel();
+  for (int64_t begin = 0; begin < n; begin += kUpdateChunk) {
+    const int64_t len = std::min(kUpdateChunk, n - begin);
+    at::Tensor w32 = w.narrow(0, begin, len).to(at::kFloat), m32 = m.narrow(0, begin, len).to(at::kFloat),
+               v32 = v.narrow(0, begin, len).to(at::kFloat);
+    adamw_float(w32, m32, v32, g.narrow(0, begin, len).to(at::kFloat), s);
+    if (!stochastic) {
+      w.narrow(0, begin, len).copy_(w32), m.narrow(0, begin, len).copy_(m32), v.narrow(0, begin, len).copy_(v32);
+      continue;
+    }
+    // 32 random bits per element (the weight's half and the first moment's), 16 more for the second.
+    const auto chunk_key = static_cast<int64_t>(mix64(key ^ static_cast<uint64_t>(begin)) & 0xffffffffULL);
+    at::Tensor bits = mix32(at::arange(len, w32.options().dtype(at::kLong)).bitwise_xor(chunk_key));
+    at::Tensor bits2 = mix32(bits.bitwise_xor(0x5bd1e995LL));
+    w.narrow(0, begin, len).copy_(round_stochastic_bf16(w32, bits.bitwise_and(0xffff).to(at::kInt)));
+    m.narrow(0, begin, len).copy_(round_stochastic_bf16(m32, bits.bitwise_right_shift(16).to(at::kInt)));
+    v.narrow(0, begin, len).copy_(round_stochastic_bf16(v32, bits2.bitwise_and(0xffff).to(at::kInt)));
+  }
+}
+
+}  // namespace
+
 Status Trainer::update() {
   return guarded("AdamW update", [&]() -> Status {
     c10::NoGradGuard no_grad;
     const double lr = learning_rate(options_, step_);
-    const double b1 = options_.beta1, b2 = options_.beta2;
     const auto t = static_cast<double>(step_ + 1);
-    const double bias1 = 1.0 - std::pow(b1, t), bias2_sqrt = std::sqrt(1.0 - std::pow(b2, t));
-    for (auto& p : params_) {
+    const AdamWStep s{lr, options_.beta1, options_.beta2, options_.eps, 1.0,
+                      1.0 - std::pow(options_.beta1, t), std::sqrt(1.0 - std::pow(options_.beta2, t))};
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
       at::Tensor g = gradient(p);
       if (!g.defined()) continue;  // unused this step (torch skips parameters without grad too)
-      g = g.to(p.master.scalar_type());
-      if (p.decay && options_.weight_decay > 0) p.master.mul_(1.0 - lr * options_.weight_decay);
-      p.exp_avg.lerp_(g, 1.0 - b1);
-      p.exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);
-      at::Tensor denom = (p.exp_avg_sq.sqrt() / bias2_sqrt).add_(options_.eps);
-      p.master.addcdiv_(p.exp_avg, denom, -lr / bias1);
+      AdamWStep ps = s;
+      if (p.decay && options_.weight_decay > 0) ps.decay_factor = 1.0 - lr * options_.weight_decay;
+      if (p.master.scalar_type() != at::kFloat) {
+        adamw_low_precision(p.param, p.exp_avg, p.exp_avg_sq, g, ps,
+                            mix64(static_cast<uint64_t>(step_) * 0x9E3779B97F4A7C15ull + i));
+        continue;
+      }
+      adamw_float(p.master, p.exp_avg, p.exp_avg_sq, g.to(at::kFloat), ps);
       if (p.mixed()) p.param.copy_(p.master);
     }
     ++step_;

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <cmath>
@@ -468,6 +469,34 @@ TEST_F(StepTest, Bfloat16KeepsFloat32MasterWeights) {
   EXPECT_EQ(param.scalar_type(), at::kBFloat16);
   EXPECT_GT(max_abs_diff(master, start), 1e-5);
   EXPECT_TRUE(at::equal(param, master.to(at::kBFloat16)));
+}
+
+// Without masters, bf16 weights take each step rounded stochastically: at lr 1e-5 (a tenth of
+// bf16's resolution at these weights, so rounded to nearest nothing would move) the weights'
+// change over 20 steps follows the float32 masters' change, element by element, in expectation:
+// the least-squares slope of one against the other is ~1 (measured 0.95; rounded to nearest
+// instead, 0.02). Threshold: 1 +- 0.25.
+TEST_F(StepTest, Bfloat16WithoutMastersRoundsStochastically) {
+  LoadOptions bf16;
+  bf16.dtype = at::kBFloat16;
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  auto run = [&](bool masters) {
+    auto model = load(fixtures() / "qwen2", bf16);
+    TrainOptions options;
+    options.lr = 1e-5;
+    options.fp32_master_weights = masters;
+    auto trainer = make_trainer(model, options);
+    at::Tensor start = model->named_parameters()[name].to(at::kFloat);
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE(trainer->step({batch()}, LossOptions{}).ok());
+    at::Tensor end = masters ? trainer->master(name) : model->named_parameters()[name].to(at::kFloat);
+    EXPECT_EQ(model->named_parameters()[name].scalar_type(), at::kBFloat16);
+    return end - start;
+  };
+  at::Tensor exact = run(true), rounded = run(false);
+  const double slope = (rounded * exact).sum().item<double>() / (exact * exact).sum().item<double>();
+  RecordProperty("slope", fmt::format("{:.3f}", slope));
+  EXPECT_GT(exact.abs().max().item<double>(), 1e-4) << "the masters should move (the test's premise)";
+  EXPECT_NEAR(slope, 1.0, 0.25) << "bf16 weights without masters do not follow the float32 update";
 }
 
 // Two steps, save weights and optimiser state, resume in a fresh model: the third step is the

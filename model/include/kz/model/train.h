@@ -42,8 +42,12 @@
 //
 // Precision: float32 parameters are updated in place. bf16/fp16 parameters get float32 master
 // copies, float32 gradient accumulators and float32 Adam moments (fp32_master_weights, default
-// on); the model's weights are the master rounded after every step. With it off, the moments
-// and update are in the parameter's dtype (less memory, updates below bf16's resolution vanish).
+// on: 18 bytes a bf16 parameter); the model's weights are the master rounded after every step.
+// With it off, weights, gradients and moments stay in the parameter's dtype (8 bytes a
+// parameter: a 7B's full fine-tuning state fits one 80 GB card); each step is computed in float32
+// a chunk at a time and rounded back, stochastically for bf16 (so updates far below bf16's
+// resolution still move the weights in expectation, and the moments stay unbiased), to nearest
+// for fp16. The rounding's random bits come from (step, parameter, element) alone.
 //
 // Activation checkpointing recomputes each decoder layer in backward: the layer's parameters are
 // inputs of the recompute function, so gradients flow (and autograd::grad works) even when the
