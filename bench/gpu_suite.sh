@@ -69,7 +69,10 @@
 #                   (default 110) samples after the manifest's first KZ_AGREE_SKIP (0: calls that
 #                   share the manifest; --report-only A B joins their tables), KZ_AGREE_DEVICE
 #                   (default cuda:0; cuda:all on a kind with several GPUs), all within
-#                   KZ_AGREE_WALL_S (default 510 s, build included).
+#                   KZ_AGREE_WALL_S (default 510 s, build included). What a call does is kept under
+#                   runs/agree-state on the host (--state): the next call on the same machine goes on
+#                   where this one stopped (KernelBench's builds, its verdicts and kz's), and its table
+#                   covers every sample judged so far.
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve, learn or agree}
@@ -133,8 +136,9 @@ if [[ $PART == agree ]]; then
   BUDGET=$((WALL - SECONDS - 25))   # 25 s kept for the archive
   ((BUDGET < 60)) && BUDGET=60
   echo "== agree: ${KZ_AGREE_LIMIT:-110} samples on ${KZ_AGREE_DEVICE:-cuda:0}, --budget-s $BUDGET (of ${WALL} s, build included) =="
+  mkdir -p runs/agree-state
   timeout -k 10 $((BUDGET + 30)) python3 bench/kernelbench_agreement.py --samples "$KB_SAMPLES" \
-    --kernelbench "$KERNELBENCH" --out "$OUT/agree" --device "${KZ_AGREE_DEVICE:-cuda:0}" \
+    --kernelbench "$KERNELBENCH" --out "$OUT/agree" --state runs/agree-state --device "${KZ_AGREE_DEVICE:-cuda:0}" \
     --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
   step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .

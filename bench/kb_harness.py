@@ -209,24 +209,36 @@ def verdict_class(outcome: dict) -> str:
     return "runtime_error" if "runtime_error" in outcome.get("metadata", {}) else "incorrect"
 
 
-def prebuild(samples: list, workers: int, gpu_arch: str, log_path: pathlib.Path, deadline: float) -> dict:
-    """All samples built at once in a pool of `workers` processes. Returns per-sample results
-    (by id) and the phase's wall time."""
+def prebuild(samples: list, workers: int, gpu_arch: str, log_path: pathlib.Path, deadline: float,
+             on_result=None, stop_early=None) -> dict:
+    """All samples built at once in a pool of `workers` processes, until the deadline or until
+    stop_early() says so (checked every half second). on_result(id, result) gets each result as soon
+    as it exists. Returns per-sample results (by id; those not built in time have "cut": True) and
+    the phase's wall time."""
     context = multiprocessing.get_context("spawn")
     started = time.monotonic()
     results = {}
     pool = context.Pool(workers, initializer=_child_init, initargs=(str(log_path), gpu_arch))
     try:
         pending = {s["id"]: pool.apply_async(compile_one, (s["source"], s["build_dir"])) for s in samples}
-        for sample_id, job in pending.items():
-            try:
-                results[sample_id] = job.get(timeout=seconds_until(deadline))
-            except multiprocessing.TimeoutError:
-                results[sample_id] = {"built": None, "error": "pre-build past the benchmark's deadline", "compile_s": None}
+        while pending:
+            for sample_id, job in list(pending.items()):
+                if job.ready():
+                    results[sample_id] = job.get()
+                    del pending[sample_id]
+                    if on_result:
+                        on_result(sample_id, results[sample_id])
+            if not pending or time.monotonic() >= deadline or (stop_early and stop_early()):
+                break
+            time.sleep(0.5)
+        for sample_id in pending:
+            results[sample_id] = {"built": None, "cut": True, "error": "pre-build stopped by the benchmark's budget",
+                                  "compile_s": None}
     finally:
         pool.terminate()
         pool.join()
-    return {"samples": results, "wall_s": time.monotonic() - started, "workers": workers}
+    in_order = {s["id"]: results[s["id"]] for s in samples}
+    return {"samples": in_order, "wall_s": time.monotonic() - started, "workers": workers}
 
 
 def evaluate_all(samples: list, settings: dict, gpu_arch: str, log_path: pathlib.Path, deadline: float) -> dict:
@@ -251,11 +263,6 @@ def evaluate_all(samples: list, settings: dict, gpu_arch: str, log_path: pathlib
         outcome["class"] = verdict_class(outcome)
         outcomes.append(outcome)
     return {"outcomes": outcomes, "skipped": skipped}
-
-
-def seconds_until(deadline: float):
-    """A timeout for waiting until `deadline` (time.monotonic()); None when there is none."""
-    return None if deadline == float("inf") else max(1.0, deadline - time.monotonic())
 
 
 def build_root() -> pathlib.Path:

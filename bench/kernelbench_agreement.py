@@ -3,7 +3,7 @@
 KernelBench's own harness, on the same public kernels, side by side.
 
     bench/kernelbench_agreement.py --samples .kb-samples --kernelbench .kb/KernelBench --out OUTDIR
-        [--limit 110] [--budget-s S] [--device cuda:0 | cuda:0,cuda:1 | cuda:all | cpu]
+        [--limit 110] [--budget-s S] [--device cuda:0 | cuda:0,cuda:1 | cuda:all | cpu] [--state DIR]
     bench/kernelbench_agreement.py --report-only OUTDIR/agreement.json
 
 The kernels: the first --limit samples of .kb-samples/manifest.jsonl (bench/fetch-kb-samples.sh:
@@ -23,12 +23,23 @@ status is `ok`. The agreement rate is over the samples both sides judged. Writes
 OUTDIR/agreement.json (everything) and OUTDIR/agreement.txt (the table, every disagreement with
 both sides' messages, and what the time budget cut).
 
---budget-s bounds the whole run: kz's run gets it all, KernelBench's pre-build stops in time for
-its evaluations (samples it did not build are cut from both sides' comparison and listed), its
-evaluations stop when the budget does, and the strict run happens only where it fits.
+--budget-s bounds the whole run: kz's run gets it all, KernelBench's pre-build stops when the time
+left is what evaluating the samples built so far takes (samples it did not build are cut from both
+sides' comparison and listed), its evaluations stop when the budget does, and the strict run
+happens only where it fits.
+
+--state DIR makes the run resumable: DIR keeps, one JSON file per sample and piece as soon as it
+exists, KernelBench's pre-build results (built, or the compile error: not retried) and its build
+folders, its evaluation outcomes, and kz's verdicts under both policies. A later call with the same
+DIR does only what is missing: first it evaluates the samples already built, then kz judges and
+KernelBench pre-builds and evaluates the rest, as the budget allows. The tables cover every sample
+of the selection judged so far, and a note says how much came from earlier calls. An unreadable
+file in DIR is ignored (its work is done again) and named in a note.
+
 On --device cpu (no GPU) it checks what it can: the manifest, the kz suite it writes, KernelBench's
-loaders on every reference, every sample through Python's parser, and kz on the first --dry-limit
-samples under the CPU backend (KernelBench cannot evaluate without CUDA).
+loaders on every reference, every sample through Python's parser, kz on the first --dry-limit
+samples it has not judged under the CPU backend, and where there is nvcc KernelBench's pre-build
+of as many (KernelBench cannot evaluate without CUDA); with --state, each call takes the next ones.
 """
 import argparse
 import json
@@ -41,6 +52,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -56,12 +68,13 @@ mode = "kernelbench"
 [tolerance]
 rule = "kernelbench"
 """
-KB_EVAL_S = 5.0      # one KernelBench evaluation of a pre-built sample, process start included (H200, timed: ~4.3 s)
+KB_EVAL_S = 9.4      # one KernelBench evaluation of a pre-built sample, process start included, with 4 at
+                     # once on the GPU (H100, measured: 9.4 s, i.e. ~2.4 s a sample)
 KZ_STRICT_S = 0.6    # one kz evaluation whose build is kept, per sample and GPU, at kz's concurrency (8)
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
+KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
-PARTIAL = {"kb": {}, "kz": {}}  # the verdicts so far, for the tables of an interrupted run
 
 
 def end_on_sigterm(signum, frame):
@@ -100,6 +113,8 @@ def parse_args(argv=None):
     p.add_argument("--kb-gpu-arch", default="Hopper", help="KernelBench's gpu_arch (Hopper: H100/H200)")
     p.add_argument("--no-strict", action="store_true", help="skip kz's second run under --policy strict")
     p.add_argument("--dry-limit", type=int, default=3, help="--device cpu: samples run through kz (default 3)")
+    p.add_argument("--state", type=pathlib.Path,
+                   help="a folder keeping what is done, so that a later call goes on where this one stopped")
     p.add_argument("--report-only", type=pathlib.Path, nargs="+",
                    help="print the table of saved agreement.json files (several: their rows as one run) and exit")
     args = p.parse_args(argv)
@@ -136,24 +151,25 @@ def merged(files: list) -> dict:
     return data
 
 
-def write_kz_batch(samples: list, kernelbench: pathlib.Path, samples_dir: pathlib.Path, out: pathlib.Path) -> dict:
-    """OUT/suite/<task>.py (KernelBench's references, unchanged), OUT/candidates/<task>/<id>.py and
-    OUT/kernelbench.toml. Returns {candidate path: sample id}."""
-    for sub in ("suite", "candidates"):
-        shutil.rmtree(out / sub, ignore_errors=True)
-        (out / sub).mkdir(parents=True)
-    paths = {}
+def write_kz_suite(samples: list, kernelbench: pathlib.Path, out: pathlib.Path) -> None:
+    """OUT/suite/<task>.py (KernelBench's references, unchanged) and OUT/kernelbench.toml."""
+    shutil.rmtree(out / "suite", ignore_errors=True)
+    (out / "suite").mkdir(parents=True)
     for s in samples:
-        task = task_id(s)
-        ref = out / "suite" / f"{task}.py"
+        ref = out / "suite" / f"{task_id(s)}.py"
         if not ref.exists():
             shutil.copyfile(kernelbench / s["reference"], ref)
-        dest = out / "candidates" / task / f"{s['id']}.py"
-        dest.parent.mkdir(exist_ok=True)
-        shutil.copyfile(samples_dir / s["kernel"], dest)
-        paths[str(dest)] = s["id"]
     (out / "kernelbench.toml").write_text(KZ_CONFIG)
-    return paths
+
+
+def write_candidates(samples: list, samples_dir: pathlib.Path, dest: pathlib.Path, paths: dict) -> None:
+    """DEST/<task>/<id>.py for each sample; paths gets {candidate path: sample id}."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for s in samples:
+        path = dest / task_id(s) / f"{s['id']}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(samples_dir / s["kernel"], path)
+        paths[str(path)] = s["id"]
 
 
 def run_kz(kz: pathlib.Path, kz_dir: pathlib.Path, name: str, device: str, policy: str, cache_home: pathlib.Path,
@@ -202,9 +218,10 @@ def read_kz(path: pathlib.Path, paths: dict) -> dict:
         return verdicts
     by_stem = {pathlib.PurePath(p).stem: i for p, i in paths.items()}
     for line in path.read_text().splitlines():
-        if not line.strip():
+        try:
+            v = json.loads(line)
+        except ValueError:  # an empty line, or the one kz is writing now
             continue
-        v = json.loads(line)
         sample = paths.get(v.get("candidate")) or by_stem.get(pathlib.PurePath(v.get("candidate", "")).stem)
         if sample:
             verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy",
@@ -225,13 +242,13 @@ def _kb_child(result_path: str, log_path: str, gpu_arch: str, ref_src: str, src:
 
 
 def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pathlib.Path, deadline: float,
-                work: pathlib.Path, outcomes: dict = None) -> dict:
+                work: pathlib.Path, on_outcome=None) -> dict:
     """Samples evaluated `jobs` at a time on each device, each in a fresh process with a timeout,
-    until the deadline. Returns {id: outcome} and the ids left out (not started, or stopped by the
-    deadline rather than by their own timeout: no verdict of KernelBench's)."""
+    until the deadline; on_outcome(id, outcome) gets each outcome as it comes (an interrupted run
+    keeps them). Returns {id: outcome} and the ids left out (not started, or stopped by the deadline
+    rather than by their own timeout: no verdict of KernelBench's)."""
     context = multiprocessing.get_context("spawn")
-    pending, running, skipped = list(samples), {}, []
-    outcomes = {} if outcomes is None else outcomes  # filled as they come: an interrupted run keeps them
+    pending, running, skipped, outcomes = list(samples), {}, [], {}
     slots = [d for d in devices for _ in range(jobs)]
     while pending or running:
         while pending and slots:
@@ -274,6 +291,8 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
             outcome.update(wall_s=elapsed, device=device)
             outcome["class"] = kb_harness.verdict_class(outcome)
             outcomes[sample_id] = outcome
+            if on_outcome:
+                on_outcome(sample_id, outcome)
     return {"outcomes": outcomes, "skipped": skipped}
 
 
@@ -438,6 +457,136 @@ def render(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- what is done: --state ---------------------------------------------------------------------------
+
+PIECES = ("kb-prebuild", "kb-eval") + tuple(KZ_RUNS)  # the state's folders: one JSON file per sample in each
+IDENTITY = ("kz_commit", "kernelbench_commit", "gpu")  # what made the state's verdicts: a change is noted
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """A whole file or none: a call killed while writing leaves only a temporary file, ignored."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+class State:
+    """Everything done for the samples, by piece (PIECES) and sample id, loaded from its folder and
+    written there as soon as each piece exists; KernelBench's build folders live in ROOT/kb-builds."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self.builds = root / "kb-builds"
+        self.builds.mkdir(parents=True, exist_ok=True)
+        self.done = {piece: {} for piece in PIECES}
+        self.unreadable = []  # "piece/file: why", ignored: their work is done again
+        for piece in PIECES:
+            folder = root / piece
+            folder.mkdir(exist_ok=True)
+            for leftover in folder.glob(".*.tmp"):  # a write cut short
+                leftover.unlink(missing_ok=True)
+            for path in sorted(folder.glob("*.json")):
+                self._load(piece, path)
+        self.earlier = {piece: set(found) for piece, found in self.done.items()}
+
+    def _load(self, piece: str, path: pathlib.Path) -> None:
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            self.unreadable.append(f"{piece}/{path.name}: {exc}")
+            return
+        if not isinstance(value, dict):
+            self.unreadable.append(f"{piece}/{path.name}: {type(value).__name__}, not an object")
+            return
+        self.done[piece][path.stem] = value
+
+    def record(self, piece: str, sample_id: str, value: dict) -> None:
+        self.done[piece][sample_id] = value
+        write_atomically(self.root / piece / f"{sample_id}.json", json.dumps(value, indent=1, default=str) + "\n")
+
+    def identity_changes(self, identity: dict) -> list:
+        """What differs from the identity the state was made with ("what: then -> now"); records the
+        current one where there was none."""
+        path = self.root / "identity.json"
+        try:
+            then = json.loads(path.read_text())
+        except (OSError, ValueError):
+            write_atomically(path, json.dumps(identity, indent=1) + "\n")
+            return []
+        return [f"{key}: {then.get(key)} -> {identity.get(key)}" for key in IDENTITY if then.get(key) != identity.get(key)]
+
+
+def missing(samples: list, state: State, piece: str) -> list:
+    """The samples without that piece in the state."""
+    return [s for s in samples if s["id"] not in state.done[piece]]
+
+
+def to_prebuild(samples: list, state: State) -> list:
+    """The samples KernelBench has neither pre-built (or failed to) nor evaluated."""
+    return [s for s in missing(samples, state, "kb-prebuild") if s["id"] not in state.done["kb-eval"]]
+
+
+def ready_for_kb(samples: list, state: State) -> list:
+    """The samples KernelBench can evaluate now: pre-built, or failed to be (its evaluation builds
+    them again and reports the compile error: the slower kind, so last), and not evaluated yet."""
+    prebuilt = state.done["kb-prebuild"]
+    ready = [s for s in missing(samples, state, "kb-eval") if s["id"] in prebuilt]
+    return sorted(ready, key=lambda s: not prebuilt[s["id"]].get("built"))
+
+
+def eval_reserve_s(samples: int, slots: int, kb_timeout: float) -> float:
+    """The time KernelBench's evaluations of `samples` take (`slots` at once), with the slowest's
+    tail and the tables' margin: the pre-build stops when no more than this is left."""
+    return KB_EVAL_S * samples / max(1, slots) + kb_timeout / 6 + MARGIN_S
+
+
+def state_note(state: State, samples: list) -> str:
+    ids = {s["id"] for s in samples}
+    earlier = {piece: found & ids for piece, found in state.earlier.items()}
+    built = sum(bool(state.done["kb-prebuild"][i].get("built")) for i in earlier["kb-prebuild"])
+    text = (f"{state.root}: from earlier calls, of the {len(samples)} samples: {len(earlier['kb-prebuild'])} "
+            f"pre-built by KernelBench ({built} built), {len(earlier['kb-eval'])} evaluated by it, "
+            f"{len(earlier['kz-kernelbench'])} kz verdicts, {len(earlier['kz-strict'])} kz strict verdicts")
+    if state.unreadable:
+        text += f"; {len(state.unreadable)} unreadable files ignored (done again): " + "; ".join(state.unreadable[:5])
+    return text
+
+
+def tables_note(state: State, samples: list) -> str:
+    both = [s["id"] for s in samples if s["id"] in state.done["kb-eval"] and s["id"] in state.done["kz-kernelbench"]]
+    earlier = sum(i in state.earlier["kb-eval"] and i in state.earlier["kz-kernelbench"] for i in both)
+    return f"{len(both)} samples judged by both sides, {earlier} of them entirely in earlier calls"
+
+
+class KzFollower(threading.Thread):
+    """Copies a running kz's verdicts into the state as they appear in its results.jsonl (kz appends
+    one line per verdict), so that a call killed by its timeout keeps every verdict kz gave."""
+
+    def __init__(self, state: State, name: str, results: pathlib.Path, paths: dict):
+        super().__init__(daemon=True)
+        self.state, self.name, self.results, self.paths = state, name, results, paths
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(2.0):
+            self.collect()
+
+    def collect(self) -> None:
+        record_kz(self.state, self.name, self.results, self.paths)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        self.collect()
+
+
+def record_kz(state: State, name: str, results: pathlib.Path, paths: dict) -> None:
+    """The verdicts of a kz run's results.jsonl into the state (those not there yet)."""
+    for sample_id, verdict in read_kz(results, paths).items():
+        if state.done[name].get(sample_id) != verdict:
+            state.record(name, sample_id, verdict)
+
+
 # ---- the run ---------------------------------------------------------------------------------------------
 
 def note(data, phase, text):
@@ -485,30 +634,44 @@ def main(argv=None):
     budget = Budget(args.budget_s)
     started = time.monotonic()
     previous_handler = signal.signal(signal.SIGTERM, end_on_sigterm)
-    PARTIAL.update(kb={}, kz={})
     LIVE.clear()
     args.out.mkdir(parents=True, exist_ok=True)
+    for name in KZ_RUNS:  # this call's kz verdicts only: the state holds the earlier ones
+        (args.out / f"{name}.jsonl").unlink(missing_ok=True)
     samples = load_samples(args.samples, args.limit, args.skip)
     source = samples[0]["source"] if samples else {}
     data = {"device": args.device, "gpu": gpu_name(args.device), "limit": args.limit, "budget_s": args.budget_s,
             "kz_commit": os.environ.get("KZ_COMMIT") or git_commit(ROOT),
             "kernelbench_commit": kb_harness._git_commit(args.kernelbench),
             "source": f"{source.get('repo')}@{str(source.get('commit'))[:12]}", "samples": samples,
+            "state": str(args.state) if args.state else None,
             "settings": {"kb_workers": args.kb_workers, "kb_eval_jobs": args.kb_eval_jobs,
                          "kb_timeout": args.kb_timeout, "kb_gpu_arch": args.kb_gpu_arch,
                          "kb_correct_trials": 5, "kz_trials": 5}, "rows": None}
     kz_dir = args.out / "kz"
-    paths = write_kz_batch(samples, args.kernelbench, args.samples, kz_dir)
+    write_kz_suite(samples, args.kernelbench, kz_dir)
+    paths = {}  # {candidate path: sample id}, filled as kz's batches are written
     work = pathlib.Path(tempfile.mkdtemp(prefix="kb-agree-"))
+    # Without --state, a state in the temporary folder: the same flow, forgotten at the end.
+    state = State(args.state or work / "state")
+    cache_home = args.state / "kz-cache" if args.state else work / "cache"  # kz's builds, kept for strict
     print(f"[agree] {len(samples)} samples, {len({task_id(s) for s in samples})} problems; device {args.device}; "
           f"budget {args.budget_s or 'none'} s", flush=True)
+    finished = False
     try:
+        if args.state:
+            note(data, "state", state_note(state, samples))
+            changes = state.identity_changes({key: data[key] for key in IDENTITY})
+            if changes:
+                note(data, "state made elsewhere", "its results are kept, judged by other code or on another GPU "
+                                                   "(a new --state folder starts afresh): " + "; ".join(changes))
         setup = kb_harness.prepare(args.kernelbench, work / "stubs")
         data["kb_setup"] = {"stubbed": setup["stubbed"], "commit": setup["commit"]}
         for s in samples:  # "source" is the kernel's text from here on, as kb_harness reads it
             s["origin"] = s.pop("source", None)
             s["ref_source"] = (args.kernelbench / s["reference"]).read_text()
             s["source"] = (args.samples / s["kernel"]).read_text()
+            s["build_dir"] = str(state.builds / s["id"])
         references = {task_id(s): s["ref_source"] for s in samples}
         data["kb_loaders"] = in_child(kb_loader_check, references, {s["id"]: s["source"] for s in samples})
         note(data, "kb loaders", f"{data['kb_loaders']['references']} references, "
@@ -517,18 +680,22 @@ def main(argv=None):
                                  f"{len(data['kb_loaders']['syntax_errors'])} do not")
         for problem in data["kb_loaders"]["reference_problems"]:
             print("  ", problem)
-        cache_home = work / "cache"
         if args.device == "cpu":
-            dry_run(args, data, samples, paths, kz_dir, cache_home, work)
+            dry_run(args, data, samples, state, paths, kz_dir, cache_home)
         else:
-            gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget)
+            gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget)
+        finished = True
     except Exception as exc:  # noqa: BLE001 - the tables still get written
         traceback.print_exc()
         note(data, "failed", f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
-        if data["rows"] is None and (PARTIAL["kb"] or PARTIAL["kz"]):
+        for name in KZ_RUNS:  # what a run cut short by SIGTERM wrote since its follower last looked
+            record_kz(state, name, args.out / f"{name}.jsonl", paths)
+        if not finished and "failed" not in data.get("notes", {}):
             note(data, "interrupted", "the tables hold the verdicts in so far")
-            data["rows"] = join(samples, PARTIAL["kb"], PARTIAL["kz"], {})
+        data["rows"] = join(samples, state.done["kb-eval"], state.done["kz-kernelbench"], state.done["kz-strict"])
+        if args.state:
+            note(data, "tables", tables_note(state, samples))
         data["wall_s"] = time.monotonic() - started
         save(args.out, data)
         shutil.rmtree(work, ignore_errors=True)
@@ -537,113 +704,154 @@ def main(argv=None):
     return 1 if "failed" in data.get("notes", {}) else 0
 
 
-def dry_run(args, data, samples, paths, kz_dir, cache_home, work):
-    """No GPU: kz on the first --dry-limit samples under the CPU backend; KernelBench's side stops
-    at its loaders (eval_kernel_against_ref asserts CUDA)."""
-    subset = kz_dir / "candidates-dry"
-    shutil.rmtree(subset, ignore_errors=True)
-    chosen = samples[:args.dry_limit]
-    for s in chosen:
-        dest = subset / task_id(s) / f"{s['id']}.py"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(s["source"])
-        paths[str(dest)] = s["id"]
-    for name, policy in (("kz-kernelbench", "kernelbench"), ("kz-strict", "strict")):
-        try:
-            process = run_kz(args.kz, kz_dir, name, "cpu", policy, cache_home, args.out, subset)
-        except OSError as exc:
-            note(data, name, f"FAILED to start {args.kz}: {exc}")
-            continue
-        data[name] = wait_kz(process, 900)
-        note(data, name, f"exit {data[name]['rc']} in {data[name]['waited_s']:.0f} s on the CPU "
-                         f"({len(chosen)} samples)")
-    kz = read_kz(args.out / "kz-kernelbench.jsonl", paths)
-    strict = read_kz(args.out / "kz-strict.jsonl", paths)
-    nvcc = shutil.which("nvcc") or pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
-    if pathlib.Path(nvcc).exists():  # KernelBench's pre-build needs nvcc, not a GPU
-        builds = kb_harness.build_root()
-        for s in chosen:
-            s["build_dir"] = str(builds / s["id"])
-        prebuild = kb_harness.prebuild(chosen, max(1, min(args.kb_workers, len(chosen))), args.kb_gpu_arch,
-                                       args.out / "kb-prebuild.log", time.monotonic() + 900)
-        data["kb"] = {"prebuild": prebuild}
-        shutil.rmtree(builds, ignore_errors=True)
-        note(data, "kb pre-build", ", ".join(f"{i}: {'built' if r.get('built') else 'not built'} "
-                                             f"({r.get('compile_s') or 0:.0f} s) {brief(r.get('error'))}".strip()
-                                             for i, r in prebuild["samples"].items()))
-    note(data, "kb", "evaluations not run: KernelBench's eval_kernel_against_ref needs CUDA")
-    data["rows"] = join(samples, {}, kz, strict)
-
-
-def gpu_run(args, data, samples, paths, kz_dir, cache_home, work, budget):
-    devices = gpu_devices(args.device)
-    builds = kb_harness.build_root()
-    for s in samples:
-        s["build_dir"] = str(builds / s["id"])
-    # kz first, in the background: its pre-build shares the cores with KernelBench's below.
-    kz_started = time.monotonic()
+def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device):
+    """kz's run `name` (KZ_RUNS) on the batch, in the background, its verdicts followed into the
+    state. None when the batch is empty or kz does not start (said in a note)."""
+    phase = "kz" if name == "kz-kernelbench" else "kz strict"
+    if not batch:
+        note(data, phase, "every sample already judged")
+        return None
+    candidates = kz_dir / ("candidates" if name == "kz-kernelbench" else "candidates-strict")
+    write_candidates(batch, args.samples, candidates, paths)
     try:
-        kz_process = run_kz(args.kz, kz_dir, "kz-kernelbench", args.device, "kernelbench", cache_home, args.out)
+        process = run_kz(args.kz, kz_dir, name, device, KZ_RUNS[name], cache_home, args.out, candidates)
     except OSError as exc:  # KernelBench's side still runs: its verdicts are half the table
-        kz_process = None
-        note(data, "kz", f"FAILED to start {args.kz}: {exc}")
-    # KernelBench's pre-build stops in time for its evaluations (and, if it fits, kz's strict run).
-    evals_s = KB_EVAL_S * len(samples) / max(1, len(devices) * args.kb_eval_jobs) + args.kb_timeout / 6
-    prebuild_deadline = budget.deadline - evals_s - MARGIN_S
-    kb = data["kb"] = {}
-    kb["prebuild"] = kb_harness.prebuild(samples, max(1, min(args.kb_workers, len(samples))), args.kb_gpu_arch, args.out / "kb-prebuild.log",
-                                         prebuild_deadline)
-    built = {i for i, r in kb["prebuild"]["samples"].items() if r.get("built")}
-    cut = [i for i, r in kb["prebuild"]["samples"].items() if "deadline" in str(r.get("error"))]
-    note(data, "kb pre-build", f"{len(built)} of {len(samples)} built in {kb['prebuild']['wall_s']:.0f} s"
-                               f" ({args.kb_workers} workers)" + (f"; {len(cut)} cut by the budget" if cut else ""))
-    save(args.out, data)
-    # KernelBench's evaluations start once kz's are done (both on the GPU's memory), or at the last moment.
-    kz = {}
-    if kz_process:
-        data["kz-kernelbench"] = wait_kz(kz_process, max(1.0, budget.left() - evals_s - MARGIN_S))
-        data["kz-kernelbench"]["wall_s"] = time.monotonic() - kz_started
-        kz = PARTIAL["kz"] = read_kz(args.out / "kz-kernelbench.jsonl", paths)
-        run = data["kz-kernelbench"]
-        note(data, "kz", f"{len(kz)} of {len(samples)} verdicts, exit {run['rc']}, {run['wall_s']:.0f} s"
-                         + (" (cut by the budget)" if run["timed_out"] else ""))
+        note(data, phase, f"FAILED to start {args.kz}: {exc}")
+        return None
+    follower = KzFollower(state, name, args.out / f"{name}.jsonl", paths)
+    follower.start()
+    return {"name": name, "phase": phase, "process": process, "follower": follower, "batch": len(batch),
+            "started": time.monotonic()}
+
+
+def finish_kz(data, run, timeout) -> None:
+    """Waits for a kz run up to `timeout` s (ended past it); its verdicts are in the state after."""
+    result = data[run["name"]] = wait_kz(run["process"], timeout)
+    run["follower"].stop()
+    result["wall_s"] = time.monotonic() - run["started"]
+    judged = len(read_kz(run["follower"].results, run["follower"].paths))
+    note(data, run["phase"], f"{judged} of {run['batch']} verdicts, exit {result['rc']}, {result['wall_s']:.0f} s"
+                             + (" (cut by the budget)" if result["timed_out"] else ""))
+
+
+def prebuild_missing(args, data, batch, state, deadline, stop_early=None) -> None:
+    """KernelBench's parallel pre-build of the batch, each result into the state as it comes."""
+    kb = data.setdefault("kb", {})
+    kb.setdefault("cut", [])
+    if not batch:
+        note(data, "kb pre-build", "nothing to build")
+        return
+    for s in batch:  # what a build cut short left is no build
+        shutil.rmtree(s["build_dir"], ignore_errors=True)
+    kb["prebuild"] = kb_harness.prebuild(batch, max(1, min(args.kb_workers, len(batch))), args.kb_gpu_arch,
+                                         args.out / "kb-prebuild.log", deadline,
+                                         on_result=lambda sample_id, result: state.record("kb-prebuild", sample_id, result),
+                                         stop_early=stop_early)
+    results = kb["prebuild"]["samples"]
+    cut = [i for i, r in results.items() if r.get("cut")]
+    kb["cut"] += cut
+    note(data, "kb pre-build", f"{sum(bool(r.get('built')) for r in results.values())} of {len(batch)} built in "
+                               f"{kb['prebuild']['wall_s']:.0f} s ({args.kb_workers} workers)"
+                               + (f"; {len(cut)} cut by the budget" if cut else ""))
+
+
+def kb_judge(args, data, phase, batch, devices, state, work, budget) -> None:
+    """KernelBench's evaluations of the batch (pre-built, or failed to be) until the budget's end,
+    a few at once per GPU; an out-of-memory or "lock file" answer, ours rather than the sample's,
+    is evaluated again alone. Each verdict goes into the state as it comes, and its build folder,
+    needed no more, goes."""
+    kb = data.setdefault("kb", {})
+    kb.setdefault("cut", [])
+    if not batch:
+        note(data, phase, "nothing to evaluate" + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
+        return
     settings = {"correct_trials": 5, "perf_trials": 0, "measure_performance": False, "timeout_s": args.kb_timeout,
                 "min_eval_s": 10.0, "gpu_arch": args.kb_gpu_arch, "metadata_chars": 6000}
-    to_eval = [s for s in samples if s["id"] not in cut]
-    results = work / "kb-results"
-    results.mkdir()
-    kb_started = time.monotonic()
-    kb["eval"] = kb_evaluate(to_eval, devices, args.kb_eval_jobs, settings, args.out / "kb-eval.log",
-                             budget.deadline - MARGIN_S, results, PARTIAL["kb"])
-    retry = [s for s in to_eval if s["id"] in kb["eval"]["outcomes"] and needs_retry(kb["eval"]["outcomes"][s["id"]])]
-    if retry:
-        again = kb_evaluate(retry, devices, 1, settings, args.out / "kb-eval.log", budget.deadline - MARGIN_S, results)
-        for sample_id, outcome in again["outcomes"].items():
-            outcome["retried_alone"] = True
-            kb["eval"]["outcomes"][sample_id] = outcome
-        for sample_id in again["skipped"]:  # its first answer was our concurrency's, not a verdict
-            kb["eval"]["outcomes"].pop(sample_id, None)
-            kb["eval"]["skipped"].append(sample_id)
-        kb["retried"] = [s["id"] for s in retry]
-    kb["cut"] = cut + kb["eval"]["skipped"]
-    note(data, "kb", f"{len(kb['eval']['outcomes'])} evaluated in {time.monotonic() - kb_started:.0f} s "
-                     f"({args.kb_eval_jobs} at once on {','.join(devices)}), {len(retry)} again alone"
-                     + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
-    shutil.rmtree(builds, ignore_errors=True)
-    strict = {}
-    if args.no_strict or not kz_process:
-        note(data, "kz strict", "skipped" + (" (--no-strict)" if args.no_strict else ""))
-    elif budget.left() - MARGIN_S < KZ_STRICT_S * len(samples) / len(devices) + 30:
-        note(data, "kz strict", f"cut: {budget.left():.0f} s left, "
-                                f"~{KZ_STRICT_S * len(samples) / len(devices) + 30:.0f} s needed")
+    build_dirs = {s["id"]: s["build_dir"] for s in batch}
+
+    def keep(sample_id, outcome):
+        state.record("kb-eval", sample_id, outcome)
+        shutil.rmtree(build_dirs[sample_id], ignore_errors=True)
+
+    def keep_unless_retried(sample_id, outcome):
+        if not needs_retry(outcome):
+            keep(sample_id, outcome)
+
+    def keep_retried(sample_id, outcome):
+        outcome["retried_alone"] = True
+        keep(sample_id, outcome)
+
+    results, log, deadline = work / "kb-results", args.out / "kb-eval.log", budget.deadline - MARGIN_S
+    results.mkdir(exist_ok=True)
+    started = time.monotonic()
+    first = kb_evaluate(batch, devices, args.kb_eval_jobs, settings, log, deadline, results, keep_unless_retried)
+    retry = [s for s in batch if s["id"] in first["outcomes"] and needs_retry(first["outcomes"][s["id"]])]
+    again = kb_evaluate(retry, devices, 1, settings, log, deadline, results, keep_retried)
+    outcomes = {**first["outcomes"], **again["outcomes"]}
+    for sample_id in again["skipped"]:  # its first answer was our concurrency's, not a verdict
+        outcomes.pop(sample_id, None)
+    evaluated = kb.setdefault("eval", {"outcomes": {}, "skipped": []})
+    evaluated["outcomes"].update(outcomes)
+    evaluated["skipped"] += first["skipped"] + again["skipped"]
+    kb.setdefault("retried", []).extend(s["id"] for s in retry)
+    kb["cut"] += first["skipped"] + again["skipped"]
+    note(data, phase, f"{len(outcomes)} evaluated in {time.monotonic() - started:.0f} s "
+                      f"({args.kb_eval_jobs} at once on {','.join(devices)}), {len(retry)} again alone"
+                      + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
+
+
+def dry_run(args, data, samples, state, paths, kz_dir, cache_home):
+    """No GPU: kz on the first --dry-limit samples it has not judged, under the CPU backend, and where
+    there is nvcc KernelBench's pre-build of the first it has not built; its side stops there
+    (eval_kernel_against_ref asserts CUDA)."""
+    for name in KZ_RUNS:
+        run = start_kz(args, data, state, missing(samples, state, name)[:args.dry_limit], name, kz_dir,
+                       cache_home, paths, "cpu")
+        if run:
+            finish_kz(data, run, 900)
+    nvcc = shutil.which("nvcc") or pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    if pathlib.Path(nvcc).exists():  # KernelBench's pre-build needs nvcc, not a GPU
+        batch = to_prebuild(samples, state)[:args.dry_limit]
+        prebuild_missing(args, data, batch, state, time.monotonic() + 900)
+        if batch:
+            note(data, "kb pre-build", ", ".join(f"{i}: {'built' if r.get('built') else 'not built'} "
+                                                 f"({r.get('compile_s') or 0:.0f} s) {brief(r.get('error'))}".strip()
+                                                 for i, r in data["kb"]["prebuild"]["samples"].items()))
+    note(data, "kb", "evaluations not run: KernelBench's eval_kernel_against_ref needs CUDA")
+
+
+def gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget):
+    devices = gpu_devices(args.device)
+    slots = len(devices) * args.kb_eval_jobs
+    # Builds of earlier calls first: the GPU alone turns them into verdicts, before anything else
+    # wants the cores or the GPU's memory.
+    built_earlier = ready_for_kb(samples, state)
+    if built_earlier:
+        kb_judge(args, data, "kb, built earlier", built_earlier, devices, state, work, budget)
+    # kz in the background: its pre-build shares the cores with KernelBench's below.
+    kz_run = start_kz(args, data, state, missing(samples, state, "kz-kernelbench"), "kz-kernelbench", kz_dir,
+                      cache_home, paths, args.device)
+
+    def reserve_s():  # evaluating what is built so far, should the pre-build stop now
+        return eval_reserve_s(len(ready_for_kb(samples, state)), slots, args.kb_timeout)
+
+    prebuild_missing(args, data, to_prebuild(samples, state), state, budget.deadline,
+                     stop_early=lambda: budget.left() <= reserve_s())
+    save(args.out, data)
+    # KernelBench's evaluations start once kz's are done (both on the GPU's memory), or at the last moment.
+    if kz_run:
+        finish_kz(data, kz_run, budget.left() - reserve_s())
+    kb_judge(args, data, "kb", ready_for_kb(samples, state), devices, state, work, budget)
+    strict_batch = [s for s in missing(samples, state, "kz-strict") if s["id"] in state.done["kz-kernelbench"]]
+    strict_s = KZ_STRICT_S * len(strict_batch) / len(devices) + 30
+    if args.no_strict:
+        note(data, "kz strict", "skipped (--no-strict)")
+    elif strict_batch and budget.left() - MARGIN_S < strict_s:
+        note(data, "kz strict", f"cut: {budget.left():.0f} s left, ~{strict_s:.0f} s needed")
     else:
-        strict_started = time.monotonic()
-        process = run_kz(args.kz, kz_dir, "kz-strict", args.device, "strict", cache_home, args.out)
-        data["kz-strict"] = wait_kz(process, budget.left() - MARGIN_S / 2)
-        strict = read_kz(args.out / "kz-strict.jsonl", paths)
-        note(data, "kz strict", f"{len(strict)} verdicts in {time.monotonic() - strict_started:.0f} s"
-                                + (" (cut by the budget)" if data["kz-strict"]["timed_out"] else ""))
-    data["rows"] = join(samples, kb["eval"]["outcomes"], kz, strict)
+        strict_run = start_kz(args, data, state, strict_batch, "kz-strict", kz_dir, cache_home, paths, args.device)
+        if strict_run:
+            finish_kz(data, strict_run, budget.left() - MARGIN_S / 2)
 
 
 if __name__ == "__main__":

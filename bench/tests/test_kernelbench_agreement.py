@@ -207,3 +207,73 @@ def test_report_only_prints_the_saved_table(gpu_run):
     _, _, out, _ = gpu_run
     code, text = run_main(["--report-only", out / "agreement.json"])
     assert code == 0 and text == (out / "agreement.txt").read_text()
+
+
+# ---- --state: what earlier calls did ------------------------------------------------------------------
+
+def some_samples(count):
+    return [{"id": f"s{i}", "level": 1, "problem": "1_Relu"} for i in range(count)]
+
+
+def test_the_state_reads_back_what_it_recorded(tmp_path):
+    state = agreement.State(tmp_path / "state")
+    state.record("kb-prebuild", "s0", {"built": True, "error": "", "compile_s": 3.0})
+    state.record("kb-eval", "s0", {"compiled": True, "correctness": True, "class": "ok"})
+    state.record("kz-kernelbench", "s1", {"status": "incorrect", "checks": ["output_mismatch"]})
+    again = agreement.State(tmp_path / "state")
+    assert again.done == state.done
+    assert again.earlier == {"kb-prebuild": {"s0"}, "kb-eval": {"s0"}, "kz-kernelbench": {"s1"}, "kz-strict": set()}
+    assert not again.unreadable and not list((tmp_path / "state").rglob("*.tmp"))
+
+
+def test_samples_in_the_state_are_left_out_of_the_next_calls_work(tmp_path):
+    state = agreement.State(tmp_path)
+    samples = some_samples(6)
+    state.record("kz-kernelbench", "s0", {"status": "ok"})
+    state.record("kb-prebuild", "s1", {"built": None, "error": "error: identifier undefined"})  # failed: not again
+    state.record("kb-prebuild", "s2", {"built": True})
+    state.record("kb-prebuild", "s3", {"built": True})
+    state.record("kb-eval", "s3", {"class": "ok"})
+    state.record("kb-eval", "s4", {"class": "compile_error"})
+    assert [s["id"] for s in agreement.missing(samples, state, "kz-kernelbench")] == ["s1", "s2", "s3", "s4", "s5"]
+    assert [s["id"] for s in agreement.to_prebuild(samples, state)] == ["s0", "s5"]
+    assert [s["id"] for s in agreement.ready_for_kb(samples, state)] == ["s2", "s1"]  # built first
+    assert agreement.eval_reserve_s(2, 4, 180) > agreement.eval_reserve_s(1, 4, 180)
+
+
+def test_an_unreadable_state_file_is_ignored_and_named(tmp_path):
+    state = agreement.State(tmp_path)
+    state.record("kb-eval", "s0", {"class": "ok"})
+    (tmp_path / "kb-eval" / "s1.json").write_text('{"class": "o')  # cut short by hand: the writes are atomic
+    (tmp_path / "kz-strict" / "s2.json").write_text("[]")
+    (tmp_path / "kb-eval" / ".s3.json.1.2.tmp").write_text("{")  # a write killed before its rename
+    again = agreement.State(tmp_path)
+    assert again.done["kb-eval"] == {"s0": {"class": "ok"}} and not again.done["kz-strict"]
+    assert [line.split(":")[0] for line in again.unreadable] == ["kb-eval/s1.json", "kz-strict/s2.json"]
+    assert not (tmp_path / "kb-eval" / ".s3.json.1.2.tmp").exists()
+    note = agreement.state_note(again, some_samples(3))
+    assert "1 evaluated by it" in note and "2 unreadable files ignored (done again): kb-eval/s1.json" in note
+
+
+def test_a_second_call_goes_on_where_the_first_stopped(world, tmp_path):
+    root, kb, samples, kz = world
+    state = tmp_path / "state"
+    common = ["--samples", samples, "--kernelbench", kb, "--kz", kz, "--device", "cuda:0", "--kb-workers", "2",
+              "--kb-timeout", "8", "--budget-s", "300", "--state", state]
+    code, text = run_main(common + ["--out", tmp_path / "first", "--limit", "3"])
+    assert code == 0, text
+    # s3 pre-built by a call that ended before evaluating it: the next call evaluates it first.
+    agreement.State(state).record("kb-prebuild", "run-p1-s3", {"built": True, "error": "", "compile_s": 1.0})
+    code, text = run_main(common + ["--out", tmp_path / "second", "--limit", "6"])
+    data = json.loads((tmp_path / "second" / "agreement.json").read_text())
+    assert code == 0, text
+    new = ["run-p1-s3", "run-p1-s4", "run-p1-s5"]
+    assert sorted(p.stem for p in (tmp_path / "second" / "kz" / "candidates").rglob("*.py")) == new
+    assert list(data["kb"]["prebuild"]["samples"]) == new[1:]
+    assert data["notes"]["kb, built earlier"].startswith("1 evaluated")
+    assert "3 evaluated by it, 3 kz verdicts, 3 kz strict verdicts" in data["notes"]["state"]
+    assert data["notes"]["tables"] == "6 samples judged by both sides, 3 of them entirely in earlier calls"
+    rows = {r["id"]: r for r in data["rows"]}
+    assert len(rows) == 6 and all(r["agree"] is not None and r["kz_strict"] for r in rows.values())
+    assert rows["run-p1-s1"]["kb"] == "incorrect" and rows["run-p1-s3"]["agree"] is False
+    assert not any((state / "kb-builds").iterdir())  # evaluated: their builds are needed no more
