@@ -30,8 +30,9 @@ activation_checkpointing, transformers' gradient_checkpointing_enable, non-reent
   lora: adapters r 16, alpha 32, no dropout, on q,k,v,o,gate,up,down_proj, float32 over the bf16
         base (kz: lora.h; transformers: peft, removed again afterwards).
   full: every parameter. kz keeps float32 master weights, gradients and moments for its bf16
-        weights (train.h), ~18 bytes per parameter; torch.optim.AdamW updates the bf16 weights
-        with bf16 moments, ~8. The 7B's would need ~128 GiB of kz state before activations, with
+        weights (train.h), ~18 bytes per parameter, or with --no-train-masters bf16 ones rounded
+        stochastically, ~8; torch.optim.AdamW updates the bf16 weights with bf16 moments, ~8.
+        With masters the 7B's would need ~128 GiB of kz state before activations, with
         the transformers model resident beside it, so by default full fine-tuning runs on a second
         checkpoint, --train-full-preset (Qwen2.5-0.5B's architecture, random weights), built and
         run the same way once the first is done. Naming the main preset (qwen2.5-7b) trains it in
@@ -107,6 +108,9 @@ def parse_args():
                         "the main preset trains it in the main run")
     p.add_argument("--no-train-checkpointing", action="store_true",
                    help="train without activation checkpointing (both frameworks)")
+    p.add_argument("--no-train-masters", action="store_true",
+                   help="kz keeps bf16 weights, gradients and moments only, rounded stochastically (as lean "
+                        "as torch.optim.AdamW on bf16 weights)")
     p.add_argument("--kz-timeout", type=int, default=360, help="seconds before each kz_model_bench run is killed")
     p.add_argument("--work-dir", default=None, help="where the temporary checkpoint goes (default: system temp)")
     a = p.parse_args()
@@ -206,6 +210,8 @@ def kz_phase_flags(args, inference, train_modes):
                   "--train-len", str(args.train_len), "--train-steps", str(args.train_steps)]
         if args.no_train_checkpointing:
             flags.append("--no-train-checkpointing")
+        if args.no_train_masters:
+            flags.append("--no-train-masters")
     return flags
 
 
@@ -469,8 +475,10 @@ def train_legend(args):
     return [f"train: {args.train_batch}x{args.train_len} random ids, 1 warm-up + {args.train_steps} timed steps; "
             f"token-mean cross-entropy, AdamW lr {LEARNING_RATE:g}, grad-norm clip {MAX_GRAD_NORM:g}; "
             f"activation checkpointing {checkpointing} (both)",
-            f"train lora: r {LORA_RANK}, alpha {LORA_ALPHA} on {targets}, fp32 adapters; full: kz fp32 master "
-            f"weights, gradients and moments, transformers bf16 weights and moments (torch.optim.AdamW)"]
+            f"train lora: r {LORA_RANK}, alpha {LORA_ALPHA} on {targets}, fp32 adapters; full: kz "
+            + ("bf16 weights, gradients and moments, rounded stochastically" if args.no_train_masters
+               else "fp32 master weights, gradients and moments")
+            + ", transformers bf16 weights and moments (torch.optim.AdamW)"]
 
 
 def bench_preset(args, preset, device, name, inference, train_modes, start):

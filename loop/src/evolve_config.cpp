@@ -38,6 +38,7 @@ void add_role(ConfigTable& t, const std::string& s, RoleConfig& role, const Conf
   t.push_back({key("train.min_lr_ratio"), ConfigField(p.train.min_lr_ratio).at_least(0).at_most(1)});
   t.push_back({key("train.max_grad_norm"), ConfigField(p.train.max_grad_norm).at_least(0)});
   t.push_back({key("train.activation_checkpointing"), p.train.activation_checkpointing});
+  t.push_back({key("train.fp32_master_weights"), p.train.fp32_master_weights});
   t.push_back({key("update.mini_batch_size"), ConfigField(p.update.mini_batch_size).at_least(1)});
   t.push_back({key("update.micro_batch_size"), ConfigField(p.update.micro_batch_size).at_least(1)});
   t.push_back({key("update.epochs"), ConfigField(p.update.epochs).at_least(1)});

@@ -4,7 +4,7 @@
 //   kz_model_bench --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 256]
 //                  [--prefill-batch 8] [--prefill-len 2048] [--no-graph] [--no-inference]
 //                  [--train lora,full] [--train-batch 4] [--train-len 1024] [--train-steps 5]
-//                  [--no-train-checkpointing] [--out FILE]
+//                  [--no-train-checkpointing] [--no-train-masters] [--out FILE]
 //
 // Phases, each with the peak CUDA memory the caching allocator saw during it (weights included):
 //  - prefill: prefill-batch x prefill-len random tokens into a KV cache, one warm-up then timed
@@ -61,6 +61,7 @@ struct BenchOptions {
   int64_t train_tokens = 1024;
   int64_t train_steps = 5;   // timed, after one warm-up step
   bool train_checkpointing = true;
+  bool train_masters = true;  // float32 masters and moments for bf16 weights (train.h)
   std::string out = "-";     // JSON destination; "-" = stdout
 };
 
@@ -248,8 +249,9 @@ json bench_train(const std::shared_ptr<CausalLM>& model, const BenchOptions& o, 
   reset_peak(dev);
   TrainingPhaseCleanup cleanup(*model);
   if (mode == "lora") ok_or_throw(kz::model::add_lora(*model, bench_lora()));
-  kz::model::TrainOptions options;  // AdamW lr 1e-5, no weight decay, clip 1, float32 masters
+  kz::model::TrainOptions options;  // AdamW lr 1e-5, no weight decay, clip 1
   options.activation_checkpointing = o.train_checkpointing;
+  options.fp32_master_weights = o.train_masters;
   const int64_t trained = trainable_parameters(*model);
   auto trainer = value_or_throw(kz::model::Trainer::create(model, options));
   std::vector<kz::model::MicroBatch> batch(1);  // the whole batch in one micro-batch, every token trained
@@ -267,7 +269,8 @@ json bench_train(const std::shared_ptr<CausalLM>& model, const BenchOptions& o, 
           {"timed_steps", o.train_steps}, {"seconds", seconds},
           {"step_seconds", seconds / static_cast<double>(o.train_steps)}, {"tokens_per_s", tokens / seconds},
           {"first_loss", first_loss}, {"last_loss", last_loss}, {"trained_parameters", trained},
-          {"activation_checkpointing", o.train_checkpointing}, {"peak_bytes", peak_bytes(dev)}};
+          {"activation_checkpointing", o.train_checkpointing}, {"fp32_master_weights", o.train_masters},
+          {"peak_bytes", peak_bytes(dev)}};
 }
 
 json phase_error(const std::string& phase, int64_t batch, const std::string& error) {
@@ -343,6 +346,8 @@ int main(int argc, char** argv) {
   app.add_option("--train-len", o.train_tokens, "tokens per training sequence (>= 2)")->check(CLI::Range(2, 1 << 20));
   app.add_option("--train-steps", o.train_steps, "timed training steps after the warm-up")->check(CLI::PositiveNumber);
   app.add_flag("!--no-train-checkpointing", o.train_checkpointing, "train without activation checkpointing");
+  app.add_flag("!--no-train-masters", o.train_masters,
+               "bf16 weights, gradients and moments only, rounded stochastically (8 bytes a parameter)");
   app.add_option("--out", o.out, "JSON file; - for stdout");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -328,6 +328,7 @@ Status SftRun::create_trainer() {
   options.weight_decay = t.weight_decay;
   options.max_grad_norm = t.max_grad_norm;
   options.activation_checkpointing = t.activation_checkpointing;
+  options.fp32_master_weights = t.fp32_master_weights;
   options.schedule = model::LrSchedule::warmup_cosine;
   options.warmup_steps = t.warmup_steps;
   options.total_steps = static_cast<int64_t>(data_.plan.size());

@@ -49,6 +49,7 @@ ConfigTable sft_config_table(SftConfig& c) {
       {"train.micro_batch_tokens", ConfigField(t.micro_batch_tokens).at_least(1)},
       {"train.packing", t.packing},
       {"train.activation_checkpointing", t.activation_checkpointing},
+      {"train.fp32_master_weights", t.fp32_master_weights},
       {"train.seed", t.seed},
       {"train.log_every", ConfigField(t.log_every).at_least(1)},
       {"train.eval_every", ConfigField(t.eval_every).at_least(0)},

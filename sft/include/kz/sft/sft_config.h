@@ -67,6 +67,7 @@ struct TrainSection {
   int64_t micro_batch_tokens = 8192;
   bool packing = false;
   bool activation_checkpointing = false;
+  bool fp32_master_weights = true;  // model/train.h: false keeps bf16 state only, rounded stochastically
   uint64_t seed = 0;            // the example order
   int64_t log_every = 10;       // steps between metrics rows (and progress lines off a terminal)
   int64_t eval_every = 100;     // steps between evaluations (also before the first and after the last); 0: only those
