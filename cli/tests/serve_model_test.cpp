@@ -8,13 +8,18 @@
 //   - `kz serve-model` on a free loopback port, driven by the project's HttpGenerator: the same
 //     text as in-process for greedy, n completions, stop strings, logprobs, usage, concurrent
 //     requests batched together, and OpenAI-style errors (400 on bad JSON / bad fields, 404);
+//   - "stream": true: the same text in chunks that arrive while generating, stop strings cut as
+//     without streaming, and a client hanging up mid-stream leaves the others' answers whole;
 //   - the 0.5B and 7B presets' configs (no weights) load in transformers with the real shapes.
 #include <curl/curl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -35,6 +40,7 @@ using namespace std::chrono_literals;
 using json = nlohmann::json;
 
 constexpr int kMaxNew = 24;
+constexpr int kLongMaxNew = 400;  // long enough that streaming shows
 const std::vector<std::string> kPrompts = {"def relu(x):", "import torch", "__global__ void add(float* x) {",
                                            "The quick brown fox"};
 
@@ -81,6 +87,102 @@ std::pair<long, std::string> http(const std::string& method, const std::string& 
   curl_slist_free_all(headers);
   curl_easy_cleanup(easy);
   return {status, out};
+}
+
+// One server-sent event of a streamed answer and when it arrived.
+struct StreamedEvent {
+  std::string data;  // after "data: "
+  std::chrono::steady_clock::time_point at;
+};
+
+struct Streamed {
+  long status = 0;
+  std::string body;                    // everything received (an error's JSON when not streamed)
+  std::vector<StreamedEvent> events;
+  std::chrono::steady_clock::time_point sent;
+};
+
+struct StreamReader {
+  Streamed* out;
+  size_t stop_after;  // events; then the transfer is aborted, as by a client that goes away
+  std::string pending;
+};
+
+size_t read_events(char* data, size_t size, size_t count, void* user) {
+  auto* reader = static_cast<StreamReader*>(user);
+  auto now = std::chrono::steady_clock::now();
+  reader->out->body.append(data, size * count);
+  reader->pending.append(data, size * count);
+  for (size_t end; (end = reader->pending.find("\n\n")) != std::string::npos;) {
+    std::string event = reader->pending.substr(0, end);
+    reader->pending.erase(0, end + 2);
+    if (event.rfind("data: ", 0) == 0) reader->out->events.push_back({event.substr(6), now});
+  }
+  return reader->out->events.size() >= reader->stop_after ? 0 : size * count;
+}
+
+// POSTs a "stream": true request and reads its events as they come (stop_after: hang up then).
+Streamed http_stream(const std::string& url, const json& request, size_t stop_after = SIZE_MAX) {
+  Streamed out;
+  StreamReader reader{&out, stop_after, ""};
+  std::string body = request.dump();
+  CURL* easy = curl_easy_init();
+  curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, read_events);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &reader);
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT, 120L);
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(easy, CURLOPT_POST, 1L);
+  curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  out.sent = std::chrono::steady_clock::now();
+  curl_easy_perform(easy);
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &out.status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(easy);
+  return out;
+}
+
+// What a stream's events say, checked against OpenAI's chunk shape on the way.
+struct StreamSummary {
+  std::vector<std::string> texts;    // per choice index, the pieces joined
+  std::vector<std::string> finish;   // per choice index
+  size_t text_chunks = 0;            // chunks with non-empty text
+  std::optional<std::chrono::steady_clock::time_point> first_text_at;
+  bool usage = false, done = false;
+};
+
+StreamSummary summarize(const Streamed& streamed, bool chat) {
+  StreamSummary out;
+  for (const auto& event : streamed.events) {
+    if (event.data == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    json chunk = json::parse(event.data, nullptr, false);
+    EXPECT_FALSE(chunk.is_discarded()) << event.data;
+    if (chunk.is_discarded()) continue;
+    EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion") << event.data;
+    if (chunk.contains("usage")) out.usage = true;
+    for (const auto& choice : chunk["choices"]) {
+      auto index = choice["index"].get<size_t>();
+      if (out.texts.size() <= index) {
+        out.texts.resize(index + 1);
+        out.finish.resize(index + 1);
+      }
+      std::string piece;
+      if (chat && choice["delta"].contains("content")) piece = choice["delta"]["content"];
+      if (!chat) piece = choice["text"];
+      if (!piece.empty()) {
+        ++out.text_chunks;
+        if (!out.first_text_at) out.first_text_at = event.at;
+      }
+      out.texts[index] += piece;
+      if (!choice["finish_reason"].is_null()) out.finish[index] = choice["finish_reason"];
+    }
+  }
+  return out;
 }
 
 class ServeModelTest : public ::testing::Test {
@@ -386,31 +488,13 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
     if (chat) request["messages"] = {{{"role", "system"}, {"content", "You write CUDA kernels."}},
                                      {{"role", "user"}, {"content", "Write a ReLU kernel."}}};
     else request["prompt"] = kPrompts[0];
-    auto [s, events] = http("POST", server.url(chat ? "/v1/chat/completions" : "/v1/completions"), request.dump());
-    ASSERT_EQ(s, 200) << events;
-    std::string text, finish;
-    bool done = false, usage = false;
-    std::istringstream lines(events);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.empty()) continue;
-      ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
-      std::string data = line.substr(6);
-      if (data == "[DONE]") {
-        done = true;
-        continue;
-      }
-      json chunk = json::parse(data);
-      EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion");
-      if (chunk.contains("usage")) usage = true;
-      for (const auto& choice : chunk["choices"]) {
-        if (chat && choice["delta"].contains("content")) text += choice["delta"]["content"].get<std::string>();
-        if (!chat) text += choice["text"].get<std::string>();
-        if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
-      }
-    }
-    EXPECT_TRUE(done && usage);
-    EXPECT_EQ(text, (chat ? reference_["chat"] : reference_["raw"][0])["text"].get<std::string>());
-    EXPECT_FALSE(finish.empty());
+    Streamed streamed = http_stream(server.url(chat ? "/v1/chat/completions" : "/v1/completions"), request);
+    ASSERT_EQ(streamed.status, 200) << streamed.body;
+    StreamSummary got = summarize(streamed, chat);
+    EXPECT_TRUE(got.done && got.usage);
+    ASSERT_EQ(got.texts.size(), 1u) << streamed.body;
+    EXPECT_EQ(got.texts[0], (chat ? reference_["chat"] : reference_["raw"][0])["text"].get<std::string>());
+    EXPECT_FALSE(got.finish[0].empty());
   }
 
   // Errors: OpenAI's shape, 400 for the client's mistakes.
@@ -441,6 +525,91 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   auto results = client->generate({too_long, raw(kPrompts[1])});
   EXPECT_FALSE(results[0].ok());
   EXPECT_TRUE(results[1].ok());
+  server.stop();
+}
+
+// A long greedy completion, streamed: the same text as without streaming, in many chunks of which
+// the first arrives long before the end; a stop string across two tokens (and two host copies of
+// tokens, 16 steps apart) cuts the streamed text exactly where it cuts the plain one.
+TEST_F(ServeModelTest, ServerStreamsTextWhileGenerating) {
+  ServedModel server(model_);
+  ASSERT_GT(server.port(), 0);
+  json request = {{"prompt", kPrompts[1]}, {"max_tokens", kLongMaxNew}, {"temperature", 0}, {"logprobs", 0}};
+  auto [status, text] = http("POST", server.url("/v1/completions"), request.dump());
+  ASSERT_EQ(status, 200) << text;
+  json plain = json::parse(text);
+  const std::string full = plain["choices"][0]["text"];
+  const json& tokens = plain["choices"][0]["logprobs"]["tokens"];
+  ASSERT_GT(tokens.size(), 40u) << "the greedy completion ended early: " << full;
+
+  request["stream"] = true;
+  request.erase("logprobs");
+  Streamed streamed = http_stream(server.url("/v1/completions"), request);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  StreamSummary got = summarize(streamed, false);
+  ASSERT_TRUE(got.done && got.first_text_at) << streamed.body;
+  EXPECT_EQ(got.texts[0], full);
+  EXPECT_EQ(got.finish[0], plain["choices"][0]["finish_reason"]);
+  EXPECT_GT(got.text_chunks, 2u);
+  auto total = streamed.events.back().at - streamed.sent;
+  EXPECT_LT(*got.first_text_at - streamed.sent, total / 2)
+      << "the first chunk came " << std::chrono::duration<double>(*got.first_text_at - streamed.sent).count()
+      << " s after the request, the last " << std::chrono::duration<double>(total).count() << " s";
+
+  // A stop string of two tokens' ASCII ends, from token 16 on: tokens 16 and 17 reach the host in
+  // different copies (the prefill's token, then 16 per copy).
+  auto ascii = [](const std::string& t) {
+    return !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c > 0 && c < 0x7f; });
+  };
+  size_t k = 16;
+  while (k + 1 < tokens.size() && !(ascii(tokens[k]) && ascii(tokens[k + 1]))) ++k;
+  ASSERT_LT(k + 1, tokens.size()) << "no two ASCII tokens in a row: " << full;
+  std::string left = tokens[k], right = tokens[k + 1];
+  std::string stop = left.substr(left.size() - std::min<size_t>(2, left.size())) + right.substr(0, 2);
+  request["stop"] = {stop};
+  request["stream"] = false;
+  json cut = json::parse(http("POST", server.url("/v1/completions"), request.dump()).second);
+  ASSERT_TRUE(cut.contains("choices")) << cut.dump();
+  EXPECT_EQ(cut["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  request["stream"] = true;
+  StreamSummary stopped = summarize(http_stream(server.url("/v1/completions"), request), false);
+  ASSERT_EQ(stopped.texts.size(), 1u);
+  EXPECT_EQ(stopped.texts[0], cut["choices"][0]["text"]);
+  EXPECT_EQ(stopped.finish[0], "stop");
+  server.stop();
+}
+
+// A client that hangs up mid-stream: the requests batched with it still get their whole answers,
+// streamed and not, and the server goes on serving.
+TEST_F(ServeModelTest, ServerKeepsServingWhenAStreamingClientLeaves) {
+  ServedModel server(model_);
+  ASSERT_GT(server.port(), 0);
+  json leaving = {{"prompt", kPrompts[1]}, {"max_tokens", kLongMaxNew}, {"temperature", 0}, {"stream", true}};
+  json staying = {{"prompt", kPrompts[0]}, {"max_tokens", kMaxNew}, {"temperature", 0}};
+  json staying_stream = staying;
+  staying_stream["stream"] = true;
+  Streamed left, stayed_streaming;
+  std::pair<long, std::string> stayed;
+  {
+    std::jthread a([&] { left = http_stream(server.url("/v1/completions"), leaving, /*stop_after=*/2); });
+    std::jthread b([&] { stayed = http("POST", server.url("/v1/completions"), staying.dump()); });
+    std::jthread c([&] { stayed_streaming = http_stream(server.url("/v1/completions"), staying_stream); });
+  }
+  EXPECT_GE(left.events.size(), 2u);
+  EXPECT_FALSE(summarize(left, false).done) << "the stream ended before the client left";
+  const std::string want = reference_["raw"][0]["text"];
+  ASSERT_EQ(stayed.first, 200) << stayed.second;
+  EXPECT_EQ(json::parse(stayed.second)["choices"][0]["text"], want);
+  StreamSummary streamed = summarize(stayed_streaming, false);
+  EXPECT_TRUE(streamed.done);
+  ASSERT_EQ(streamed.texts.size(), 1u);
+  EXPECT_EQ(streamed.texts[0], want);
+  // Later requests are served, streamed or not, while or after the departed one's row runs out.
+  StreamSummary again = summarize(http_stream(server.url("/v1/completions"), staying_stream), false);
+  ASSERT_EQ(again.texts.size(), 1u);
+  EXPECT_EQ(again.texts[0], want);
+  EXPECT_EQ(http("GET", server.url("/health")).first, 200);
   server.stop();
 }
 

@@ -22,6 +22,8 @@ class EngineGenerator final : public Generator {
  private:
   Result<std::vector<TokenId>> prompt_ids(const GenerationRequest& request) const;
   Completion to_completion(const model::EngineCompletion& c, const std::vector<TokenId>& prompt, bool logprobs) const;
+  std::function<void(std::string_view, const model::EngineCompletion*)> forward_pieces(
+      const GenerationRequest& request, int index, std::shared_ptr<const std::vector<TokenId>> prompt) const;
 
   std::shared_ptr<model::Engine> engine_;
   EngineGeneratorOptions options_;
@@ -59,6 +61,16 @@ Completion EngineGenerator::to_completion(const model::EngineCompletion& c, cons
   return out;
 }
 
+// An engine row's on_text that hands its text on as completion `index` of `request`.
+std::function<void(std::string_view, const model::EngineCompletion*)> EngineGenerator::forward_pieces(
+    const GenerationRequest& request, int index, std::shared_ptr<const std::vector<TokenId>> prompt) const {
+  return [this, &request, index, prompt](std::string_view text, const model::EngineCompletion* finished) {
+    if (!finished) return request.on_piece({index, text, nullptr});
+    Completion whole = to_completion(*finished, *prompt, request.params.logprobs);
+    request.on_piece({index, text, &whole});
+  };
+}
+
 std::vector<Result<std::vector<Completion>>> EngineGenerator::generate(const std::vector<GenerationRequest>& requests) {
   std::vector<Result<std::vector<Completion>>> out(requests.size(), std::vector<Completion>());
   // Every completion becomes one engine row; owner[k] remembers its request.
@@ -78,16 +90,18 @@ std::vector<Result<std::vector<Completion>>> EngineGenerator::generate(const std
       out[i] = ids.status().with_context(label);
       continue;
     }
+    auto prompt = std::make_shared<const std::vector<TokenId>>(std::move(*ids));
     uint64_t base_seed = p.seed ? *p.seed : (uint64_t(entropy()) << 32 | entropy());
     for (int j = 0; j < p.n; ++j) {
       model::EngineRequest row;
-      row.prompt_ids = *ids;
+      row.prompt_ids = *prompt;
       row.sampling.temperature = p.temperature;
       row.sampling.top_p = p.top_p;
       row.sampling.top_k = p.top_k;
       row.sampling.seed = base_seed + static_cast<uint64_t>(j);
       row.sampling.max_new_tokens = p.max_tokens;
       row.sampling.stop = p.stop;
+      if (r.on_piece) row.on_text = forward_pieces(r, j, prompt);
       rows.push_back(std::move(row));
       owner.push_back(i);
     }

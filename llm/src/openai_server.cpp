@@ -4,14 +4,18 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "kz/core/http_server.h"
@@ -48,7 +52,7 @@ struct Parsed {
   bool chat = false;
   std::vector<GenerationRequest> requests;  // one per prompt (chat: one)
   bool logprobs = false;
-  bool stream = false;         // answer as server-sent events (after generation, see the header)
+  bool stream = false;         // answer as server-sent events while generating
   bool stream_usage = false;   // stream_options.include_usage
 };
 
@@ -229,13 +233,22 @@ std::string random_id() {
   return fmt::format("{:016x}", rng());
 }
 
-json response_body(const Parsed& parsed, const std::vector<std::vector<Completion>>& results, const std::string& model) {
-  json choices = json::array();
-  int prompt_tokens = 0, completion_tokens = 0, index = 0;
+// OpenAI's usage: the prompt counted once per request, every choice's tokens.
+json usage_of(const std::vector<std::vector<Completion>>& results) {
+  int prompt_tokens = 0, completion_tokens = 0;
   for (const auto& completions : results) {
     if (!completions.empty()) prompt_tokens += completions.front().prompt_tokens;
+    for (const auto& c : completions) completion_tokens += c.completion_tokens;
+  }
+  return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+json response_body(const Parsed& parsed, const std::vector<std::vector<Completion>>& results, const std::string& model) {
+  json choices = json::array();
+  int index = 0;
+  for (const auto& completions : results) {
     for (const auto& c : completions) {
-      completion_tokens += c.completion_tokens;
       json choice = {{"index", index++}, {"finish_reason", c.finish_reason}};
       if (parsed.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
@@ -252,46 +265,187 @@ json response_body(const Parsed& parsed, const std::vector<std::vector<Completio
           {"created", static_cast<int64_t>(std::time(nullptr))},
           {"model", model},
           {"choices", choices},
-          {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-                     {"total_tokens", prompt_tokens + completion_tokens}}}};
+          {"usage", usage_of(results)}};
 }
 
-// The same answer as server-sent events: per choice, a chunk with its text (chat: the role, then
-// the content) and one with its finish_reason; then the usage when asked; then [DONE].
-std::string sse_body(const Parsed& parsed, const json& answer, bool include_usage) {
-  std::string out;
-  auto event = [&](const json& choices, const json* usage = nullptr) {
-    json chunk = {{"id", answer["id"]}, {"object", parsed.chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", answer["created"]}, {"model", answer["model"]}, {"choices", choices}};
-    if (usage) chunk["usage"] = *usage;
-    out += "data: " + dump(chunk) + "\n\n";
-  };
-  for (const auto& choice : answer["choices"]) {
-    json first = {{"index", choice["index"]}, {"logprobs", choice["logprobs"]}, {"finish_reason", nullptr}};
-    json last = {{"index", choice["index"]}, {"logprobs", nullptr}, {"finish_reason", choice["finish_reason"]}};
-    if (parsed.chat) {
-      first["delta"] = {{"role", "assistant"}, {"content", choice["message"]["content"]}};
-      last["delta"] = json::object();
-    } else {
-      first["text"] = choice["text"];
-      last["text"] = "";
-    }
-    event(json::array({first}));
-    event(json::array({last}));
-  }
-  if (include_usage) event(json::array(), &answer["usage"]);
-  out += "data: [DONE]\n\n";
-  return out;
+// A failed request's HTTP status and body: 400 for the client's mistakes, 500 otherwise.
+std::pair<int, json> error_reply(const Status& status) {
+  bool client = status.code() == StatusCode::invalid_argument;
+  return {client ? 400 : 500, error_body(status.message(), client ? "invalid_request_error" : "server_error")};
 }
-
-// ---- the batching queue -----------------------------------------------------------------------
 
 using Results = std::vector<Result<std::vector<Completion>>>;
+
+// ---- streaming ----------------------------------------------------------------------------------
+
+// One "stream": true response. The batcher thread turns each piece of a choice into a
+// server-sent event here as the batch decodes; the connection's thread waits for the events and
+// writes them out. The batcher never waits on the network, so a slow or departed client cannot
+// hold up the batch: its events only queue here, and are dropped once it has gone. The stream
+// ends as soon as its own choices are finished, not when the whole batch is.
+class EventStream {
+ public:
+  EventStream(const Parsed& parsed, const std::string& model)
+      : chat_(parsed.chat), logprobs_(parsed.logprobs), usage_(parsed.stream_usage),
+        id_((parsed.chat ? "chatcmpl-" : "cmpl-") + random_id()), model_(model),
+        created_(static_cast<int64_t>(std::time(nullptr))) {
+    for (const auto& r : parsed.requests) {
+      first_choice_.push_back(choices_.size());
+      choices_.resize(choices_.size() + static_cast<size_t>(r.params.n));
+    }
+  }
+
+  // The index in the answer of request `request`'s first choice.
+  size_t first_choice(size_t request) const { return first_choice_.at(request); }
+
+  // On the batcher thread: a piece of choice `choice` (its index in the answer).
+  void add_piece(size_t choice, const CompletionPiece& piece) {
+    std::lock_guard lock(mutex_);
+    append_piece(choice, piece.text, piece.finished);
+    changed_.notify_all();
+  }
+
+  // On the batcher thread: the batch is done. A failed request ends the stream with its error;
+  // choices the generator did not stream are sent whole.
+  void end(const Results& results) {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < results.size() && !ended_; ++i)
+      if (!results[i].ok()) fail(results[i].status());
+    for (size_t i = 0; i < results.size() && i < first_choice_.size() && !ended_; ++i)
+      for (size_t k = 0; k < results[i]->size() && first_choice_[i] + k < choice_end(i); ++k) {
+        const Completion& c = (*results[i])[k];
+        const Choice& choice = choices_[first_choice_[i] + k];
+        if (!choice.finished)
+          append_piece(first_choice_[i] + k, std::string_view(c.text).substr(std::min(choice.sent, c.text.size())), &c);
+      }
+    if (!ended_) fail(internal_error("the generator lost completions"));
+    changed_.notify_all();
+  }
+
+  // On the connection's thread, before answering: waits for the first event or the end. A request
+  // that failed before streaming anything is answered as a plain JSON error (its 400 or 500).
+  std::optional<Status> wait_for_start() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return started_ || ended_; });
+    if (started_) return std::nullopt;
+    return failure_;
+  }
+
+  // httplib's chunked content provider: writes what is queued, waiting up to a second for more;
+  // false once the client is gone (httplib then closes the connection).
+  bool write_to(httplib::DataSink& sink) {
+    std::string out;
+    bool ended = false;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait_for(lock, std::chrono::seconds(1), [&] { return !events_.empty() || ended_; });
+      out.swap(events_);
+      ended = ended_;
+    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) {
+      abandon();
+      return false;
+    }
+    if (ended) sink.done();
+    return true;
+  }
+
+  // The client went away: later events are dropped instead of queued.
+  void abandon() {
+    std::lock_guard lock(mutex_);
+    client_gone_ = true;
+    events_.clear();
+  }
+
+ private:
+  struct Choice {
+    bool started = false;                 // a chunk of it was sent
+    size_t sent = 0;                      // bytes of its text sent
+    std::optional<Completion> finished;   // sent with its finish_reason
+  };
+
+  // One past request `request`'s last choice.
+  size_t choice_end(size_t request) const {
+    return request + 1 < first_choice_.size() ? first_choice_[request + 1] : choices_.size();
+  }
+
+  json chunk(json choices, json usage = nullptr) const {
+    json out = {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_}, {"model", model_}, {"choices", std::move(choices)}};
+    if (!usage.is_null()) out["usage"] = std::move(usage);
+    return out;
+  }
+
+  void append_event(const json& data) {
+    if (!client_gone_) events_ += "data: " + dump(data) + "\n\n";
+  }
+
+  // A choice's chunk: its new text; the last one also carries its finish_reason and, when asked,
+  // the log-probs of all its tokens (the earlier chunks carry none, so joining every chunk's
+  // log-probs gives them all). The last choice to finish ends the stream.
+  void append_piece(size_t index, std::string_view text, const Completion* finished) {
+    Choice& choice = choices_.at(index);
+    if (text.empty() && !finished) return;
+    json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (finished) {
+      c["finish_reason"] = finished->finish_reason;
+      if (logprobs_) c["logprobs"] = chat_ ? chat_logprobs(*finished) : completion_logprobs(*finished);
+    }
+    if (chat_) {
+      c["delta"] = json::object();
+      if (!choice.started) c["delta"]["role"] = "assistant";
+      if (!text.empty()) c["delta"]["content"] = std::string(text);
+    } else {
+      c["text"] = std::string(text);
+    }
+    choice.started = true;
+    choice.sent += text.size();
+    if (finished) choice.finished = *finished;
+    started_ = true;
+    append_event(chunk(json::array({c})));
+    if (finished && std::all_of(choices_.begin(), choices_.end(), [](const Choice& x) { return x.finished.has_value(); }))
+      finish_stream();
+  }
+
+  // An error event (OpenAI's error shape) ends the stream.
+  void fail(const Status& status) {
+    failure_ = status;
+    append_event(error_reply(status).second);
+    finish_stream();
+  }
+
+  // The usage (when asked and nothing failed), then [DONE].
+  void finish_stream() {
+    if (!failure_ && usage_) {
+      std::vector<std::vector<Completion>> completions;
+      for (size_t i = 0; i < first_choice_.size(); ++i) {
+        completions.emplace_back();
+        for (size_t k = first_choice_[i]; k < choice_end(i); ++k) completions.back().push_back(*choices_[k].finished);
+      }
+      append_event(chunk(json::array(), usage_of(completions)));
+    }
+    if (!client_gone_) events_ += "data: [DONE]\n\n";
+    ended_ = true;
+  }
+
+  const bool chat_, logprobs_, usage_;
+  const std::string id_, model_;
+  const int64_t created_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<size_t> first_choice_;  // per request
+  std::vector<Choice> choices_;
+  std::string events_;  // formatted, not yet written
+  std::optional<Status> failure_;
+  bool started_ = false, ended_ = false, client_gone_ = false;
+};
+
+// ---- the batching queue -----------------------------------------------------------------------
 
 struct Pending {
   std::vector<GenerationRequest> requests;
   size_t completions = 0;
-  std::promise<Results> done;
+  std::function<void(Results)> answer;  // called once, with one Result per request
 };
 
 }  // namespace
@@ -322,17 +476,28 @@ struct OpenAIServer::Impl {
 
   Impl(Generator& g, OpenAIServerOptions o) : generator(g), options(std::move(o)) {}
 
-  Results submit(std::vector<GenerationRequest> reqs) {
+  // Queues requests for the batcher; `answer` gets their results, once.
+  void enqueue(std::vector<GenerationRequest> reqs, std::function<void(Results)> answer) {
     auto pending = std::make_shared<Pending>();
     for (const auto& r : reqs) pending->completions += static_cast<size_t>(r.params.n);
     pending->requests = std::move(reqs);
-    auto future = pending->done.get_future();
+    pending->answer = std::move(answer);
+    bool queued = false;
     {
       std::lock_guard lock(mutex);
-      if (stopping) return Results(pending->requests.size(), internal_error("the server is stopping"));
-      queue.push_back(pending);
+      if (!stopping) {
+        queue.push_back(pending);
+        queued = true;
+      }
     }
+    if (!queued) return pending->answer(Results(pending->requests.size(), internal_error("the server is stopping")));
     arrived.notify_all();
+  }
+
+  Results submit(std::vector<GenerationRequest> reqs) {
+    auto done = std::make_shared<std::promise<Results>>();
+    auto future = done->get_future();
+    enqueue(std::move(reqs), [done](Results results) { done->set_value(std::move(results)); });
     return future.get();
   }
 
@@ -377,7 +542,7 @@ struct OpenAIServer::Impl {
         Results mine(std::make_move_iterator(results.begin() + at),
                      std::make_move_iterator(results.begin() + at + p->requests.size()));
         at += p->requests.size();
-        p->done.set_value(std::move(mine));
+        p->answer(std::move(mine));
       }
       std::lock_guard lock(mutex);
       running = 0;
@@ -386,7 +551,7 @@ struct OpenAIServer::Impl {
     }
     // Stopping: whatever is still queued is answered with an error.
     std::lock_guard lock(mutex);
-    for (auto& p : queue) p->done.set_value(Results(p->requests.size(), internal_error("the server is stopping")));
+    for (auto& p : queue) p->answer(Results(p->requests.size(), internal_error("the server is stopping")));
     queue.clear();
   }
 
@@ -395,20 +560,38 @@ struct OpenAIServer::Impl {
     if (auto* bad = std::get_if<BadRequest>(&parsed))
       return reply(res, 400, error_body(bad->message, "invalid_request_error", bad->param));
     Parsed& p = std::get<Parsed>(parsed);
+    if (p.stream) return stream(p, res);
     Results results = submit(p.requests);
     std::vector<std::vector<Completion>> completions;
     for (auto& r : results) {
       if (!r.ok()) {
-        bool client = r.status().code() == StatusCode::invalid_argument;
-        return reply(res, client ? 400 : 500,
-                     error_body(r.status().message(), client ? "invalid_request_error" : "server_error"));
+        auto [status, body] = error_reply(r.status());
+        return reply(res, status, body);
       }
       completions.push_back(std::move(*r));
     }
-    json answer = response_body(p, completions, options.model_name);
-    if (!p.stream) return reply(res, 200, answer);
+    reply(res, 200, response_body(p, completions, options.model_name));
+  }
+
+  // "stream": true: the requests' pieces become events as the batch makes them, and httplib's
+  // chunked provider writes them out on this connection's thread.
+  void stream(Parsed& p, httplib::Response& res) {
+    auto events = std::make_shared<EventStream>(p, options.model_name);
+    for (size_t i = 0; i < p.requests.size(); ++i)
+      p.requests[i].on_piece = [events, first = events->first_choice(i)](const CompletionPiece& piece) {
+        events->add_piece(first + static_cast<size_t>(piece.index), piece);
+      };
+    enqueue(std::move(p.requests), [events](Results results) { events->end(results); });
+    if (auto failed = events->wait_for_start()) {
+      auto [status, body] = error_reply(*failed);
+      return reply(res, status, body);
+    }
     res.status = 200;
-    res.set_content(sse_body(p, answer, p.stream_usage), "text/event-stream");
+    res.set_chunked_content_provider(
+        "text/event-stream", [events](size_t, httplib::DataSink& sink) { return events->write_to(sink); },
+        [events](bool success) {
+          if (!success) events->abandon();
+        });
   }
 
   json health() const {

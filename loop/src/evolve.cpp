@@ -620,7 +620,9 @@ Result<std::vector<CoderSample>> Evolution::sample_coder(int64_t i, const std::s
     KZ_RETURN_IF_ERROR(write_run_file(dir / "prompts" / (hash + ".json"), dump(prompt) + "\n"));
     prompt_hashes.push_back(hash);
     if (!mine(t)) continue;
-    GenerationRequest request{fmt::format("{}/{}", phase, tasks[t].id), std::move(*messages), "", {}};
+    GenerationRequest request;
+    request.id = fmt::format("{}/{}", phase, tasks[t].id);
+    request.messages = std::move(*messages);
     request.params.n = attempts;
     request.params.temperature = temperature.value_or(config_.coder.temperature);
     request.params.top_p = config_.coder.top_p;

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "kz/model/generate.h"
+#include "kz/model/stop_strings.h"
 
 namespace kz::model {
 namespace {
@@ -40,6 +41,20 @@ Result<GenerationConfig> read_generation_config(const fs::path& dir) {
   return g;
 }
 
+// A row's text while it decodes, shared by its stop check and its stream: generate.h hands both
+// the row's tokens so far, and each token is decoded once.
+struct RowText {
+  StopStringText text;
+  size_t fed = 0;       // tokens pushed into text
+  size_t streamed = 0;  // bytes of text handed to on_text
+
+  // Pushes the tokens not seen yet; true once a stop string is complete.
+  bool feed(const std::vector<int64_t>& ids) {
+    for (; fed < ids.size() && !text.stopped(); ++fed) text.push(static_cast<TokenId>(ids[fed]));
+    return text.stopped();
+  }
+};
+
 }  // namespace
 
 struct Engine::Impl {
@@ -52,8 +67,6 @@ struct Engine::Impl {
 
   Impl(EngineOptions o, std::shared_ptr<CausalLM> m, Tokenizer t)
       : options(std::move(o)), model(std::move(m)), tokenizer(std::move(t)) {}
-
-  std::function<bool(const std::vector<int64_t>&)> stop_string_check(const std::vector<std::string>& stop) const;
 
   Status check(const EngineRequest& r) const {
     if (r.prompt_ids.empty()) return invalid_argument("the prompt is empty (no tokens)");
@@ -78,8 +91,29 @@ struct Engine::Impl {
     int64_t room = context > 0 ? context - static_cast<int64_t>(r.prompt_ids.size()) : s.max_new_tokens;
     g.sampling.max_new_tokens = std::max<int64_t>(1, std::min(s.max_new_tokens, room));
     if (s.stop_at_eos) g.sampling.stop_token_ids = eos;
-    if (!s.stop.empty()) g.stop_check = stop_string_check(s.stop);
+    if (s.stop.empty() && !r.on_text) return g;
+    auto text = std::make_shared<RowText>(RowText{StopStringText(tokenizer, s.stop)});
+    if (!s.stop.empty()) g.stop_check = [text](const std::vector<int64_t>& ids) { return text->feed(ids); };
+    if (r.on_text)
+      g.on_progress = [this, &r, text](const GenerateResult& so_far, bool finished) {
+        stream_text(r, *text, so_far, finished);
+      };
     return g;
+  }
+
+  // Hands on_text the row's newly settled text, and at the end the rest of the completion's.
+  void stream_text(const EngineRequest& r, RowText& row, const GenerateResult& so_far, bool finished) const {
+    row.feed(so_far.token_ids);
+    if (finished) {
+      // apply_stop_strings cuts as row.text does, so this text extends what was streamed.
+      EngineCompletion done = to_completion(r, so_far);
+      r.on_text(std::string_view(done.text).substr(row.streamed), &done);
+      return;
+    }
+    size_t settled = row.text.settled();
+    if (settled == row.streamed) return;
+    r.on_text(std::string_view(row.text.text()).substr(row.streamed, settled - row.streamed), nullptr);
+    row.streamed = settled;
   }
 
   EngineCompletion to_completion(const EngineRequest& r, GenerateResult g) const {
@@ -95,27 +129,6 @@ struct Engine::Impl {
     return c;
   }
 };
-
-// Ends a row as soon as its decoded text holds a stop string (the text itself is cut afterwards,
-// by apply_stop_strings). Decodes each new token once.
-std::function<bool(const std::vector<int64_t>&)> Engine::Impl::stop_string_check(const std::vector<std::string>& stop) const {
-  struct State {
-    TokenStreamDecoder decoder;
-    std::string text;
-    size_t seen = 0;
-  };
-  size_t longest = 0;
-  for (const auto& s : stop) longest = std::max(longest, s.size());
-  auto state = std::make_shared<State>(State{TokenStreamDecoder(tokenizer, /*skip_special=*/true), "", 0});
-  return [state, stop, longest](const std::vector<int64_t>& ids) {
-    size_t before = state->text.size();
-    for (; state->seen < ids.size(); ++state->seen) state->text += state->decoder.push(static_cast<TokenId>(ids[state->seen]));
-    size_t from = before >= longest ? before - longest + 1 : 0;
-    for (const auto& s : stop)
-      if (!s.empty() && state->text.find(s, from) != std::string::npos) return true;
-    return false;
-  };
-}
 
 Status EngineOptions::validate() const {
   if (model_dir.empty()) return invalid_argument("a model directory is required");

@@ -57,21 +57,35 @@ bool update_finished(std::vector<Row>& rows) {
   return all_done;
 }
 
+// Hands each row that grew in the last chunk its result so far (generate.h's on_progress);
+// had[i]: row i's token count before the chunk.
+void report_progress(const std::vector<Row>& rows, const std::vector<size_t>& had) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    if (row.request->on_progress && row.result.token_ids.size() > had[i]) row.request->on_progress(row.result, row.done);
+  }
+}
+
 // Appends chunk [B, n] of tokens and log-probs (host tensors) to the running rows, stopping each
-// row at a stop token or its limit like update_finished; returns whether every row is done.
+// row at a stop token or its limit like update_finished, and reports the rows' progress; returns
+// whether every row is done.
 bool append_chunk(const at::Tensor& tokens, const at::Tensor& logprobs, std::vector<Row>& rows) {
+  std::vector<size_t> had;
+  for (const auto& row : rows) had.push_back(row.result.token_ids.size());
   auto t = tokens.accessor<int64_t, 2>();
   auto lp = logprobs.accessor<float, 2>();
-  for (int64_t j = 0; j < tokens.size(1); ++j) {
+  bool all_done = false;
+  for (int64_t j = 0; j < tokens.size(1) && !all_done; ++j) {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (rows[i].done) continue;
       auto row = static_cast<int64_t>(i);
       rows[i].result.token_ids.push_back(t[row][j]);
       rows[i].result.logprobs.push_back(lp[row][j]);
     }
-    if (update_finished(rows)) return true;
+    all_done = update_finished(rows);
   }
-  return false;
+  report_progress(rows, had);
+  return all_done;
 }
 
 std::vector<GenerateResult> collect(std::vector<Row>& rows) {

@@ -329,6 +329,33 @@ TEST_F(SamplingTest, ChunkedDecodingMatchesStepByStep) {
   }
 }
 
+// Streaming: on_progress sees each row as its tokens reach the host (after the prefill, then every
+// stop_check_steps steps), the last time finished and with the result generate() returns.
+TEST_F(SamplingTest, ProgressFollowsTheHostCopies) {
+  std::vector<GenerateRequest> requests{request({4, 5, 6, 7}, 0.0, 0, 5), request({8, 9}, 1.0, 3, 12)};
+  std::vector<std::vector<size_t>> sizes(requests.size());
+  std::vector<int> finished(requests.size(), 0);
+  std::vector<GenerateResult> last(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    requests[i].on_progress = [&, i](const GenerateResult& so_far, bool done) {
+      EXPECT_EQ(finished[i], 0) << "row " << i << " reported after it finished";
+      sizes[i].push_back(so_far.token_ids.size());
+      finished[i] += done;
+      last[i] = so_far;
+    };
+  GenerateOptions options;
+  options.stop_check_steps = 4;
+  auto got = generate(*model_, requests, options);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(sizes[0], (std::vector<size_t>{1, 5}));
+  EXPECT_EQ(sizes[1], (std::vector<size_t>{1, 5, 9, 12}));
+  EXPECT_EQ(finished, (std::vector<int>{1, 1}));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(last[i].token_ids, (*got)[i].token_ids) << "row " << i;
+    EXPECT_EQ(last[i].finish_reason, (*got)[i].finish_reason) << "row " << i;
+  }
+}
+
 // The sampler's draws against the distribution it samples: many rows of the same logits, one
 // seed each, are a sample of size N; every token's frequency lies within 4 standard errors of its
 // filtered probability, and filtered-out tokens never come up.

@@ -1,6 +1,6 @@
 // Unit tests of the tokenizer that need no Python: UTF-8 stepping, the Unicode tables, NFC, the
 // split-pattern scanners, BPE merge order on hand-written vocabularies, added tokens, loading
-// errors, decoding and streaming, ChatML, and the trainer.
+// errors, decoding and streaming (with stop strings), ChatML, and the trainer.
 #include "kz/model/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 
 #include "kz/core/files.h"
 #include "kz/model/chat_template.h"
+#include "kz/model/stop_strings.h"
 #include "kz/model/tokenizer_train.h"
 #include "unicode.h"
 
@@ -264,6 +265,41 @@ TEST(TokenizerTest, StreamDecoderHoldsBackIncompleteCharacters) {
   EXPECT_EQ(cut.push('x'), "\xEF\xBF\xBDx");  // the character can no longer complete
   EXPECT_EQ(cut.push(ids[4]), "");
   EXPECT_EQ(cut.finish(), "\xEF\xBF\xBD");
+}
+
+// Streaming with stop strings: what settled() lets out is never taken back, holds back an
+// unfinished character and any tail that may still become a stop string, and the pieces add up
+// to apply_stop_strings' text, whichever way the tokens are grouped.
+TEST(StopStringTextTest, SettledTextIsFinalAndHeldBackWhereItMayChange) {
+  using model::StopStringText;
+  Tokenizer t = make_tokenizer(make_tokenizer_json({}));
+  std::vector<TokenId> ids = t.encode("ab中cd<END>ef");  // one token per byte
+  StopStringText text(t, {"<END>", "", "dx"});
+  std::vector<std::string> settled;
+  for (TokenId id : ids) {
+    if (text.push(id)) break;
+    settled.push_back(text.text().substr(0, text.settled()));
+  }
+  EXPECT_EQ(settled, (Strings{"a", "ab", "ab", "ab", "ab中", "ab中c", "ab中c", "ab中cd", "ab中cd", "ab中cd", "ab中cd"}));
+  EXPECT_TRUE(text.stopped());
+  EXPECT_EQ(text.text(), "ab中cd");
+  EXPECT_EQ(text.settled(), text.text().size());
+  EXPECT_EQ(text.tokens(), ids.size() - 2);  // up to the '>' that completed "<END>"
+  // The stop string spans the pieces: once cut, the text is what apply_stop_strings gives.
+  std::vector<int64_t> all(ids.begin(), ids.end());
+  model::StopCut cut = model::apply_stop_strings(t, all, {"<END>", "dx"});
+  EXPECT_EQ(cut.text, text.text());
+  EXPECT_EQ(cut.tokens, text.tokens());
+  EXPECT_TRUE(cut.stopped);
+  // No stop string: an unfinished character stays out until finish() writes it as U+FFFD.
+  StopStringText open(t, {});
+  std::vector<TokenId> zhong = t.encode("中");
+  open.push('x');
+  open.push(zhong[0]);
+  EXPECT_EQ(open.text().substr(0, open.settled()), "x");
+  open.finish();
+  EXPECT_EQ(open.text(), "x\xEF\xBF\xBD");
+  EXPECT_FALSE(open.stopped());
 }
 
 TEST(TokenizerTest, EncodingIsThreadSafe) {

@@ -257,7 +257,9 @@ TEST(Sft, GeneratorPromptIsThePairsAndGreedyReplyReproducesTheCompletion) {
   auto reference = load_corpus(corpus_path())->front().reference;
   auto messages = build_messages(*prompt, {{"reference_source", reference}});
   ASSERT_TRUE(messages.ok());
-  GenerationRequest request{"coder/train-000000", *messages, "", {}};
+  GenerationRequest request;
+  request.id = "coder/train-000000";
+  request.messages = *messages;
   request.params.temperature = 0;
   request.params.max_tokens = static_cast<int>(pair.completion_ids.size()) + 8;
   auto results = (*generator)->generate({request});

@@ -73,7 +73,9 @@ Status generate_missing(const std::vector<Task>& tasks, Generator& generator, co
     for (size_t i : batch) {
       auto messages = coder_messages(prompt, tasks[i]);
       if (!messages.ok()) return messages.status().with_context("task " + tasks[i].id);
-      GenerationRequest request{tasks[i].id, std::move(*messages), "", {}};
+      GenerationRequest request;
+      request.id = tasks[i].id;
+      request.messages = std::move(*messages);
       request.params.n = options.samples - have[tasks[i].id];
       request.params.temperature = options.temperature;
       request.params.top_p = options.top_p;

@@ -5,7 +5,8 @@
 // them are recognised, as vLLM does). Each of a request's n completions is its own row with seed
 // `seed + i` (the HTTP backend asks servers for the same), or a fresh random seed when the request
 // has none. All completions of one generate() call run in as few engine batches as max_batch
-// allows. Built only with libtorch (target kz_llm_engine); llm itself never needs torch.
+// allows; a request's on_piece gets each completion's text while its batch decodes (engine.h's
+// on_text). Built only with libtorch (target kz_llm_engine); llm itself never needs torch.
 #pragma once
 
 #include <memory>

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kz/core/status.h"
@@ -45,11 +47,23 @@ struct Completion {
   std::vector<int64_t> prompt_token_ids; // the rendered prompt's ids, idem
 };
 
+// A piece of one completion while it is generated (GenerationRequest::on_piece).
+struct CompletionPiece {
+  int index = 0;                         // which of the request's n completions
+  std::string_view text;                 // new text; a completion's pieces concatenate to its text
+  const Completion* finished = nullptr;  // on the completion's last piece: the whole completion
+};
+
 struct GenerationRequest {
   std::string id;                     // caller's label: written to the run log, used in errors
   std::vector<ChatMessage> messages;  // chat form; for a raw completion use `prompt`
   std::string prompt;                 // raw-text form (/v1/completions); used when messages is empty
   SamplingParams params;
+  // Optional, for streaming: called with each completion's new text as it is generated and a last
+  // time when it is finished, on the thread that runs generate() (the batch waits: keep it short).
+  // generate() still returns every completion. Backends that cannot stream (the HTTP client)
+  // never call it.
+  std::function<void(const CompletionPiece& piece)> on_piece;
 };
 
 class Generator {

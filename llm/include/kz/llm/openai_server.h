@@ -24,10 +24,16 @@
 // and runs it as one Generator::generate() call, so requests that arrive together share one
 // model batch.
 //
-// "stream": true is answered in OpenAI's server-sent-events format (chunks, then "data: [DONE]";
-// "stream_options": {"include_usage": true} adds a usage chunk) for clients that always stream,
-// but only once the whole completion is generated: the Generator interface returns finished
-// completions, so there is no token-by-token latency benefit.
+// "stream": true is answered in OpenAI's server-sent-events format while the batch decodes: per
+// choice, chunks of new text ("text", or chat's "delta" with the role first), the last with its
+// finish_reason (and, when asked, all its log-probs); "stream_options": {"include_usage": true}
+// adds a usage chunk; then "data: [DONE]". New text leaves the engine whenever its tokens reach
+// the host: after the prefill, then every 16 decode steps (generate.h's stop_check_steps), the
+// cadence at which the decode loop already syncs with the device, so streaming slows nothing. A
+// chunk never ends inside a UTF-8 character or in text that could still become a stop string.
+// Requests that stream share batches with the others; a client that disconnects leaves the batch
+// running for them (its completion is still generated, and dropped). A request that fails before
+// its first chunk is answered as a plain JSON error.
 #pragma once
 
 #include <memory>

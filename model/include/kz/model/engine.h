@@ -11,8 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kz/core/files.h"
@@ -45,17 +47,23 @@ struct TextSampling {
   bool stop_at_eos = true;         // the generation config's eos ids end generation
 };
 
-struct EngineRequest {
-  std::vector<TokenId> prompt_ids;  // not empty
-  TextSampling sampling;
-};
-
 struct EngineCompletion {
   std::string text;                 // new tokens decoded, special tokens skipped, cut at a stop string
   std::vector<int64_t> token_ids;   // new tokens (the eos token included when generation stopped on it)
   std::vector<float> logprobs;      // per token, under the unmodified distribution (generate.h)
   std::string finish_reason;        // "stop" (eos or stop string) or "length"
   size_t prompt_tokens = 0;
+};
+
+struct EngineRequest {
+  std::vector<TokenId> prompt_ids;  // not empty
+  TextSampling sampling;
+  // Optional, for streaming: called on the generating thread with each new piece of the text while
+  // the batch decodes (whenever the row's tokens reach the host, generate.h), and a last time with
+  // the rest of the text and the finished completion. The pieces concatenate to the completion's
+  // text: a piece never ends inside a UTF-8 character or in a tail that could still grow into a
+  // stop string (stop_strings.h).
+  std::function<void(std::string_view piece, const EngineCompletion* finished)> on_text;
 };
 
 class Engine {
@@ -88,16 +96,5 @@ class Engine {
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// The text of `ids` after stop strings are applied: the length of the token prefix to keep, and
-// the text it decodes to, cut before the first stop string. stopped is true when a stop string
-// was found. (Pure; exposed for tests.)
-struct StopCut {
-  size_t tokens = 0;
-  std::string text;
-  bool stopped = false;
-};
-StopCut apply_stop_strings(const Tokenizer& tokenizer, const std::vector<int64_t>& ids,
-                           const std::vector<std::string>& stop);
 
 }  // namespace kz::model

@@ -23,15 +23,6 @@
 
 namespace kz::model {
 
-struct GenerateRequest {
-  std::vector<int64_t> prompt_ids;  // not empty
-  SamplingOptions sampling;
-  // Optional: called on the host with this row's new tokens after each step that added one (not
-  // after the step that ends the row anyway); true ends the row with FinishReason::stop. For
-  // stop strings, which need the decoded text.
-  std::function<bool(const std::vector<int64_t>& new_tokens)> stop_check;
-};
-
 enum class FinishReason { stop, length };
 const char* finish_reason_name(FinishReason reason);  // "stop", "length" (OpenAI's words)
 
@@ -39,6 +30,19 @@ struct GenerateResult {
   std::vector<int64_t> token_ids;  // new tokens only; ends with the stop token when reason is stop
   std::vector<float> logprobs;     // one per token_ids entry, see the header comment
   FinishReason finish_reason = FinishReason::length;
+};
+
+struct GenerateRequest {
+  std::vector<int64_t> prompt_ids;  // not empty
+  SamplingOptions sampling;
+  // Optional: called on the host with this row's new tokens after each step that added one (not
+  // after the step that ends the row anyway); true ends the row with FinishReason::stop. For
+  // stop strings, which need the decoded text.
+  std::function<bool(const std::vector<int64_t>& new_tokens)> stop_check;
+  // Optional, for streaming: called on the host with this row's result so far each time its new
+  // tokens reach the host (after the prefill, then every stop_check_steps steps, so streaming adds
+  // no device sync), and a last time with finished = true (finish_reason then set).
+  std::function<void(const GenerateResult& so_far, bool finished)> on_progress;
 };
 
 struct GenerateOptions {
