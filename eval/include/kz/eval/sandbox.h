@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kz/core/status.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/options.h"
 #include "kz/eval/scratch_dirs.h"
 #include "kz/eval/verdict.h"

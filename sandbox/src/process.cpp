@@ -14,7 +14,7 @@
 // The parent prepares every path (the mount list comes from its own /proc/self/mountinfo, which
 // the child's new mount namespace copies). An optional step that fails is reported to the parent
 // as a record on the error pipe and skipped; the parent turns the records into SandboxReport.
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 #include <dirent.h>
 #include <fcntl.h>
