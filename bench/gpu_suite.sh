@@ -10,7 +10,7 @@
 #                   side_stream_hidden ok, with timing end device_sync), the sandbox parts this host
 #                   refused (none expected), and where built, the workers' own /dev/shm tests,
 #                   the scratch dir's bound and the syscall filter (eval_sandbox_test;
-#                   Process::members and the filter's own test in core_test)
+#                   Process::members and the filter's own test in sandbox_test)
 #   PART = multigpu: build kz only; the fixed 34-candidate batch (bench/make_eval_batch.py), cold, on
 #                   cuda:0 alone and then on cuda:0,cuda:1 (one worker pool per GPU): wall time,
 #                   verdicts against the manifest, evaluations and exclusive timing per GPU, and
@@ -167,9 +167,9 @@ elif [[ $PART == checks ]]; then
   # The workers' own /dev/shm on this host (a tmpfs in each worker's mount namespace) and the scratch
   # dir's bound (the supervisor's looks beside a worker on this host's file system, files removed but
   # still open among them, found through the worker's processes: Process::members), where built
-  # (KZ_BUILD_TARGETS with core_test and eval_sandbox_test).
-  if [[ -x build/core/core_test && -x build/eval/eval_sandbox_test ]]; then
-    { build/core/core_test --gtest_filter='SubprocessSandbox.FreshTmpfs*:*Members*:*SyscallFilter*' &&
+  # (KZ_BUILD_TARGETS with sandbox_test and eval_sandbox_test).
+  if [[ -x build/sandbox/sandbox_test && -x build/eval/eval_sandbox_test ]]; then
+    { build/sandbox/sandbox_test --gtest_filter='SubprocessSandbox.FreshTmpfs*:*Members*:*SyscallFilter*' &&
       KZ_SOURCE_DIR=$PWD build/eval/eval_sandbox_test --gtest_filter='*SharedMemory*:*ScratchDir*:*UserNamespace*'; } > "$OUT/shm.log" 2>&1
     step_done "own /dev/shm and scratch bound tests" $?
     grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) " "$OUT/shm.log" | tee "$OUT/shm.txt"

@@ -38,7 +38,7 @@ sigset_t block_stop_signals() {
 
 // Kills the process group of every descendant of this process. In `kz serve-eval` they are the
 // evaluation workers and fork servers, each the leader of its own group (nvcc and the like die
-// with it), and the zygotes whose children the fork servers are (kz/core/subprocess.h).
+// with it), and the zygotes whose children the fork servers are (kz/sandbox/process.h).
 void kill_worker_groups() {
   std::map<pid_t, std::vector<pid_t>> children;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {

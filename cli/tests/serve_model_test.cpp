@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/llm/engine_generator.h"
 #include "kz/llm/http_generator.h"
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/task/task.h"
 #include "proposer_replies.h"
 

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/dist/world.h"
 
 namespace kz::dist {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz::dist {
 namespace {

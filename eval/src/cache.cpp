@@ -18,7 +18,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/hash.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz {
 namespace fs = std::filesystem;

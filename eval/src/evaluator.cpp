@@ -15,7 +15,7 @@
 #include "kz/core/files.h"
 #include "kz/core/hash.h"
 #include "kz/core/parallel.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/kept_builds.h"
 #include "kz/eval/sandbox.h"
 #include "kz/eval/scratch_dirs.h"

@@ -30,7 +30,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/parallel.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz::nvcc {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz {
 namespace fs = std::filesystem;

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/evaluator.h"
 #include "kz/task/task.h"
 #include "test_support.h"

@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "test_support.h"
 
 namespace kz::nvcc {

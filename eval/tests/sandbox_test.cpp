@@ -25,7 +25,7 @@
 #include <thread>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/evaluator.h"
 #include "kz/eval/sandbox.h"
 #include "kz/task/task.h"

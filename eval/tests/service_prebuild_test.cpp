@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/sandbox.h"
 #include "service_fixture.h"
 #include "test_support.h"

@@ -4,7 +4,7 @@
 // forges the server's message, hangs). Every test runs twice: with each fork server a program of its
 // own, and with fork servers forked from the real zygote (worker/kz_worker/zygote.py, the built
 // kz_zygote_child library).
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/worker_client.h"
 
 #include <fmt/format.h>
@@ -190,7 +190,7 @@ def evaluate(request):
 )";
 
 // Alive and not a zombie: a zygote reaps the servers it forked a moment after the supervisor is done
-// with them (kz/core/subprocess.h, class Zygote).
+// with them (kz/sandbox/process.h, class Zygote).
 bool running(pid_t pid) {
   auto stat = read_file(fmt::format("/proc/{}/stat", pid));
   if (!stat.ok()) return false;

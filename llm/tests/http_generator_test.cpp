@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/jsonl.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 #ifndef KZ_TEST_PYTHON3
 #define KZ_TEST_PYTHON3 "python3"

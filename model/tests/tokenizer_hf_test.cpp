@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kz/core/files.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/model/tokenizer.h"
 #include "kz/model/tokenizer_train.h"
 #include "unicode.h"

@@ -12,7 +12,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/jsonl.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/suite.h"
 #include "kz/task/task.h"
 #include "kz/teacher/corpus.h"

@@ -9,7 +9,7 @@
 
 #include "kz/core/files.h"
 #include "kz/core/jsonl.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 namespace kz {
 namespace {

@@ -57,7 +57,7 @@ MAX_LINES = 100_000              # per request; stage messages are a handful
 DRAIN_READS = 256                # reads of what the child left in the pipe after its exit
 CHILD_SETUP_FAILED = 75          # the child's exit code when it could not set up (no candidate code ran)
 SHARED_MEMORY_DIR = "/dev/shm"
-OWN_TMPFS_SOURCE = "kz-tmpfs"    # the source of the sandbox's own tmpfs mounts (core/src/sandbox_plan.h)
+OWN_TMPFS_SOURCE = "kz-tmpfs"    # the source of the sandbox's own tmpfs mounts (sandbox/src/sandbox_plan.h)
 
 
 class TooMuchOutput(Exception):

@@ -5,7 +5,7 @@ On a cold batch the supervisor starts a fork server per evaluation running at on
 `cuda` pre-build, ~20 interpreters importing torch (and, for evaluations, Triton and the audit's
 machinery) beside nvcc on the same cores. A zygote per kind of server does those imports once.
 
-The protocol (kz/core/subprocess.h, class Zygote) on the control socket at fd 4, one JSON object per
+The protocol (kz/sandbox/process.h, class Zygote) on the control socket at fd 4, one JSON object per
 SOCK_SEQPACKET message: {"op": "spawn", "plan": ..., "env": ..., "fds": [...]} with descriptors,
 answered by {"op": "spawned", "pid": N} or {"op": "spawn_failed", "error": ...};
 {"op": "exited", ...} when a child exits (it stays a zombie until

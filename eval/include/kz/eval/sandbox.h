@@ -1,5 +1,5 @@
 // The sandbox around a worker process: [sandbox] options -> ProcessSpec (OS-level limits and
-// namespaces, core/subprocess.h), the worker's own share (the audit hook of
+// namespaces, kz/sandbox/process.h), the worker's own share (the audit hook of
 // worker/kz_worker/sandbox.py, configured by the request's "sandbox" object), and the verdicts for
 // the limits only the supervisor sees (a worker killed by SIGXCPU / SIGXFSZ, the process cap).
 //
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kz/core/status.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/options.h"
 #include "kz/eval/scratch_dirs.h"
 #include "kz/eval/verdict.h"

@@ -39,7 +39,7 @@ namespace kz {
   X(output_aliases_reference) X(replayed_output)                                \
   X(wrong_during_timing) X(background_thread) X(inherits_reference)             \
   X(side_stream) X(tensor_subclass) X(harness_access) X(forged_message)         \
-  /* sandbox (core/subprocess.h limits, worker/kz_worker/sandbox.py audit hook) */ \
+  /* sandbox (kz/sandbox/process.h limits, worker/kz_worker/sandbox.py audit hook) */ \
   X(cpu_limit) X(file_size_limit) X(scratch_limit) X(process_limit) X(memory_limit) \
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
   /* GPU memory (infra_error: the GPU's, not the candidate's; worker/kz_worker/gpu_memory.py) */ \

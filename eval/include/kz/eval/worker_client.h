@@ -18,7 +18,7 @@
 #include <string>
 
 #include "kz/core/status.h"
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 #include "kz/eval/options.h"
 #include "kz/eval/scratch_dirs.h"
 

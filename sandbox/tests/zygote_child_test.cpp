@@ -1,4 +1,4 @@
-// kz_zygote_child_setup (core/src/zygote_child.cpp), loaded as a zygote loads it, under a seccomp
+// kz_zygote_child_setup (sandbox/src/zygote_child.cpp), loaded as a zygote loads it, under a seccomp
 // filter that refuses what some machines refuse: the child still closes every descriptor it must
 // not keep (the zygote's control socket would let a candidate ask for an unsandboxed process), or
 // fails closed where it cannot.

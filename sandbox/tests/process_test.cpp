@@ -1,6 +1,6 @@
 // Subprocess: output capture, exit codes and signals, deadlines, process-group kills, the fd 3
 // message pipe, stdin delivery, large outputs, spawn errors and environment isolation.
-#include "kz/core/subprocess.h"
+#include "kz/sandbox/process.h"
 
 #include <gtest/gtest.h>
 

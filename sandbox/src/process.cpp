@@ -14,9 +14,12 @@
 // The parent prepares every path (the mount list comes from its own /proc/self/mountinfo, which
 // the child's new mount namespace copies). An optional step that fails is reported to the parent
 // as a record on the error pipe and skipped; the parent turns the records into SandboxReport.
-#include "kz/core/subprocess.h"
+//
+// The parts with a concern of their own live beside this file: the child's side of the sandbox
+// (sandbox_plan.cpp), the pids cgroups (cgroups.cpp), the read-only mount list (mounts.cpp), the
+// /proc scans (proc_scan.cpp) and the zygote's control socket (zygote_channel.cpp).
+#include "kz/sandbox/process.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
@@ -27,7 +30,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -35,52 +37,32 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "cgroups.h"
+#include "fd.h"
+#include "mounts.h"
+#include "proc_scan.h"
 #include "sandbox_plan.h"
+#include "zygote_channel.h"
 
 extern char** environ;
 
 namespace kz {
-namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace detail;  // Fd, the /proc scans, the cgroups and the mount list: fd.h, proc_scan.h, cgroups.h, mounts.h
+
+namespace {
 
 constexpr int kHighFd = 10;       // child-side pipe ends live here, clear of the 0..3 targets
 constexpr size_t kChunk = 64 * 1024;
-
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);  // no EINTR retry: on Linux the fd is gone either way
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // A CLOEXEC pipe whose ends are both >= kHighFd, so dup2() onto 0..3 in the child never
 // clobbers another source fd (the parent may have closed its own stdin/stdout).
@@ -225,269 +207,12 @@ bool poll_readable(int fd) {
   return ::poll(&p, 1, 0) > 0;
 }
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
-}
-
 // ---- sandbox helpers (parent side) -------------------------------------------------------------
 
 constexpr auto kCapPollInterval = std::chrono::milliseconds(200);
 // How long kill_and_reap waits for the rest of a killed group (a process stuck in the kernel, in
 // D state, may not end in any time: the caller then goes on).
 constexpr auto kGroupEndWait = std::chrono::seconds(2);
-
-std::optional<std::string> read_small_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
-bool write_small_file(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n = ::write(fd, text.data(), text.size());
-  int err = errno;
-  ::close(fd);
-  errno = err;
-  return n == static_cast<ssize_t>(text.size());
-}
-
-// The fields of /proc/<pid>/stat after the command name: [0] is field 3 (state).
-std::vector<std::string_view> stat_fields(std::string_view text) {
-  std::vector<std::string_view> fields;
-  size_t paren = text.rfind(')');
-  if (paren == std::string_view::npos) return fields;
-  size_t pos = paren + 1;
-  while (pos < text.size()) {
-    while (pos < text.size() && text[pos] == ' ') ++pos;
-    size_t end = text.find(' ', pos);
-    if (end == std::string_view::npos) end = text.size();
-    if (end > pos) fields.push_back(text.substr(pos, end - pos));
-    pos = end;
-  }
-  return fields;
-}
-
-long long to_ll(std::string_view text) {
-  long long value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') break;
-    value = value * 10 + (c - '0');
-  }
-  return text.size() > 0 && text[0] == '-' ? -to_ll(text.substr(1)) : value;
-}
-
-// Calls fn(pid) for every process in /proc.
-template <class Fn>
-void for_each_process(Fn fn) {
-  DIR* dir = ::opendir("/proc");
-  if (!dir) return;
-  while (dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
-    fn(static_cast<pid_t>(to_ll(entry->d_name)));
-  }
-  ::closedir(dir);
-}
-
-// Calls fn(pid, fields) with the /proc/<pid>/stat fields (stat_fields) of every process in process
-// group `pgid`, zombies included.
-template <class Fn>
-void for_each_group_member(pid_t pgid, Fn fn) {
-  for_each_process([&](pid_t pid) {
-    auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
-    if (!text) return;
-    auto f = stat_fields(*text);
-    if (f.size() > 2 && to_ll(f[2]) == pgid) fn(pid, f);
-  });
-}
-
-// Tasks (threads included, zombies counted) of the processes in process group `pgid`.
-uint64_t count_group_tasks(pid_t pgid) {
-  uint64_t tasks = 0;
-  for_each_group_member(pgid, [&](pid_t, const std::vector<std::string_view>& f) {
-    if (f.size() > 17) tasks += static_cast<uint64_t>(std::max(1LL, to_ll(f[17])));
-  });
-  return tasks;
-}
-
-// Whether a process of group `pgid` still runs (zombies do not count: they hold nothing but a pid).
-bool group_has_live_members(pid_t pgid) {
-  if (::kill(-pgid, 0) != 0) return false;  // no member at all: the usual case, without a /proc scan
-  bool live = false;
-  for_each_group_member(pgid, [&](pid_t, const std::vector<std::string_view>& f) { live |= f[0] != "Z" && f[0] != "X"; });
-  return live;
-}
-
-// Tasks of the processes owned by `uid` (what RLIMIT_NPROC counts, near enough).
-uint64_t count_user_tasks(uid_t uid) {
-  uint64_t tasks = 0;
-  for_each_process([&](pid_t pid) {
-    std::string dir = "/proc/" + std::to_string(pid);
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0 || st.st_uid != uid) return;
-    auto text = read_small_file(dir + "/stat");
-    auto f = text ? stat_fields(*text) : std::vector<std::string_view>{};
-    tasks += f.size() > 17 ? static_cast<uint64_t>(std::max(1LL, to_ll(f[17]))) : 1;
-  });
-  return tasks;
-}
-
-// User + system CPU seconds of a process (a zombie too, until reaped); -1 if unreadable.
-double process_cpu_seconds(pid_t pid) {
-  auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
-  if (!text) return -1;
-  auto f = stat_fields(*text);
-  if (f.size() < 13) return -1;
-  return static_cast<double>(to_ll(f[11]) + to_ll(f[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// The pids cgroups: <base>/<supervisor pid>-<n>, one per sandboxed process with a task cap.
-// base: /sys/fs/cgroup/kernelzero (v2, pids enabled in its subtree) or
-// /sys/fs/cgroup/pids/kernelzero (v1). Empty with a reason when neither can be used.
-std::string pids_cgroup_base(std::string& why) {
-  static std::mutex mutex;
-  static std::string base, reason;
-  static bool done = false;
-  if (const char* off = std::getenv("KZ_SANDBOX_NO_CGROUP"); off && *off && std::string(off) != "0") {
-    why = "disabled by KZ_SANDBOX_NO_CGROUP";  // tests and debugging: the polling path
-    return "";
-  }
-  std::lock_guard lock(mutex);
-  if (!done) {
-    done = true;
-    auto make_base = [&](const std::string& dir) -> bool {
-      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-        reason = fmt::format("mkdir {}: {}", dir, std::strerror(errno));
-        return false;
-      }
-      return true;
-    };
-    if (auto controllers = read_small_file("/sys/fs/cgroup/cgroup.controllers")) {
-      std::string dir = "/sys/fs/cgroup/kernelzero";
-      std::istringstream words(*controllers);
-      bool has_pids = false;
-      for (std::string word; words >> word;) has_pids |= word == "pids";
-      if (!has_pids) {
-        reason = "cgroup v2 without the pids controller";
-      } else if (make_base(dir)) {
-        auto root_control = read_small_file("/sys/fs/cgroup/cgroup.subtree_control").value_or("");
-        if (root_control.find("pids") == std::string::npos)
-          write_small_file("/sys/fs/cgroup/cgroup.subtree_control", "+pids");
-        if (write_small_file(dir + "/cgroup.subtree_control", "+pids")) base = dir;
-        else reason = fmt::format("enabling pids in {}: {}", dir, std::strerror(errno));
-      }
-    } else if (::access("/sys/fs/cgroup/pids/cgroup.procs", F_OK) == 0) {
-      std::string dir = "/sys/fs/cgroup/pids/kernelzero";
-      if (make_base(dir)) base = dir;
-    } else {
-      reason = "no pids cgroup controller mounted";
-    }
-    if (!base.empty()) {
-      // Remove what supervisors that are gone left behind (their groups were killed, or are empty).
-      if (DIR* dir = ::opendir(base.c_str())) {
-        while (dirent* entry = ::readdir(dir)) {
-          pid_t owner = static_cast<pid_t>(to_ll(entry->d_name));
-          if (owner > 0 && owner != ::getpid() && ::kill(owner, 0) != 0 && errno == ESRCH)
-            ::rmdir((base + "/" + entry->d_name).c_str());
-        }
-        ::closedir(dir);
-      }
-    }
-  }
-  why = reason;
-  return base;
-}
-
-std::vector<pid_t> cgroup_members(const std::string& dir) {
-  std::vector<pid_t> pids;
-  std::istringstream in(read_small_file(dir + "/cgroup.procs").value_or(""));
-  for (long long pid; in >> pid;) pids.push_back(static_cast<pid_t>(pid));
-  return pids;
-}
-
-// Kills every process of the cgroup, then removes it (bounded: about 1 s).
-void remove_cgroup(const std::string& dir) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    for (pid_t pid : cgroup_members(dir)) ::kill(pid, SIGKILL);
-    if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-// How often a fork was refused at pids.max ("max N" in pids.events).
-long long cgroup_max_events(const std::string& dir) {
-  auto text = read_small_file(dir + "/pids.events");
-  if (!text) return 0;
-  size_t pos = text->find("max ");
-  return pos == std::string::npos ? 0 : to_ll(std::string_view(*text).substr(pos + 4));
-}
-
-// A fresh tmpfs's mount data: its size, and files at most one per 16 KiB of it (at least 1024). tmpfs
-// bounds its inodes by half the RAM's pages otherwise, and an inode's kernel memory is not counted in
-// `size`: a million empty files would take ~1 GB of it, and as long to remove between requests.
-std::string tmpfs_options(uint64_t size_bytes) {
-  return fmt::format("size={},nr_inodes={},mode=1777", size_bytes, std::max<uint64_t>(1024, size_bytes >> 14));
-}
-
-// Whether `path` is `dir` or lies below it (both canonical).
-bool is_under(const std::string& path, const std::string& dir) {
-  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
-                         (dir.back() == '/' || path[dir.size()] == '/'));
-}
-
-// Paths to remount read-only: every mount in our namespace but the writable paths, what lies
-// under them, and autofs (remounting it could trigger or break automounts). procfs stays writable
-// (CUDA's driver fails to start on a read-only /proc: error 304, seen on the H200 host), but its
-// global knobs do not: /proc/sys and /proc/sysrq-trigger, which root writes without capabilities.
-// Under a fresh /proc (`fresh_proc`: a new PID namespace) the parent's mounts below /proc are not
-// there to remount: their paths are bound onto themselves first, as /proc/sys is.
-std::vector<Plan::ReadOnlyPath> mounts_to_protect(const std::vector<std::string>& writable, bool fresh_proc) {
-  auto unescape = [](const std::string& text) {  // mountinfo writes ' ', '\t', '\n', '\\' as \ooo
-    std::string out;
-    for (size_t i = 0; i < text.size(); ++i) {
-      if (text[i] == '\\' && i + 3 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]))) {
-        out += static_cast<char>((text[i + 1] - '0') * 64 + (text[i + 2] - '0') * 8 + (text[i + 3] - '0'));
-        i += 3;
-      } else {
-        out += text[i];
-      }
-    }
-    return out;
-  };
-  std::vector<Plan::ReadOnlyPath> mounts;
-  auto add = [&mounts](std::string path, bool bind_first) {
-    auto same = [&](const Plan::ReadOnlyPath& m) { return m.path == path; };
-    if (std::none_of(mounts.begin(), mounts.end(), same)) mounts.push_back({std::move(path), bind_first});
-  };
-  std::istringstream info(read_small_file("/proc/self/mountinfo").value_or(""));
-  for (std::string line; std::getline(info, line);) {
-    std::istringstream fields(line);
-    std::string id, parent, devno, root, point, word;
-    fields >> id >> parent >> devno >> root >> point;
-    while (fields >> word && word != "-") {
-    }
-    std::string fstype;
-    fields >> fstype;
-    if (point.empty() || fstype == "autofs") continue;
-    point = unescape(point);
-    if (std::any_of(writable.begin(), writable.end(), [&](const std::string& w) { return is_under(point, w); })) continue;
-    if (fstype == "proc") {
-      add(point + "/sys", true);
-      add(point + "/sysrq-trigger", true);
-    } else {
-      add(point, fresh_proc && is_under(point, "/proc"));
-    }
-  }
-  return mounts;
-}
 
 const char* step_name(int32_t step) {
   switch (step) {
@@ -528,158 +253,6 @@ std::string ExitInfo::describe() const {
   }
   return "still running";
 }
-
-// The supervisor's end of a zygote's control socket (Zygote's protocol: subprocess.h). Shared by
-// the Zygote and every Process it spawned: they learn their exits here. One spawn at a time
-// (spawn_mutex); every message read is filed under `mutex`, whichever thread reads it.
-struct Zygote::Channel {
-  struct Exit {
-    ExitInfo info;
-    double cpu_s = -1;
-  };
-  Fd socket;
-  std::mutex spawn_mutex;
-  std::mutex mutex;
-  bool dead = false;                        // EOF, an error, or no answer in time
-  std::optional<nlohmann::json> reply;      // the answer to the spawn in flight
-  std::map<pid_t, Exit> exits;              // children that exited, until reaped
-
-  // Sends one message with descriptors (SCM_RIGHTS). False (errno says why): the zygote is gone,
-  // and is marked so.
-  bool send(const nlohmann::json& message, const std::vector<int>& fds) {
-    if (send_once(message, fds)) return true;
-    int error = errno;
-    std::lock_guard lock(mutex);
-    dead = true;
-    errno = error;
-    return false;
-  }
-
-  bool send_once(const nlohmann::json& message, const std::vector<int>& fds) {
-    std::string text = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    iovec iov{text.data(), text.size()};
-    msghdr header{};
-    header.msg_iov = &iov;
-    header.msg_iovlen = 1;
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-    if (!fds.empty()) {
-      header.msg_control = control.data();
-      header.msg_controllen = control.size();
-      cmsghdr* rights = CMSG_FIRSTHDR(&header);
-      rights->cmsg_level = SOL_SOCKET;
-      rights->cmsg_type = SCM_RIGHTS;
-      rights->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(rights), fds.data(), sizeof(int) * fds.size());
-    }
-    // A zygote that stopped reading (stopped, hung) must not hang us: a few seconds, then it is gone.
-    auto deadline = Clock::now() + std::chrono::seconds(5);
-    for (;;) {
-      ssize_t n = ::sendmsg(socket.get(), &header, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n >= 0) return n == static_cast<ssize_t>(text.size());
-      if (errno == EINTR) continue;
-      pollfd writable{socket.get(), POLLOUT, 0};
-      if ((errno != EAGAIN && errno != EWOULDBLOCK) || ::poll(&writable, 1, remaining_ms(deadline)) <= 0) return false;
-    }
-  }
-
-  // Files every message waiting on the socket, without blocking. Under `mutex`.
-  void pump() {
-    while (!dead) {
-      char buf[64 * 1024];
-      ssize_t n = ::recv(socket.get(), buf, sizeof buf, MSG_DONTWAIT);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0) {
-        dead = true;
-        return;
-      }
-      auto message = nlohmann::json::parse(std::string_view(buf, static_cast<size_t>(n)), nullptr, false);
-      std::string op = message.is_object() ? message.value("op", "") : "";
-      if (op == "exited" && message.contains("pid")) {
-        Exit exit;
-        if (message["exit_code"].is_number_integer()) {
-          exit.info.exited = true;
-          exit.info.exit_code = message["exit_code"].get<int>();
-        }
-        if (message["signal"].is_number_integer()) exit.info.term_signal = message["signal"].get<int>();
-        exit.cpu_s = message.value("cpu_s", -1.0);
-        exits[message["pid"].get<pid_t>()] = exit;
-      } else if (op == "spawned" || op == "spawn_failed") {
-        // A pid the zygote hands out again: an exit filed under it is an earlier child's.
-        if (message.contains("pid") && message["pid"].is_number_integer()) exits.erase(message["pid"].get<pid_t>());
-        reply = std::move(message);
-      } else {
-        dead = true;  // not the protocol: trust nothing more from it
-      }
-    }
-  }
-
-  // Waits until `done()` (checked under `mutex` after each pump), the zygote is gone or `timeout`
-  // passes. Blocks in poll without the lock, so other threads file their messages meanwhile.
-  template <typename Done>
-  bool wait_until(Done done, std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    for (;;) {
-      {
-        std::lock_guard lock(mutex);
-        pump();
-        if (done()) return true;
-        if (dead) return false;
-      }
-      int left = remaining_ms(deadline);
-      if (left <= 0) return false;
-      pollfd readable{socket.get(), POLLIN, 0};
-      ::poll(&readable, 1, std::min(left, 50));
-    }
-  }
-
-  // The zygote's answer to `request` (with `fds`), or an error where it is gone or silent.
-  Result<nlohmann::json> spawn(const nlohmann::json& request, const std::vector<int>& fds,
-                               std::chrono::milliseconds timeout) {
-    std::lock_guard one_at_a_time(spawn_mutex);
-    {
-      std::lock_guard lock(mutex);
-      reply.reset();
-      if (dead) return io_error("the zygote is gone");
-    }
-    if (!send(request, fds)) return io_error(fmt::format("the zygote is gone: {}", std::strerror(errno)));
-    if (!wait_until([&] { return reply.has_value(); }, timeout)) {
-      std::lock_guard lock(mutex);
-      bool silent = !dead;
-      dead = true;  // a late answer would be taken for the next request's
-      return io_error(silent ? fmt::format("the zygote did not answer within {} ms", timeout.count())
-                                : std::string("the zygote is gone"));
-    }
-    std::lock_guard lock(mutex);
-    return std::move(*reply);
-  }
-
-  // `pid`'s exit as the zygote reported it, waiting up to `timeout`.
-  std::optional<Exit> exit_of(pid_t pid, std::chrono::milliseconds timeout) {
-    std::optional<Exit> found;
-    wait_until([&] {
-      if (auto it = exits.find(pid); it != exits.end()) found = it->second;
-      return found.has_value();
-    }, timeout);
-    return found;
-  }
-
-  bool is_dead() {
-    std::lock_guard lock(mutex);
-    pump();
-    return dead;
-  }
-
-  // The zygote reaps `pid` now, or as soon as it exits.
-  void reap(pid_t pid) {
-    {
-      std::lock_guard lock(mutex);
-      exits.erase(pid);
-      if (dead) return;
-    }
-    send({{"op", "reap"}, {"pid", pid}}, {});  // where it does not read, the next kill need not wait on it
-  }
-};
 
 namespace {
 
@@ -1295,58 +868,6 @@ ExitInfo Process::kill_and_reap() {
   return p.exit.value_or(ExitInfo{});
 }
 
-Zygote::Zygote(Process process, std::shared_ptr<Channel> channel)
-    : process_(std::move(process)), channel_(std::move(channel)) {}
-
-Zygote::~Zygote() {
-  std::lock_guard lock(channel_->mutex);
-  channel_->dead = true;
-  // EOF: the zygote exits (~Process kills it if it does not). The descriptor itself stays open
-  // until the last Process of this zygote is gone: another thread may be polling it.
-  ::shutdown(channel_->socket.get(), SHUT_RDWR);
-}
-
-Result<std::shared_ptr<Zygote>> Zygote::start(ProcessSpec spec) {
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
-    return io_error(fmt::format("starting a zygote: socketpair: {}", std::strerror(errno)));
-  Fd ours(pair[0]), theirs(pair[1]);
-  spec.control_fd = theirs.get();
-  spec.message_pipe = true;
-  spec.defer_stdin = true;  // its stdin stays open and empty: it reads nothing there
-  auto process = Process::spawn(spec);
-  if (!process.ok()) return process.status().with_context("starting a zygote");
-  auto channel = std::make_shared<Channel>();
-  channel->socket = std::move(ours);
-  return std::shared_ptr<Zygote>(new Zygote(std::move(*process), std::move(channel)));
-}
-
-Result<Process> Zygote::spawn(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
-  {
-    std::lock_guard lock(process_mutex_);
-    (void)process_.wait_for(std::chrono::milliseconds(1));  // takes what it wrote on stderr meanwhile
-  }
-  auto process = Process::spawn_via(spec, this, timeout);
-  if (!process.ok() && !alive()) {  // silent or gone: no later spawn waits on it
-    std::lock_guard lock(process_mutex_);
-    process_.kill_and_reap();
-  }
-  return process;
-}
-
-bool Zygote::alive() {
-  if (channel_->is_dead()) return false;
-  std::lock_guard lock(process_mutex_);
-  return !process_.wait_for(std::chrono::milliseconds(1));
-}
-
-pid_t Zygote::pid() const { return process_.pid(); }
-
-std::string Zygote::stderr_tail() const {
-  std::lock_guard lock(process_mutex_);
-  return process_.stderr_tail();
-}
-
 Result<RunResult> run_process(const ProcessSpec& spec, std::chrono::milliseconds timeout) {
   Result<Process> proc = Process::spawn(spec);
   if (!proc.ok()) return proc.status();
@@ -1381,13 +902,6 @@ std::map<std::string, std::string> current_environment() {
     env.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
   }
   return env;
-}
-
-std::optional<pid_t> parent_process(pid_t pid) {
-  auto text = read_small_file("/proc/" + std::to_string(pid) + "/stat");
-  auto f = text ? stat_fields(*text) : std::vector<std::string_view>{};
-  if (f.size() < 2) return std::nullopt;
-  return static_cast<pid_t>(to_ll(f[1]));
 }
 
 }  // namespace kz

@@ -1,6 +1,6 @@
 // Test helper: tries the system calls the sandbox's seccomp filter refuses (ProcessSpec::
 // syscall_filter), and two it must leave alone, and prints one "name=result" line each: "ok", an
-// errno name, "crashed" or "n/a". core_test's SubprocessSandbox tests run it with and without the
+// errno name, "crashed" or "n/a". sandbox_test's SubprocessSandbox tests run it with and without the
 // filter.
 #include <fcntl.h>
 #include <linux/io_uring.h>

@@ -215,7 +215,7 @@ class Process {
 // A process that forks children on request, so that every child starts from what the zygote
 // prepared once (a Python worker's imports) instead of exec'ing a program and preparing again.
 // Each child still gets the whole sandbox its ProcessSpec asks for: the same steps as
-// Process::spawn's child (core/src/sandbox_plan.h), applied by the child itself right after the
+// Process::spawn's child (sandbox/src/sandbox_plan.h), applied by the child itself right after the
 // fork (kz_zygote_child_setup, the shared library kz_zygote_child), before it runs anything of its
 // own. Its Process behaves as a spawned one (pipes, deadlines, groups, limits, SandboxReport);
 // the zygote, its parent, tells the supervisor when it exits and reaps it only when asked, so its
