@@ -18,7 +18,8 @@
 #                   a host with two GPUs; KZ_MULTIGPU_DEVICES="cuda:0 cuda:0" runs it twice on one.
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
-#                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one)
+#                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one);
+#                   KZ_MODEL_ARGS adds model_bench.py flags (e.g. "--temperature 1 --no-train-masters")
 #   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
 #                   through kz and its cuda candidates through KernelBench's own harness (a checkout
 #                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried
@@ -244,7 +245,7 @@ elif [[ $PART == memory ]]; then
 elif [[ $PART == model ]]; then
   # Its checkpoint (15 GB) goes to the system temp dir, not into the archive; the table comes last.
   start=$SECONDS
-  python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out "$OUT/model" \
+  python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out "$OUT/model" ${KZ_MODEL_ARGS:-} \
     > "$OUT/model.txt" 2> "$OUT/model.err"
   step_done model_bench $?; echo "$((SECONDS - start)) s wall"; tail -4 "$OUT/model.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .

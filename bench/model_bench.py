@@ -11,7 +11,8 @@ Steps: measure copy bandwidth; build a random-init Qwen2.5-7B-shaped model in bf
 transformers directly on the device and save it (a temporary checkpoint, removed at the end);
 run kz_model_bench on that checkpoint in a subprocess (again without CUDA graphs if it crashes);
 benchmark the transformers model already in memory; print a table. Both frameworks: prompts of
-random ids, greedy, eos ignored (min_new_tokens = max_new_tokens), the same new-token count.
+random ids, greedy (or --temperature T: sampled over the whole vocabulary), eos ignored
+(min_new_tokens = max_new_tokens), the same new-token count.
 
 Decode tokens/s counts only decode steps: kz times its decode loop directly; transformers
 (generate has no hook between prefill and decode) as batch x (N - 1) / (t(N new) - t(1 new)).
@@ -99,6 +100,9 @@ def parse_args():
                    help="transformers' KV cache in generate (static only pays off with torch.compile)")
     p.add_argument("--skip-hf", action="store_true", help="only kz")
     p.add_argument("--no-graph", action="store_true", help="kz decodes eagerly")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="decode sampled at this temperature over the whole vocabulary (no top-k or top-p), "
+                        "both frameworks; 0 (the default): greedy")
     p.add_argument("--train", default="lora,full", help="training phases, comma-separated: lora, full (empty: none)")
     p.add_argument("--train-batch", type=int, default=None, help="sequences per training step (default 4)")
     p.add_argument("--train-len", type=int, default=None, help="tokens per training sequence (default 1024)")
@@ -202,6 +206,7 @@ def kz_phase_flags(args, inference, train_modes):
     flags = []
     if inference:
         flags += ["--batches", ",".join(map(str, args.batches)), "--prompt", str(args.prompt), "--new", str(args.new),
+                  "--temperature", str(args.temperature),
                   "--prefill-batch", str(args.prefill_batch), "--prefill-len", str(args.prefill_len)]
     else:
         flags.append("--no-inference")
@@ -239,9 +244,13 @@ def run_kz(args, ckpt, out_dir, name, inference, train_modes):
     return None
 
 
-def hf_generate(model, ids, new, cache):
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                  min_new_tokens=new, pad_token_id=0, eos_token_id=None, temperature=None, top_p=None, top_k=None)
+def hf_generate(model, ids, new, cache, temperature=0.0):
+    """transformers' generate: greedy, or sampled at `temperature` over the whole vocabulary (top_k 0
+    and top_p 1 turn off the generation config's filters)."""
+    sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
+        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                  pad_token_id=0, eos_token_id=None, **sampling)
     if cache == "static":
         kwargs["cache_implementation"] = "static"
     return model.generate(**kwargs)
@@ -272,9 +281,9 @@ def hf_decode(model, args, device, batch, prompt=None):
     ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt), device=device)
     if prompt is not None and batch == 1 and len(prompt) == args.prompt:
         ids = torch.tensor([prompt], device=device)  # kz's batch-1 prompt, to compare tokens
-    hf_generate(model, ids, 2, args.hf_cache)  # warm-up for this shape
-    t1, _ = timed(device, lambda: hf_generate(model, ids, 1, args.hf_cache))
-    tn, out = timed(device, lambda: hf_generate(model, ids, args.new, args.hf_cache))
+    hf_generate(model, ids, 2, args.hf_cache, args.temperature)  # warm-up for this shape
+    t1, _ = timed(device, lambda: hf_generate(model, ids, 1, args.hf_cache, args.temperature))
+    tn, out = timed(device, lambda: hf_generate(model, ids, args.new, args.hf_cache, args.temperature))
     steps = args.new - 1
     r = dict(phase="decode", batch=batch, prompt_tokens=args.prompt, new_tokens=args.new, timed_steps=steps,
              prefill_seconds=t1, decode_seconds=tn - t1, tokens_per_s=batch * steps / max(tn - t1, 1e-9),
@@ -450,7 +459,8 @@ def table(args, main_run, full_run, bandwidth, per_token_bytes):
         lines.append(f"{name:<26} {rate(k):>10} {rate(h):>10} {ratio:>7} {gib(k.get('peak_bytes')):>7} "
                      f"{gib(h.get('peak_bytes')):>7}  {', '.join(notes)}")
     limit = bandwidth / per_token_bytes
-    lines.append(f"decode: {args.new} new tokens after a {args.prompt}-token prompt, greedy; tokens/s over the "
+    how = f"sampled at temperature {args.temperature:g}" if args.temperature > 0 else "greedy"
+    lines.append(f"decode: {args.new} new tokens after a {args.prompt}-token prompt, {how}; tokens/s over the "
                  f"{args.new - 1} decode steps (prefill excluded); transformers cache: {args.hf_cache}")
     lines.append(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s; {per_token_bytes / 1e9:.2f} GB of weights read per "
                  f"decode step; batch-1 limit {limit:,.1f} tokens/s")
@@ -460,7 +470,7 @@ def table(args, main_run, full_run, bandwidth, per_token_bytes):
             lines.append(f"batch-1 decode, {name}: {p['tokens_per_s']:,.1f} tokens/s = "
                          f"{100 * p['tokens_per_s'] / limit:.1f}% of the bandwidth limit")
     h1 = find(hf, "decode", 1)
-    if kz and (kz.get("sample") or {}).get("tokens") and h1.get("tokens"):
+    if args.temperature == 0 and kz and (kz.get("sample") or {}).get("tokens") and h1.get("tokens"):
         same = common_prefix(kz["sample"]["tokens"], h1["tokens"])
         lines.append(f"batch-1 greedy tokens, kz vs transformers on the same prompt: first {same} of "
                      f"{len(h1['tokens'])} identical (bf16 kernels differ; random weights give near-ties)")
