@@ -67,26 +67,34 @@ size_t append_body(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
+// A JSON request (POST when `body` is given) whose reply goes to `write`; {transfer code, status}.
+std::pair<CURLcode, long> perform_json(const std::string& url, const std::string* body, curl_write_callback write,
+                                       void* sink, long timeout_s) {
+  CURL* easy = curl_easy_init();
+  curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, sink);
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT, timeout_s);
+  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+  if (body) {
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body->c_str());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(body->size()));
+  }
+  const CURLcode code = curl_easy_perform(easy);
+  long status = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(easy);
+  return {code, status};
+}
+
 // One raw HTTP exchange: {status, body}.
 std::pair<long, std::string> http(const std::string& method, const std::string& url, const std::string& body = "") {
   std::string out;
-  CURL* easy = curl_easy_init();
-  curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, append_body);
-  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &out);
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT, 60L);
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
-  if (method == "POST") {
-    curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.c_str());
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  }
-  long status = 0;
-  if (curl_easy_perform(easy) == CURLE_OK) curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(easy);
-  return {status, out};
+  auto [code, status] = perform_json(url, method == "POST" ? &body : nullptr, append_body, &out, 60L);
+  return {code == CURLE_OK ? status : 0, out};
 }
 
 // One server-sent event of a streamed answer and when it arrived.
@@ -125,22 +133,9 @@ size_t read_events(char* data, size_t size, size_t count, void* user) {
 Streamed http_stream(const std::string& url, const json& request, size_t stop_after = SIZE_MAX) {
   Streamed out;
   StreamReader reader{&out, stop_after, ""};
-  std::string body = request.dump();
-  CURL* easy = curl_easy_init();
-  curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, read_events);
-  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &reader);
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT, 120L);
-  curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(easy, CURLOPT_POST, 1L);
-  curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  const std::string body = request.dump();
   out.sent = std::chrono::steady_clock::now();
-  curl_easy_perform(easy);
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &out.status);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(easy);
+  out.status = perform_json(url, &body, read_events, &reader, 120L).second;  // a hang-up ends the transfer early
   return out;
 }
 
