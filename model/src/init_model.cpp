@@ -15,6 +15,7 @@
 #include "kz/model/safetensors.h"
 #include "kz/model/tokenizer.h"
 #include "kz/model/tokenizer_train.h"
+#include "splitmix64.h"
 
 namespace kz::model {
 namespace {
@@ -78,13 +79,6 @@ Result<const Preset*> find_preset(const std::string& name) {
 }
 
 // ---- the random weights ----------------------------------------------------------------------
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // A uniform in (0, 1] from the top 53 bits.
 double uniform01(uint64_t& state) { return (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53; }

@@ -25,6 +25,7 @@
 
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
+#include "splitmix64.h"
 #include "tensor_hash.h"
 #include "torch_status.h"
 
@@ -581,12 +582,6 @@ void adamw_float(at::Tensor& w, at::Tensor& m, at::Tensor& v, const at::Tensor& 
   w.addcdiv_(m, denom, -s.lr / s.bias1);
 }
 
-uint64_t mix64(uint64_t z) {  // splitmix64's finaliser: the stochastic rounding's stream keys
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // float32 -> bf16, rounded up (in magnitude) with probability equal to the cut bits' fraction of
 // the gap: the random 16 bits are added to the float's bits (sign-magnitude, so this works for
 // either sign), the carry reaches the kept bits exactly that often, and the low half is cut.
@@ -619,7 +614,8 @@ void adamw_low_precision(at::Tensor& param, at::Tensor& exp_avg, at::Tensor& exp
       continue;
     }
     // 32 random bits per element (the weight's half and the first moment's), 16 more for the second.
-    const auto chunk_key = static_cast<int64_t>(mix64(key ^ static_cast<uint64_t>(begin)) & 0xffffffffULL);
+    uint64_t state = key ^ static_cast<uint64_t>(begin);
+    const auto chunk_key = static_cast<int64_t>(splitmix64(state) & 0xffffffffULL);
     at::Tensor bits = mix32(at::arange(len, w32.options().dtype(at::kLong)).bitwise_xor(chunk_key));
     at::Tensor bits2 = mix32(bits.bitwise_xor(0x5bd1e995LL));
     w.narrow(0, begin, len).copy_(round_stochastic_bf16(w32, bits.bitwise_and(0xffff).to(at::kInt)));
@@ -644,8 +640,8 @@ Status Trainer::update() {
       AdamWStep ps = s;
       if (p.decay && options_.weight_decay > 0) ps.decay_factor = 1.0 - lr * options_.weight_decay;
       if (p.master.scalar_type() != at::kFloat) {
-        adamw_low_precision(p.param, p.exp_avg, p.exp_avg_sq, g, ps,
-                            mix64(static_cast<uint64_t>(step_) * 0x9E3779B97F4A7C15ull + i));
+        uint64_t state = static_cast<uint64_t>(step_) << 32 ^ i;  // this step's and parameter's stream
+        adamw_low_precision(p.param, p.exp_avg, p.exp_avg_sq, g, ps, splitmix64(state));
         continue;
       }
       adamw_float(p.master, p.exp_avg, p.exp_avg_sq, g.to(at::kFloat), ps);
