@@ -15,7 +15,6 @@
 #include "kz/model/safetensors.h"
 #include "kz/model/tokenizer.h"
 #include "kz/model/tokenizer_train.h"
-#include "splitmix64.h"
 
 namespace kz::model {
 namespace {

@@ -23,9 +23,9 @@
 #include <functional>
 #include <mutex>
 
+#include "kz/core/hash.h"
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
-#include "splitmix64.h"
 #include "tensor_hash.h"
 #include "torch_status.h"
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 
+#include "kz/core/hash.h"
 #include "kz/dist/process_group.h"
 
 namespace kz::rl {
@@ -37,13 +38,6 @@ Status PolicyUpdateOptions::validate() const {
 }
 
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Fisher-Yates with our own generator, so the order is the same on every standard library.
 void shuffle(std::vector<size_t>& order, uint64_t seed) {
