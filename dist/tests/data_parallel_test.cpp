@@ -24,6 +24,7 @@
 #include "kz/model/config.h"
 #include "kz/model/train.h"
 #include "kz/model/transformer.h"
+#include "tiny_qwen2.h"
 
 namespace kz::dist {
 namespace {
@@ -43,21 +44,7 @@ at::Device rank_device(const World& world) {
 
 double tolerance() { return on_cuda() ? 1e-4 : 2e-5; }  // CUDA's backward sums with atomics
 
-std::shared_ptr<model::CausalLM> tiny_model(uint64_t seed, const at::Device& device = at::kCPU,
-                                            at::ScalarType dtype = at::kFloat) {
-  auto config = model::parse_model_config(R"({
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 96, "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
-    "torch_dtype": "float32"})", "tiny qwen2");
-  EXPECT_TRUE(config.ok()) << config.status().to_string();
-  model::LoadOptions load;
-  load.device = device;
-  load.dtype = dtype;
-  auto m = model::CausalLM::random(*config, seed, load);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return *m;
-}
+using model::test::tiny_qwen2;
 
 // Row r of step s: deterministic token ids, lengths 6..13 right-padded to 13, loss on the second half.
 model::MicroBatch rows(int step, const std::vector<int>& which) {
@@ -120,7 +107,7 @@ std::vector<float> train(const World& world, const Variant& variant) {
   const at::Device device = rank_device(world);
   // Each rank starts from its own random weights: rank 0's must win.
   const at::ScalarType dtype = variant.bf16 ? at::kBFloat16 : at::kFloat;
-  auto m = tiny_model(/*seed=*/7 + static_cast<uint64_t>(world.rank), device, dtype);
+  auto m = tiny_qwen2(/*seed=*/7 + static_cast<uint64_t>(world.rank), device, dtype);
   model::TrainOptions options;
   options.lr = 3e-3;
   options.weight_decay = 0.01;
@@ -211,7 +198,7 @@ class DataParallel : public ::testing::Test {
 };
 
 TEST_F(DataParallel, TwoRanksMatchOneProcessWithTwiceTheBatch) {
-  auto initial = flat_weights(*tiny_model(7));
+  auto initial = flat_weights(*tiny_qwen2(7));
   auto reference = train(World{}, Variant{});
   ASSERT_GT(max_abs_difference(initial, reference), 1e-3) << "the steps must move the weights";
   auto ranks = train_two_ranks("sync");
@@ -235,7 +222,7 @@ TEST_F(DataParallel, HoldsWithActivationCheckpointing) {
 TEST_F(DataParallel, HoldsWithBf16ParametersAndFloat32Masters) {
   Variant bf16;
   bf16.bf16 = true;
-  auto initial = flat_weights(*tiny_model(7, at::kCPU, at::kBFloat16));
+  auto initial = flat_weights(*tiny_qwen2(7, at::kCPU, at::kBFloat16));
   auto reference = train(World{}, bf16);
   auto ranks = train_two_ranks("bf16");
   ASSERT_EQ(ranks.size(), 2u);

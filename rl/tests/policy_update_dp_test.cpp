@@ -26,23 +26,14 @@
 #include "kz/model/train.h"
 #include "kz/model/transformer.h"
 #include "kz/rl/policy_update.h"
+#include "tiny_qwen2.h"
 
 namespace kz::rl {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::shared_ptr<model::CausalLM> tiny_model() {
-  auto config = model::parse_model_config(R"({
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 96, "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
-    "torch_dtype": "float32"})", "tiny qwen2");
-  EXPECT_TRUE(config.ok()) << config.status().to_string();
-  auto m = model::CausalLM::random(*config, /*seed=*/5, model::LoadOptions{});
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return *m;
-}
+std::shared_ptr<model::CausalLM> tiny_model() { return model::test::tiny_qwen2(/*seed=*/5); }
 
 // Seven rollouts: prompts of 3-6 tokens, completions of 2-7, recorded log-probs near the random
 // model's (about log 1/96), advantages of both signs and one zero.
