@@ -73,7 +73,9 @@
 #                   KZ_AGREE_WALL_S (default 510 s, build included). What a call does is kept under
 #                   runs/agree-state on the host (--state): the next call on the same machine goes on
 #                   where this one stopped (KernelBench's builds, its verdicts and kz's), and its table
-#                   covers every sample judged so far.
+#                   covers every sample judged so far. The verdicts come back as OUTDIR/agree-state.tgz;
+#                   carried as .kb-agree-state.tgz (KZ_AGREE_SEED) to a fresh host, they seed its state,
+#                   so that a later machine judges only the samples still missing.
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
 PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve, learn or agree}
@@ -137,11 +139,17 @@ if [[ $PART == agree ]]; then
   BUDGET=$((WALL - SECONDS - 25))   # 25 s kept for the archive
   ((BUDGET < 60)) && BUDGET=60
   echo "== agree: ${KZ_AGREE_LIMIT:-110} samples on ${KZ_AGREE_DEVICE:-cuda:0}, --budget-s $BUDGET (of ${WALL} s, build included) =="
+  SEED=${KZ_AGREE_SEED:-.kb-agree-state.tgz}
+  if [[ ! -d runs/agree-state && -f $SEED ]]; then   # a fresh host: the verdicts of earlier machines
+    mkdir -p runs/agree-state && tar -C runs/agree-state -xzf "$SEED" && echo "state seeded from $SEED"
+  fi
   mkdir -p runs/agree-state
   timeout -k 10 $((BUDGET + 30)) python3 bench/kernelbench_agreement.py --samples "$KB_SAMPLES" \
     --kernelbench "$KERNELBENCH" --out "$OUT/agree" --state runs/agree-state --device "${KZ_AGREE_DEVICE:-cuda:0}" \
     --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
   step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
+  # The verdicts, without KernelBench's builds (large, and useless on another host).
+  tar -C runs/agree-state -czf "$FINAL/agree-state.tgz" --exclude=kb-builds --exclude=kb-prebuild .
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   head -12 "$OUT/agree/agreement.txt"; sed -n '/^disagreements:/,$p' "$OUT/agree/agreement.txt"
   echo "full table: agree/agreement.txt in $FINAL/results-$PART.tgz"
