@@ -42,11 +42,17 @@ class ContinuousBatchingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     at::set_num_threads(1);  // a tiny model: threads would only add contention
+    model_ = tiny_model(at::kCPU);
+  }
+
+  static std::shared_ptr<CausalLM> tiny_model(at::Device device) {
     auto config = parse_model_config(kTinyConfig, "the tiny test config");
-    ASSERT_TRUE(config.ok()) << config.status().to_string();
-    auto model = CausalLM::random(*config, 11);
-    ASSERT_TRUE(model.ok()) << model.status().to_string();
-    model_ = *model;
+    EXPECT_TRUE(config.ok()) << config.status().to_string();
+    LoadOptions options;
+    options.device = device;
+    auto model = CausalLM::random(*config, 11, options);
+    EXPECT_TRUE(model.ok()) << model.status().to_string();
+    return model.ok() ? *model : nullptr;
   }
 
   std::vector<GenerateResult> run(const std::vector<GenerateRequest>& requests, GenerateOptions options = {},
@@ -88,6 +94,15 @@ class ContinuousBatchingTest : public ::testing::Test {
       out[5].sampling.top_p = 0.8;
     }
     return out;
+  }
+
+  // A long request keeps its row while short ones cycle through the other, one chunk of 5 each.
+  // The cache has 6 + 40 - 1 slots, rounded up to 48. The last request joins at cursor 31 and
+  // needs 19 more slots: it fits only once the long row's 28 slots move to the left end.
+  static std::vector<GenerateRequest> compaction_requests() {
+    return {request({1, 2, 3}, 40),     request({4, 5, 6, 7, 8, 9}, 6), request({10, 11}, 6),
+            request({12, 13, 14, 15}, 6), request({16, 17, 18}, 6),     request({19, 20, 21, 22, 23}, 6),
+            request({24, 25, 26, 27, 28}, 20, 1.0, 9)};
   }
 
   std::shared_ptr<CausalLM> model_;
@@ -136,14 +151,10 @@ TEST_F(ContinuousBatchingTest, BatchShrinksAsRowsFinish) {
   }
 }
 
-// A long request keeps its row while short ones cycle through the other, one chunk each. The cache
-// has 6 + 40 - 1 slots, rounded up to 48. The last joiner comes at cursor 31 and needs 19 more
-// slots: it fits only once the long row's 28 slots move to the left end.
+// The cache fills up with short requests passing through one row; the last joiner needs the long
+// row's slots moved left (compaction_requests).
 TEST_F(ContinuousBatchingTest, JoinsCompactTheCacheWhenItRunsOutOfRoom) {
-  std::vector<GenerateRequest> requests{request({1, 2, 3}, 40),          request({4, 5, 6, 7, 8, 9}, 6),
-                                        request({10, 11}, 6),            request({12, 13, 14, 15}, 6),
-                                        request({16, 17, 18}, 6),        request({19, 20, 21, 22, 23}, 6),
-                                        request({24, 25, 26, 27, 28}, 20, 1.0, 9)};
+  auto requests = compaction_requests();
   GenerateOptions options;
   options.max_batch_rows = 2;
   options.stop_check_steps = 5;
@@ -152,6 +163,7 @@ TEST_F(ContinuousBatchingTest, JoinsCompactTheCacheWhenItRunsOutOfRoom) {
   expect_each_as_alone(requests, got, "compaction");
   EXPECT_EQ(stats.compactions, 1);
   EXPECT_EQ(stats.joins, 5);
+  EXPECT_EQ(stats.shrinks, 1);  // the long row, alone once the last joiner is done
 }
 
 // A GRPO group (one prompt, several seeds) beside another prompt, through two rows: each prompt is
@@ -170,6 +182,34 @@ TEST_F(ContinuousBatchingTest, SharedPromptsArePrefilledOnce) {
   EXPECT_EQ(stats.prefilled_prompts, 2);
   EXPECT_GE(stats.joins, 4);
   EXPECT_NE(got[0].token_ids, got[1].token_ids);
+}
+
+// On a CUDA device the decode step is a captured graph: joins and compactions write into the
+// tensors it was captured against and a shrink captures a new one, with the same results.
+TEST_F(ContinuousBatchingTest, CudaGraphKeepsResultsThroughJoinsAndShrinks) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  model_ = tiny_model(at::Device(at::kCUDA, 0));
+  ASSERT_TRUE(model_);
+  GenerateOptions options;
+  options.max_batch_rows = 2;
+  options.stop_check_steps = 3;
+  for (double temperature : {0.0, 1.0}) {
+    auto requests = mixed_requests(temperature);
+    GenerateStats stats;
+    auto got = run(requests, options, &stats);
+    std::string where = "cuda, temperature " + std::to_string(temperature);
+    expect_each_as_alone(requests, got, where);
+    EXPECT_GE(stats.joins, 5) << where;
+    EXPECT_GE(stats.compactions, 1) << where;
+    EXPECT_GE(stats.shrinks, 1) << where;
+  }
+  options.stop_check_steps = 5;
+  GenerateStats stats;
+  auto requests = compaction_requests();
+  auto got = run(requests, options, &stats);
+  expect_each_as_alone(requests, got, "cuda, compaction");
+  EXPECT_EQ(stats.compactions, 1);
+  EXPECT_GE(stats.shrinks, 1);
 }
 
 TEST_F(ContinuousBatchingTest, NegativeBatchRowsIsAnError) {
