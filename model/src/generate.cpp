@@ -9,7 +9,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
+#include <memory>
+#include <optional>
 
 namespace kz::model {
 namespace {
@@ -28,117 +31,412 @@ Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t v
   return Status::ok();
 }
 
-// Per-row state of one generate() call.
+// One request's progress.
 struct Row {
   const GenerateRequest* request;
   GenerateResult result;
   bool done = false;
 };
 
-// Marks rows that hit a stop token or their token limit.
-bool update_finished(std::vector<Row>& rows) {
-  bool all_done = true;
-  for (auto& row : rows) {
-    if (row.done) continue;
-    const auto& stops = row.request->sampling.stop_token_ids;
-    int64_t last = row.result.token_ids.back();
-    if (std::find(stops.begin(), stops.end(), last) != stops.end()) {
-      row.result.finish_reason = FinishReason::stop;
-      row.done = true;
-    } else if (static_cast<int64_t>(row.result.token_ids.size()) >= row.request->sampling.max_new_tokens) {
-      row.result.finish_reason = FinishReason::length;
-      row.done = true;
-    } else if (row.request->stop_check && row.request->stop_check(row.result.token_ids)) {
-      row.result.finish_reason = FinishReason::stop;
-      row.done = true;
-    }
-    all_done = all_done && row.done;
-  }
-  return all_done;
-}
-
-// Hands each row that grew in the last chunk its result so far (generate.h's on_progress);
-// had[i]: row i's token count before the chunk.
-void report_progress(const std::vector<Row>& rows, const std::vector<size_t>& had) {
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& row = rows[i];
-    if (row.request->on_progress && row.result.token_ids.size() > had[i]) row.request->on_progress(row.result, row.done);
+// Marks the row done when its last token is a stop token, it reached its limit or its stop_check
+// says so.
+void finish_if_done(Row& row) {
+  const auto& stops = row.request->sampling.stop_token_ids;
+  int64_t last = row.result.token_ids.back();
+  if (std::find(stops.begin(), stops.end(), last) != stops.end()) {
+    row.result.finish_reason = FinishReason::stop;
+    row.done = true;
+  } else if (static_cast<int64_t>(row.result.token_ids.size()) >= row.request->sampling.max_new_tokens) {
+    row.result.finish_reason = FinishReason::length;
+    row.done = true;
+  } else if (row.request->stop_check && row.request->stop_check(row.result.token_ids)) {
+    row.result.finish_reason = FinishReason::stop;
+    row.done = true;
   }
 }
 
-// Appends chunk [B, n] of tokens and log-probs (host tensors) to the running rows, stopping each
-// row at a stop token or its limit like update_finished, and reports the rows' progress; returns
-// whether every row is done.
-bool append_chunk(const at::Tensor& tokens, const at::Tensor& logprobs, std::vector<Row>& rows) {
-  std::vector<size_t> had;
-  for (const auto& row : rows) had.push_back(row.result.token_ids.size());
-  auto t = tokens.accessor<int64_t, 2>();
-  auto lp = logprobs.accessor<float, 2>();
-  bool all_done = false;
-  for (int64_t j = 0; j < tokens.size(1) && !all_done; ++j) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i].done) continue;
-      auto row = static_cast<int64_t>(i);
-      rows[i].result.token_ids.push_back(t[row][j]);
-      rows[i].result.logprobs.push_back(lp[row][j]);
-    }
-    all_done = update_finished(rows);
+// Appends tokens[j], logprobs[j] for j < n (host tensors [n]) to a running row until it is done,
+// then hands it its result so far (generate.h's on_progress).
+void append_tokens(Row& row, const at::Tensor& tokens, const at::Tensor& logprobs) {
+  auto t = tokens.accessor<int64_t, 1>();
+  auto lp = logprobs.accessor<float, 1>();
+  for (int64_t j = 0; j < tokens.size(0) && !row.done; ++j) {
+    row.result.token_ids.push_back(t[j]);
+    row.result.logprobs.push_back(lp[j]);
+    finish_if_done(row);
   }
-  report_progress(rows, had);
-  return all_done;
+  if (row.request->on_progress) row.request->on_progress(row.result, row.done);
 }
 
-std::vector<GenerateResult> collect(std::vector<Row>& rows) {
-  std::vector<GenerateResult> out;
-  for (auto& row : rows) out.push_back(std::move(row.result));
+at::Tensor index_tensor(const std::vector<int64_t>& values, at::Device device) {
+  return at::tensor(values, at::kLong).to(device);
+}
+
+// Continuous batching over one KV cache of a fixed number of rows (at most max_batch_rows).
+//
+// Cache layout: one write cursor L (KVCache::length and slot) is shared by every row and each
+// row's real slots end at it: a live row whose prompt has p tokens and which has n tokens so far
+// (the last not yet fed back) holds slots [L - (p + n - 1), L), the rest of its key_mask is false,
+// and its RoPE positions are its own (next_position), so where its slots sit changes nothing. A
+// joiner's prompt, prefilled apart, is copied right-aligned into [L - p, L) of a freed row with
+// next_position = p. A row that will feed back m more tokens needs L + m <= capacity. When L < p
+// or the cache lacks that room, every row's slots are shifted, all by the same amount, so that
+// they end at a new cursor C (the longest live extent or joiner prompt): in place, so a captured
+// CUDA graph of the decode step stays valid. The capacity holds any request alone, so a joiner
+// that finds no room fits once the live rows have finished. Freed rows keep decoding (masked
+// garbage, never read) until a joiner takes them or the batch shrinks.
+//
+// With every request in one batch (max_batch_rows 0) all join at once into the empty cache: the
+// same prefill, layout and decode as prefilling the batch in place.
+class ContinuousBatch {
+ public:
+  ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests, const GenerateOptions& options);
+  Result<std::vector<GenerateResult>> run();
+
+ private:
+  // Distinct prompts prefilled together (left-padded, so each ends at slot cache.length), with
+  // their last-position logits [n, V].
+  struct Prefill {
+    KVCache cache;
+    at::Tensor logits;
+  };
+  struct PrefilledPrompt {
+    std::shared_ptr<const Prefill> prefill;
+    int64_t row;         // in prefill
+    int64_t users_left;  // requests of this prompt that have not joined yet
+  };
+  // Slots a row holds left of the cursor, and tokens it still feeds back (one slot each).
+  struct Extent {
+    int64_t span, need;
+  };
+
+  Row& row(int64_t request) { return rows_[static_cast<size_t>(request)]; }
+  int64_t prompt_length(int64_t request) const;
+  const PrefilledPrompt& prefilled(int64_t request) const;
+  std::vector<int64_t> rows_where(bool occupied) const;
+  Extent extent_of(int64_t request) const;
+  std::vector<Extent> live_extents() const;
+  std::optional<int64_t> room_cursor(const std::vector<Extent>& extents) const;
+  std::vector<int64_t> pick_joiners();
+  Status prefill_missing(const std::vector<int64_t>& joiners);
+  Status admit_waiting();
+  void move_cursor(int64_t cursor);
+  Status place(const std::vector<int64_t>& joiners, const at::Tensor& first, const Sampler& joined);
+  void copy_prompts(const std::vector<int64_t>& requests, const std::vector<int64_t>& rows);
+  void release_prompts(const std::vector<int64_t>& joiners);
+  void shrink_to_live_rows();
+  Status decode_chunk();
+  Sampler& sampler() { return loop_ ? loop_->sampler() : *idle_sampler_; }
+
+  CausalLM& model_;
+  const GenerateOptions& options_;
+  std::vector<Row> rows_;                          // per request
+  std::vector<std::vector<int64_t>> prompts_;      // distinct prompts
+  std::vector<int64_t> prompt_of_;                 // per request: its index in prompts_
+  std::map<int64_t, PrefilledPrompt> prefilled_;   // by index in prompts_, while a user waits
+  std::deque<int64_t> waiting_;                    // requests, in order
+  Sampler all_sampler_;                            // every request's settings, one row each
+  KVCache cache_;
+  std::vector<int64_t> occupant_;                  // per cache row: its request, -1 when free
+  at::Tensor last_;                                // [rows] int64: each row's token to feed next
+  std::unique_ptr<DecodeLoop> loop_;               // null until the next decode_chunk
+  std::optional<Sampler> idle_sampler_;            // the batch's sampler while loop_ is null
+  GenerateStats stats_;
+};
+
+std::vector<SamplingOptions> sampling_of(const std::vector<GenerateRequest>& requests) {
+  std::vector<SamplingOptions> out;
+  for (const auto& r : requests) out.push_back(r.sampling);
   return out;
 }
 
-Result<std::vector<GenerateResult>> run_generation(CausalLM& model, const std::vector<GenerateRequest>& requests,
-                                                   const GenerateOptions& options) {
-  c10::NoGradGuard no_grad;
-  // Each distinct prompt is prefilled once; rows that share it (a GRPO group's samples) fork its
-  // cache. prompt_of[i]: row i's distinct prompt.
-  std::vector<std::vector<int64_t>> prompts;
-  std::map<std::vector<int64_t>, int64_t> prompt_index;
-  std::vector<int64_t> prompt_of;
-  std::vector<SamplingOptions> sampling;
-  int64_t max_new = 0;
-  std::vector<Row> rows;
+// The cache holds the longest prompt and the most new tokens at once (the last new token is never
+// fed back, so it needs no slot): what any request needs alone, and every request in one batch.
+int64_t cache_capacity(const std::vector<GenerateRequest>& requests) {
+  int64_t prompt = 0, new_tokens = 0;
   for (const auto& r : requests) {
-    auto [it, added] = prompt_index.emplace(r.prompt_ids, static_cast<int64_t>(prompts.size()));
-    if (added) prompts.push_back(r.prompt_ids);
-    prompt_of.push_back(it->second);
-    sampling.push_back(r.sampling);
-    max_new = std::max(max_new, r.sampling.max_new_tokens);
-    rows.push_back(Row{&r, {}});
+    prompt = std::max(prompt, static_cast<int64_t>(r.prompt_ids.size()));
+    new_tokens = std::max(new_tokens, r.sampling.max_new_tokens);
   }
-  auto [ids, mask] = left_pad(prompts, options.pad_token_id);
-  // The last new token is never fed back, so it needs no slot.
-  KVCache cache = model.new_cache(ids.size(0), ids.size(1) + max_new - 1);
-  auto logits = model.prefill(ids, mask, cache);
+  return prompt + new_tokens - 1;
+}
+
+ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests,
+                                 const GenerateOptions& options)
+    : model_(model), options_(options), all_sampler_(sampling_of(requests), model.device()) {
+  std::map<std::vector<int64_t>, int64_t> prompt_index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto [it, added] = prompt_index.emplace(requests[i].prompt_ids, static_cast<int64_t>(prompts_.size()));
+    if (added) prompts_.push_back(requests[i].prompt_ids);
+    prompt_of_.push_back(it->second);
+    rows_.push_back(Row{&requests[i], {}});
+    waiting_.push_back(static_cast<int64_t>(i));
+  }
+  const auto n = static_cast<int64_t>(requests.size());
+  const int64_t batch = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, n) : n;
+  cache_ = model.new_cache(batch, cache_capacity(requests));
+  occupant_.assign(static_cast<size_t>(batch), -1);
+  last_ = at::zeros({batch}, at::TensorOptions().device(model.device()).dtype(at::kLong));
+  // Free rows hold request 0's settings until a joiner replaces them; the sampler keeps computing
+  // every path some request needs.
+  idle_sampler_ = all_sampler_.select_rows(at::zeros({batch}, at::kLong));
+}
+
+int64_t ContinuousBatch::prompt_length(int64_t request) const {
+  return static_cast<int64_t>(rows_[static_cast<size_t>(request)].request->prompt_ids.size());
+}
+
+const ContinuousBatch::PrefilledPrompt& ContinuousBatch::prefilled(int64_t request) const {
+  return prefilled_.at(prompt_of_[static_cast<size_t>(request)]);
+}
+
+std::vector<int64_t> ContinuousBatch::rows_where(bool occupied) const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < occupant_.size(); ++i)
+    if ((occupant_[i] >= 0) == occupied) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
+// A request that waits counts as having its first token, which comes from its prompt's prefill.
+ContinuousBatch::Extent ContinuousBatch::extent_of(int64_t request) const {
+  const Row& r = rows_[static_cast<size_t>(request)];
+  const int64_t tokens = std::max<int64_t>(static_cast<int64_t>(r.result.token_ids.size()), 1);
+  return {prompt_length(request) + tokens - 1, r.request->sampling.max_new_tokens - tokens};
+}
+
+std::vector<ContinuousBatch::Extent> ContinuousBatch::live_extents() const {
+  std::vector<Extent> out;
+  for (int64_t request : occupant_)
+    if (request >= 0) out.push_back(extent_of(request));
+  return out;
+}
+
+// Where the cursor must be for every extent to fit: where it is when that fits (no moves), else
+// the longest span, the lowest cursor that holds every row; nullopt when even that lacks room.
+std::optional<int64_t> ContinuousBatch::room_cursor(const std::vector<Extent>& extents) const {
+  int64_t span = 0, need = 0;
+  for (const Extent& e : extents) {
+    span = std::max(span, e.span);
+    need = std::max(need, e.need);
+  }
+  if (span <= cache_.length && cache_.length + need <= cache_.capacity()) return cache_.length;
+  if (span + need <= cache_.capacity()) return span;
+  return std::nullopt;
+}
+
+// Takes waiting requests in order while free rows and room last (a joiner that does not fit
+// waits, and so do the ones behind it). With no live rows the first always fits: the capacity
+// covers any request alone.
+std::vector<int64_t> ContinuousBatch::pick_joiners() {
+  const size_t free_rows = rows_where(false).size();
+  std::vector<Extent> extents = live_extents();
+  std::vector<int64_t> joiners;
+  while (!waiting_.empty() && joiners.size() < free_rows) {
+    int64_t request = waiting_.front();
+    extents.push_back(extent_of(request));
+    if (!room_cursor(extents)) break;
+    joiners.push_back(request);
+    waiting_.pop_front();
+  }
+  return joiners;
+}
+
+// Prefills, in one batch, the joiners' distinct prompts that no earlier prefill holds.
+Status ContinuousBatch::prefill_missing(const std::vector<int64_t>& joiners) {
+  std::vector<int64_t> missing;
+  for (int64_t request : joiners) {
+    int64_t prompt = prompt_of_[static_cast<size_t>(request)];
+    if (!prefilled_.count(prompt) && std::find(missing.begin(), missing.end(), prompt) == missing.end())
+      missing.push_back(prompt);
+  }
+  if (missing.empty()) return Status::ok();
+  std::vector<std::vector<int64_t>> ids_of;
+  for (int64_t prompt : missing) ids_of.push_back(prompts_[static_cast<size_t>(prompt)]);
+  auto [ids, mask] = left_pad(ids_of, options_.pad_token_id);
+  auto prefill = std::make_shared<Prefill>();
+  prefill->cache = model_.new_cache(ids.size(0), ids.size(1));
+  auto logits = model_.prefill(ids, mask, prefill->cache);
   if (!logits.ok()) return logits.status();
-  if (prompts.size() < requests.size()) {
-    at::Tensor fork = at::tensor(prompt_of, at::kLong).to(model.device());
-    cache = cache.select_rows(fork);
-    *logits = logits->index_select(0, fork);
+  prefill->logits = *logits;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    auto users = std::count(prompt_of_.begin(), prompt_of_.end(), missing[i]);
+    prefilled_[missing[i]] = PrefilledPrompt{prefill, static_cast<int64_t>(i), users};
   }
-  Sampler sampler(sampling, model.device());
-  auto [first, first_logprob] = sampler.choose(*logits);  // the first token, from the prefill
-  // A row still running after it needs another token, so max_new >= 2 and the cache has a free slot.
-  if (append_chunk(first.unsqueeze(1).to(at::kCPU), first_logprob.unsqueeze(1).to(at::kCPU), rows))
-    return collect(rows);
-  auto loop = DecodeLoop::create(model, cache, std::move(sampler), {.cuda_graph = options.cuda_graph});
-  if (!loop.ok()) return loop.status();
-  at::Tensor last = first;
+  stats_.prefilled_prompts += static_cast<int64_t>(missing.size());
+  return Status::ok();
+}
+
+// Lets waiting requests join in free rows: their first token comes from their prompt's prefill
+// logits; those that do not stop on it take a row.
+Status ContinuousBatch::admit_waiting() {
+  std::vector<int64_t> joiners = pick_joiners();
+  if (joiners.empty()) return Status::ok();
+  KZ_RETURN_IF_ERROR(prefill_missing(joiners));
+  std::vector<at::Tensor> logits;
+  for (int64_t request : joiners) {
+    const PrefilledPrompt& p = prefilled(request);
+    logits.push_back(p.prefill->logits[p.row]);
+  }
+  Sampler joined = all_sampler_.select_rows(index_tensor(joiners, at::kCPU));
+  auto [first, first_logprob] = joined.choose(at::stack(logits));
+  at::Tensor tokens = first.to(at::kCPU), logprobs = first_logprob.to(at::kCPU);
+  for (size_t i = 0; i < joiners.size(); ++i) {
+    auto j = static_cast<int64_t>(i);
+    append_tokens(row(joiners[i]), tokens.narrow(0, j, 1), logprobs.narrow(0, j, 1));
+  }
+  Status placed = place(joiners, first, joined);
+  release_prompts(joiners);
+  return placed;
+}
+
+// Shifts every row's slots so that they end at `cursor` (see the class comment), keeping the last
+// min(L, cursor) slots of each row: all of a live row's, and at least the last slot of a freed one,
+// whose mask then never goes empty.
+void ContinuousBatch::move_cursor(int64_t cursor) {
+  const int64_t length = cache_.length, kept = std::min(length, cursor);
+  auto shift = [&](at::Tensor& t, int64_t dim) {
+    at::Tensor window = t.narrow(dim, length - kept, kept).clone();  // source and target may overlap
+    t.narrow(dim, cursor - kept, kept).copy_(window);
+  };
+  for (size_t layer = 0; layer < cache_.k.size(); ++layer) {
+    shift(cache_.k[layer], 2);
+    shift(cache_.v[layer], 2);
+  }
+  at::Tensor mask = cache_.key_mask.narrow(1, length - kept, kept).clone();
+  cache_.key_mask.zero_();
+  cache_.key_mask.narrow(1, cursor - kept, kept).copy_(mask);
+  cache_.slot.fill_(cursor);
+  cache_.length = cursor;
+}
+
+// Copies the still running joiners' prompts into free rows (moving the cursor first when they
+// need room) and hands those rows the joiners' sampler rows and first tokens.
+Status ContinuousBatch::place(const std::vector<int64_t>& joiners, const at::Tensor& first, const Sampler& joined) {
+  std::vector<int64_t> running, positions;  // requests, and their index in joiners
+  std::vector<Extent> extents = live_extents();
+  const size_t live = extents.size();
+  for (size_t i = 0; i < joiners.size(); ++i) {
+    if (row(joiners[i]).done) continue;
+    running.push_back(joiners[i]);
+    positions.push_back(static_cast<int64_t>(i));
+    extents.push_back(extent_of(joiners[i]));
+  }
+  if (running.empty()) return Status::ok();
+  std::optional<int64_t> cursor = room_cursor(extents);
+  if (!cursor) return internal_error("generate: joiners were picked without room in the cache");
+  if (cache_.length > 0) stats_.joins += static_cast<int64_t>(running.size());
+  if (*cursor != cache_.length) {
+    stats_.compactions += live > 0;  // without live rows, only the cursor moves back
+    move_cursor(*cursor);
+  }
+  std::vector<int64_t> free_rows = rows_where(false);
+  free_rows.resize(running.size());
+  copy_prompts(running, free_rows);
+  const at::Device device = model_.device();
+  at::Tensor rows = index_tensor(free_rows, device), picked = index_tensor(positions, device);
+  KZ_RETURN_IF_ERROR(sampler().replace_rows(rows, joined.select_rows(picked)));
+  last_.index_copy_(0, rows, first.index_select(0, picked));
+  for (size_t i = 0; i < running.size(); ++i) occupant_[static_cast<size_t>(free_rows[i])] = running[i];
+  return Status::ok();
+}
+
+// Request requests[i]'s prefilled prompt goes into cache row rows[i], right-aligned at the cursor,
+// with its mask and next position. One copy per layer for the joiners of each prefill: both sides
+// are right-aligned, so the window of the longest of their prompts carries every one of them.
+void ContinuousBatch::copy_prompts(const std::vector<int64_t>& requests, const std::vector<int64_t>& rows) {
+  std::map<const Prefill*, std::vector<size_t>> by_prefill;
+  for (size_t i = 0; i < requests.size(); ++i) by_prefill[prefilled(requests[i]).prefill.get()].push_back(i);
+  for (const auto& [prefill, members] : by_prefill) {
+    std::vector<int64_t> to_rows, from_rows;
+    int64_t width = 0;
+    for (size_t i : members) {
+      to_rows.push_back(rows[i]);
+      from_rows.push_back(prefilled(requests[i]).row);
+      width = std::max(width, prompt_length(requests[i]));
+    }
+    at::Tensor to = index_tensor(to_rows, model_.device()), from = index_tensor(from_rows, model_.device());
+    auto copy_window = [&](at::Tensor& dst, const at::Tensor& src, int64_t dim) {
+      at::Tensor window = src.narrow(dim, prefill->cache.length - width, width).index_select(0, from);
+      dst.narrow(dim, cache_.length - width, width).index_copy_(0, to, window);
+    };
+    for (size_t layer = 0; layer < cache_.k.size(); ++layer) {
+      copy_window(cache_.k[layer], prefill->cache.k[layer], 2);
+      copy_window(cache_.v[layer], prefill->cache.v[layer], 2);
+    }
+    cache_.key_mask.index_fill_(0, to, false);
+    copy_window(cache_.key_mask, prefill->cache.key_mask, 1);
+    cache_.next_position.index_copy_(0, to, prefill->cache.next_position.index_select(0, from));
+  }
+}
+
+// Drops the joiners' claims on their prefilled prompts; a prompt no waiting request shares is
+// freed (its prefill once every prompt of it is).
+void ContinuousBatch::release_prompts(const std::vector<int64_t>& joiners) {
+  for (int64_t request : joiners) {
+    auto it = prefilled_.find(prompt_of_[static_cast<size_t>(request)]);
+    if (--it->second.users_left == 0) prefilled_.erase(it);
+  }
+}
+
+// Once nothing waits and at most half the rows are live, the live rows move to a cache of their
+// own (and their sampler rows to a narrower sampler; the next chunk builds a new loop for them).
+void ContinuousBatch::shrink_to_live_rows() {
+  std::vector<int64_t> live = rows_where(true);
+  if (!waiting_.empty() || live.empty() || 2 * live.size() > occupant_.size()) return;
+  at::Tensor index = index_tensor(live, model_.device());
+  idle_sampler_ = sampler().select_rows(index);
+  loop_.reset();  // it refers to cache_, replaced next
+  cache_ = cache_.select_rows(index);
+  last_ = last_.index_select(0, index);
+  std::vector<int64_t> occupants;
+  for (int64_t i : live) occupants.push_back(occupant_[static_cast<size_t>(i)]);
+  occupant_ = std::move(occupants);
+  ++stats_.shrinks;
+}
+
+// Decodes up to stop_check_steps steps, hands the rows their tokens and frees the finished rows.
+Status ContinuousBatch::decode_chunk() {
+  if (!loop_) {
+    auto loop = DecodeLoop::create(model_, cache_, std::move(*idle_sampler_), {.cuda_graph = options_.cuda_graph});
+    idle_sampler_.reset();
+    if (!loop.ok()) return loop.status();
+    loop_ = std::move(*loop);
+  }
+  // Live rows fit (room_cursor), so each has at least one free slot ahead of the cursor.
+  const int64_t steps = std::min(std::max<int64_t>(options_.stop_check_steps, 1), cache_.capacity() - cache_.length);
+  const auto batch = static_cast<int64_t>(occupant_.size());
+  auto out = loop_->run(last_, steps);
+  if (!out.ok()) return out.status();
+  stats_.peak_rows = std::max(stats_.peak_rows, batch);
+  stats_.decode_row_steps += steps * batch;
+  last_ = out->tokens.select(1, steps - 1).contiguous();
+  at::Tensor tokens = out->tokens.to(at::kCPU), logprobs = out->logprobs.to(at::kCPU);
+  for (int64_t i = 0; i < batch; ++i) {
+    int64_t& request = occupant_[static_cast<size_t>(i)];
+    if (request < 0) continue;
+    Row& r = row(request);
+    append_tokens(r, tokens[i], logprobs[i]);
+    if (r.done) request = -1;
+  }
+  return Status::ok();
+}
+
+Result<std::vector<GenerateResult>> ContinuousBatch::run() {
+  c10::NoGradGuard no_grad;
+  // Each round admits at least one waiting request when no row is live (pick_joiners), so this ends.
   for (;;) {
-    int64_t steps = std::min(std::max<int64_t>(options.stop_check_steps, 1), cache.capacity() - cache.length);
-    auto out = (*loop)->run(last, steps);
-    if (!out.ok()) return out.status();
-    if (append_chunk(out->tokens.to(at::kCPU), out->logprobs.to(at::kCPU), rows)) break;
-    last = out->tokens.select(1, steps - 1).contiguous();
+    KZ_RETURN_IF_ERROR(admit_waiting());
+    if (rows_where(true).empty()) {
+      if (waiting_.empty()) break;
+      continue;  // every joiner stopped on its first token
+    }
+    shrink_to_live_rows();
+    KZ_RETURN_IF_ERROR(decode_chunk());
   }
-  return collect(rows);
+  if (options_.stats) *options_.stats = stats_;
+  std::vector<GenerateResult> out;
+  for (auto& row : rows_) out.push_back(std::move(row.result));
+  return out;
 }
 
 }  // namespace
@@ -167,7 +465,9 @@ std::pair<at::Tensor, at::Tensor> left_pad(const std::vector<std::vector<int64_t
 Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                              const GenerateOptions& options) {
   KZ_RETURN_IF_ERROR(validate_requests(requests, model.config().vocab_size));
-  return guarded("generate", [&] { return run_generation(model, requests, options); });
+  if (options.max_batch_rows < 0)
+    return invalid_argument(fmt::format("generate: max_batch_rows must be >= 0, got {}", options.max_batch_rows));
+  return guarded("generate", [&] { return ContinuousBatch(model, requests, options).run(); });
 }
 
 Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,

@@ -415,7 +415,49 @@ TEST(SamplerTest, StepsAdvanceAndSeedsReproduce) {
   EXPECT_LT(first.eq(second).to(at::kDouble).mean().item<double>(), 0.2);  // 64 near-equal choices
   EXPECT_TRUE(b.choose(logits).first.equal(first));
   EXPECT_TRUE(b.choose(logits).first.equal(second));
-  EXPECT_EQ(a.step().item<int64_t>(), 2);
+  EXPECT_TRUE(a.step().eq(2).all().item<bool>());
+}
+
+// Rows moved to another sampler keep their streams (seed and token index), and a sampler refuses
+// rows that need a path it does not compute.
+TEST(SamplerTest, MovedRowsKeepTheirStreams) {
+  at::Tensor logits = at::randn({4, 32}, at::TensorOptions().dtype(at::kFloat));
+  std::vector<SamplingOptions> rows(4);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].seed = 100 + i;
+  rows[1].top_k = 3;
+  Sampler all(rows, at::kCPU);
+  all.choose(logits);
+  Sampler picked = all.select_rows(at::tensor({2, 1}, at::kLong));
+  at::Tensor want = all.choose(logits).first;
+  at::Tensor got = picked.choose(logits.index_select(0, at::tensor({2, 1}, at::kLong))).first;
+  EXPECT_EQ(got[0].item<int64_t>(), want[2].item<int64_t>());
+  EXPECT_EQ(got[1].item<int64_t>(), want[1].item<int64_t>());
+
+  Sampler target = Sampler(rows, at::kCPU).select_rows(at::tensor({0, 0, 0, 0}, at::kLong));
+  ASSERT_TRUE(target.replace_rows(at::tensor({3, 0}, at::kLong), picked).is_ok());
+  EXPECT_TRUE(target.step().equal(at::tensor({2, 0, 0, 2}, at::kLong)));
+  at::Tensor next = target.choose(logits.index_select(0, at::tensor({1, 0, 0, 2}, at::kLong))).first;
+  at::Tensor next_want = picked.choose(logits.index_select(0, at::tensor({2, 1}, at::kLong))).first;
+  EXPECT_EQ(next[3].item<int64_t>(), next_want[0].item<int64_t>());
+  EXPECT_EQ(next[0].item<int64_t>(), next_want[1].item<int64_t>());
+
+  Sampler greedy = Sampler::greedy(2, at::kCPU);
+  EXPECT_FALSE(greedy.replace_rows(at::tensor({0, 1}, at::kLong), picked).is_ok());
+}
+
+// A row samples over the whole vocabulary or its filtered, sorted one by its own settings, not
+// by whether another row of the batch filters.
+TEST(SamplerTest, EachRowTakesItsOwnPath) {
+  at::Tensor logits = at::randn({2, 64}, at::TensorOptions().dtype(at::kFloat));
+  std::vector<SamplingOptions> rows(2);
+  rows[0].seed = 5;
+  rows[1].seed = 6;
+  rows[1].top_p = 0.5;
+  Sampler plain({rows[0]}, at::kCPU), mixed(rows, at::kCPU);
+  for (int step = 0; step < 20; ++step) {
+    int64_t alone = plain.choose(logits.narrow(0, 0, 1)).first[0].item<int64_t>();
+    EXPECT_EQ(mixed.choose(logits).first[0].item<int64_t>(), alone) << "step " << step;
+  }
 }
 
 TEST_F(SamplingTest, BadRequestsAreErrors) {

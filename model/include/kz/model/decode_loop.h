@@ -11,7 +11,7 @@
 // Capturing: the cache must already be prefilled (the graph is recorded against its tensors, so
 // keep the cache and the loop together; KVCache::reset + prefill keeps the graph valid). Capture
 // runs two eager warm-up steps on a side stream (cuBLAS workspaces, kernel selection) and then
-// restores the cache's slot, positions and mask and the sampler's step counter, so it costs no
+// restores the cache's slot, positions and mask and the sampler's token indices, so it costs no
 // slots and no draws. CUDA graphs need a CUDA device and a build against libtorch's CUDA headers
 // (KZ_MODEL_CUDA_GRAPHS); elsewhere, or with cuda_graph = false, the same step runs eagerly.
 #pragma once

@@ -1,11 +1,17 @@
 // Generation and scoring on token ids with a CausalLM.
 //
-// generate(): one batch of requests, left-padded, prefilled together, then decoded on the device
-// (decode_loop.h) with a preallocated KV cache, tokens copied to the host every few steps, until
-// every request has stopped. Each request samples with its own settings and its own random stream
-// (sampler.h, seeded per request): the same request with the same seed gives the same tokens
-// whatever else is in the batch (up to floating-point differences of batched matrix products on
-// some devices).
+// generate(): continuous batching. Requests run in a batch of at most max_batch_rows rows (all of
+// them by default), decoded on the device (decode_loop.h) with a preallocated KV cache, tokens
+// copied to the host every few steps. At those copies finished rows are freed and waiting
+// requests join in their place (their prompts prefilled apart, each distinct prompt once, then
+// copied into the freed rows; the cache holds the longest prompt plus the most new tokens, and a
+// joiner that finds no room even after the live rows' slots are compacted waits for them to
+// finish); once nothing waits and at most half the rows are live, the batch shrinks to its live
+// rows (a new CUDA graph each time), so compute and memory follow the live sequences. Each
+// request samples with its own settings and its own random stream (sampler.h, seeded per request,
+// indexed by the request's own tokens): the same request with the same seed gives the same tokens
+// whatever else is in the batch and whenever it joined (up to floating-point differences of
+// batched matrix products on some devices).
 //
 // Log-probs: GenerateResult::logprobs[i] is log p(token_i) under the model's *unmodified*
 // distribution (softmax of the raw logits: temperature 1, no top-k/top-p), i.e. what the RL
@@ -45,6 +51,15 @@ struct GenerateRequest {
   std::function<void(const GenerateResult& so_far, bool finished)> on_progress;
 };
 
+struct GenerateStats {
+  int64_t peak_rows = 0;          // the widest batch decoded
+  int64_t joins = 0;              // requests that joined a batch already under way
+  int64_t compactions = 0;        // times live rows' slots moved to make room for joiners
+  int64_t shrinks = 0;            // times the batch was narrowed to its live rows
+  int64_t prefilled_prompts = 0;  // prompts prefilled (each distinct prompt once)
+  int64_t decode_row_steps = 0;   // decode steps x batch rows computed, finished rows included
+};
+
 struct GenerateOptions {
   int64_t pad_token_id = 0;  // fills left padding (never attended to, any valid id works)
   // Tokens are copied to the host, and stops checked, every stop_check_steps steps; rows that
@@ -54,10 +69,14 @@ struct GenerateOptions {
   // one launch per token instead of the step's hundreds); where capture fails, the step runs
   // eagerly. false: always eager.
   bool cuda_graph = true;
+  // Rows decoded at once; more requests wait and join as rows finish. 0: every request at once.
+  int64_t max_batch_rows = 0;
+  // Optional: filled with what the call did, for benchmarks.
+  GenerateStats* stats = nullptr;
 };
 
-// Runs all requests as one batch. Errors: invalid settings or token ids (naming the request
-// index), or a libtorch failure.
+// Runs the requests (see the header comment). Errors: invalid settings or token ids (naming the
+// request index), or a libtorch failure.
 Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                              const GenerateOptions& options = {});
 
