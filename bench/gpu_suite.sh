@@ -19,7 +19,9 @@
 #   PART = model:   build, bench/model_bench.py: the libtorch engine (kz_model_bench) against
 #                   transformers on a random-init Qwen2.5-7B-shaped checkpoint (~4 min after the build
 #                   without the training phases, which then run on it and on a Qwen2.5-0.5B-shaped one);
-#                   KZ_MODEL_ARGS adds model_bench.py flags (e.g. "--temperature 1 --no-train-masters")
+#                   KZ_MODEL_ARGS adds model_bench.py flags (e.g. "--temperature 1 --no-train-masters";
+#                   "--rollout --train=" runs the GRPO rollout, 64 prompts x 8 samples x up to 1,024 new
+#                   tokens, without training; transformers' side, 8 batches of 64, may take ~10 min)
 #   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
 #                   through kz and its cuda candidates through KernelBench's own harness (a checkout
 #                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried

@@ -6,6 +6,7 @@ peak CUDA memory per phase, and batch-1 decode as a fraction of the memory-bandw
     python3 bench/model_bench.py --kz-bin build/model/kz_model_bench --out OUTDIR --tiny   # CPU test
     python3 bench/model_bench.py ... --train lora --train-batch 8 --train-len 2048         # training variants
     python3 bench/model_bench.py ... --train full --train-full-preset qwen2.5-7b           # full FT of the 7B
+    python3 bench/model_bench.py ... --rollout                                             # GRPO rollout too
 
 Steps: measure copy bandwidth; build a random-init Qwen2.5-7B-shaped model in bf16 with
 transformers directly on the device and save it (a temporary checkpoint, removed at the end);
@@ -19,6 +20,18 @@ Decode tokens/s counts only decode steps: kz times its decode loop directly; tra
 The batch-1 bandwidth limit is copy bandwidth (bytes read + written by a large device copy) over
 the weight bytes one decode step reads (every weight except the input embedding table, of which
 a step reads one row; the KV cache is ignored, < 1% at batch 1).
+
+Rollout (--rollout, after decode): the rollout of a GRPO step, rollout-prompts random prompts of
+rollout-prompt tokens x rollout-samples samples (default 64 x 8 x 512) at rollout-temperature
+(default 1, whole vocabulary), each request stopping at its own max_new_tokens, drawn by
+kz_model_bench uniformly from [rollout-new / 8, rollout-new] (default 1024): random weights never
+stop on their own, so the limits give the lengths a real rollout gets from its stops. Both sides
+get the same prompts and limits (kz's "rollout_work"); tokens/s = the requests' own new tokens /
+wall time of the whole rollout (prefill included), after an untimed warm-up. kz: one generate()
+call (continuous batching, at most --rollout-max-rows rows, 0 = all). transformers: generate() in
+batches of --hf-rollout-batch consecutive sequences (default 64, eight groups; 0 = all at once),
+each batch run to its longest row's limit because one call has one max_new_tokens: the extra
+tokens cost time but are not counted, which is what generate costs on this work.
 
 Training (--train lora,full), after the inference phases, on the same model on both sides: one
 batch of train-batch x train-len random ids (default 4 x 1024), token-mean causal-LM cross-entropy,
@@ -103,6 +116,17 @@ def parse_args():
     p.add_argument("--temperature", type=float, default=0.0,
                    help="decode sampled at this temperature over the whole vocabulary (no top-k or top-p), "
                         "both frameworks; 0 (the default): greedy")
+    p.add_argument("--rollout", action="store_true", help="also the rollout phase (GRPO-shaped generation)")
+    p.add_argument("--rollout-prompts", type=int, default=None, help="distinct prompts (default 64; tiny 4)")
+    p.add_argument("--rollout-samples", type=int, default=None, help="samples per prompt (default 8; tiny 3)")
+    p.add_argument("--rollout-prompt", type=int, default=None, help="tokens per prompt (default 512; tiny 16)")
+    p.add_argument("--rollout-new", type=int, default=None,
+                   help="most new tokens of a request, limits drawn from [new/8, new] (default 1024; tiny 16)")
+    p.add_argument("--rollout-temperature", type=float, default=1.0, help="rollout sampling temperature")
+    p.add_argument("--rollout-max-rows", type=int, default=0, help="kz's rows decoded at once (0: every request)")
+    p.add_argument("--rollout-seed", type=int, default=0, help="seed of the rollout's prompts, limits and samples")
+    p.add_argument("--hf-rollout-batch", type=int, default=None,
+                   help="transformers' rollout sequences per generate call (default 64; tiny 4; 0: all)")
     p.add_argument("--train", default="lora,full", help="training phases, comma-separated: lora, full (empty: none)")
     p.add_argument("--train-batch", type=int, default=None, help="sequences per training step (default 4)")
     p.add_argument("--train-len", type=int, default=None, help="tokens per training sequence (default 1024)")
@@ -126,6 +150,12 @@ def parse_args():
     a.prefill_batch = a.prefill_batch or (2 if tiny else 8)
     a.prefill_len = a.prefill_len or (32 if tiny else 2048)
     a.preset = "tiny" if tiny else "qwen2.5-7b"
+    a.rollout_prompts = a.rollout_prompts or (4 if tiny else 64)
+    a.rollout_samples = a.rollout_samples or (3 if tiny else 8)
+    a.rollout_prompt = a.rollout_prompt or (16 if tiny else 512)
+    a.rollout_new = a.rollout_new or (16 if tiny else 1024)
+    if a.hf_rollout_batch is None:
+        a.hf_rollout_batch = 4 if tiny else 64
     a.train = [m for m in a.train.split(",") if m]
     if any(m not in TRAIN_MODES for m in a.train):
         p.error(f"--train {','.join(a.train)}: phases are {', '.join(TRAIN_MODES)}")
@@ -208,6 +238,11 @@ def kz_phase_flags(args, inference, train_modes):
         flags += ["--batches", ",".join(map(str, args.batches)), "--prompt", str(args.prompt), "--new", str(args.new),
                   "--temperature", str(args.temperature),
                   "--prefill-batch", str(args.prefill_batch), "--prefill-len", str(args.prefill_len)]
+        if args.rollout:
+            flags += ["--rollout", "--rollout-prompts", str(args.rollout_prompts),
+                      "--rollout-samples", str(args.rollout_samples), "--rollout-prompt", str(args.rollout_prompt),
+                      "--rollout-new", str(args.rollout_new), "--rollout-temperature", str(args.rollout_temperature),
+                      "--rollout-max-rows", str(args.rollout_max_rows), "--rollout-seed", str(args.rollout_seed)]
     else:
         flags.append("--no-inference")
     if train_modes:
@@ -293,6 +328,45 @@ def hf_decode(model, args, device, batch, prompt=None):
     return r
 
 
+def rollout_request_count(args):
+    return args.rollout_prompts * args.rollout_samples
+
+
+def rollout_work(kz, args, vocab_size):
+    """Prompts and per-request limits of the rollout: kz's, or where kz_model_bench did not get as
+    far as drawing them, the same distribution drawn here (transformers still gets measured)."""
+    work = (kz or {}).get("rollout_work")
+    if work:
+        return work
+    g = torch.Generator().manual_seed(args.rollout_seed)
+    prompts = torch.randint(0, vocab_size, (args.rollout_prompts, args.rollout_prompt), generator=g)
+    limits = torch.randint(max(1, args.rollout_new // 8), args.rollout_new + 1, (rollout_request_count(args),),
+                           generator=g)
+    return dict(prompts=prompts.tolist(), max_new_tokens=limits.tolist())
+
+
+@torch.no_grad()
+def hf_rollout(model, args, device, work):
+    """The rollout with transformers' generate: consecutive batches of hf_rollout_batch sequences,
+    each generated to its longest row's limit; only each row's own limit counts as generated."""
+    limits = work["max_new_tokens"]
+    ids = torch.tensor(work["prompts"], device=device).repeat_interleave(args.rollout_samples, 0)
+    size = args.hf_rollout_batch or len(limits)
+    batches = [(slice(s, s + size), limits[s:s + size]) for s in range(0, len(limits), size)]
+
+    def generate(rows, new):
+        return hf_generate(model, ids[rows], new, args.hf_cache, args.rollout_temperature)
+
+    generate(slice(0, args.rollout_samples), min(32, args.rollout_new))  # warm-up
+    reset_peak(device)
+    torch.manual_seed(args.rollout_seed)
+    seconds, _ = timed(device, lambda: [generate(rows, max(own)) for rows, own in batches])
+    computed = sum(len(own) * max(own) for _, own in batches)
+    return dict(phase="rollout", batch=len(limits), hf_batch=size, seconds=seconds, generated_tokens=sum(limits),
+                computed_tokens=computed, tokens_per_s=sum(limits) / seconds, cache=args.hf_cache,
+                peak_bytes=peak_bytes(device))
+
+
 def lora_model(model):
     """`model` with fresh peft adapters as kz_model_bench's (float32 over the bf16 base: peft's
     autocast_adapter_dtype). peft injects them into `model` itself; unload() takes them out again."""
@@ -374,6 +448,12 @@ def run_hf(model, args, device, kz, inference, train_modes):
         for b in args.batches:
             log(f"transformers decode at batch {b}")
             phases.append(guarded("decode", b, lambda: hf_decode(model, args, device, b, prompt.get("prompt"))))
+        if args.rollout:
+            log("transformers rollout")
+            work = rollout_work(kz, args, model.config.vocab_size)
+            requests = rollout_request_count(args)
+            phases.append(guarded("rollout", requests, lambda: hf_rollout(model, args, device, work)))
+            release_memory(device)
     for mode in train_modes:
         log(f"transformers train {mode}")
         phases.append(guarded(f"train_{mode}", args.train_batch, lambda: hf_train(model, args, device, mode)))
@@ -441,6 +521,9 @@ def table(args, main_run, full_run, bandwidth, per_token_bytes):
     kz, hf = main_run
     rows = [("prefill", args.prefill_batch, f"prefill {args.prefill_batch}x{args.prefill_len}", kz, hf)]
     rows += [("decode", b, f"decode b{b}", kz, hf) for b in args.batches]
+    if args.rollout:
+        name = f"rollout {args.rollout_prompts}x{args.rollout_samples} p{args.rollout_prompt} n<={args.rollout_new}"
+        rows.append(("rollout", rollout_request_count(args), name, kz, hf))
     rows += train_rows(args, main_run, full_run)
     lines = [f"{'phase':<26} {'kz tok/s':>10} {'hf tok/s':>10} {'kz/hf':>7} {'kz GiB':>7} {'hf GiB':>7}  notes"]
     for phase, batch, name, kz_result, hf_result in rows:
@@ -452,6 +535,8 @@ def table(args, main_run, full_run, bandwidth, per_token_bytes):
             if k.get("graph_error"):
                 notes.append("graph failed: " + k["graph_error"].splitlines()[0][:60])
             notes.append(f"eager-agree {k.get('eager_agreement', 0):.2f}")
+        if phase == "rollout":
+            notes += rollout_notes(k, h)
         if phase.startswith("train_"):
             notes += train_notes(k, h)
         if "error" in k or "error" in h:
@@ -474,9 +559,35 @@ def table(args, main_run, full_run, bandwidth, per_token_bytes):
         same = common_prefix(kz["sample"]["tokens"], h1["tokens"])
         lines.append(f"batch-1 greedy tokens, kz vs transformers on the same prompt: first {same} of "
                      f"{len(h1['tokens'])} identical (bf16 kernels differ; random weights give near-ties)")
+    if args.rollout:
+        lines += rollout_legend(args)
     if args.train:
         lines += train_legend(args)
     return "\n".join(lines)
+
+
+def rollout_notes(k, h):
+    """kz's batching (widest batch, joins, shrinks) and the share of transformers' computed tokens
+    that were useful."""
+    notes = []
+    if "stats" in k:
+        st = k["stats"]
+        notes.append(f"kz rows<={st['peak_rows']} joins {st['joins']} shrinks {st['shrinks']}")
+    if "computed_tokens" in h:
+        notes.append(f"hf {100 * h['generated_tokens'] / h['computed_tokens']:.0f}% of computed tokens useful")
+    return notes
+
+
+def rollout_legend(args):
+    rows = args.rollout_max_rows or "all"
+    hf_batch = args.hf_rollout_batch or "all"
+    return [f"rollout: {args.rollout_prompts} prompts x {args.rollout_samples} samples, temperature "
+            f"{args.rollout_temperature:g}, per-request limits uniform in [{max(1, args.rollout_new // 8)}, "
+            f"{args.rollout_new}] (random weights never stop); tokens/s = requests' own new tokens / wall "
+            f"time incl. prefill",
+            f"rollout: kz one generate() call, continuous batching, max rows {rows}; transformers generate in "
+            f"batches of {hf_batch} sequences, each run to its longest row's limit (one max_new_tokens per call), "
+            f"extra tokens not counted"]
 
 
 def train_legend(args):

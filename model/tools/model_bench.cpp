@@ -4,7 +4,10 @@
 //   kz_model_bench --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 256]
 //                  [--prefill-batch 8] [--prefill-len 2048] [--no-graph] [--no-inference]
 //                  [--train lora,full] [--train-batch 4] [--train-len 1024] [--train-steps 5]
-//                  [--no-train-checkpointing] [--no-train-masters] [--out FILE]
+//                  [--no-train-checkpointing] [--no-train-masters]
+//                  [--rollout] [--rollout-prompts 64] [--rollout-samples 8] [--rollout-prompt 512]
+//                  [--rollout-new 1024] [--rollout-temperature 1] [--rollout-max-rows 0]
+//                  [--rollout-seed 0] [--out FILE]
 //
 // Phases, each with the peak CUDA memory the caching allocator saw during it (weights included):
 //  - prefill: prefill-batch x prefill-len random tokens into a KV cache, one warm-up then timed
@@ -21,6 +24,14 @@
 //    base frozen, removed afterwards; full: every parameter, float32 masters, gradients and
 //    moments for a bf16 model (it changes the weights: later phases see trained ones). One warm-up
 //    step, then train-steps timed ones: tokens/s = batch x len x steps / time.
+//  - rollout (--rollout, after decode, before training): a GRPO-style rollout through generate(),
+//    the serving path (continuous batching, CUDA graphs): rollout-prompts distinct random prompts
+//    of rollout-prompt tokens, each sampled rollout-samples times (own seed per sample) at
+//    rollout-temperature, no stop tokens, each request's max_new_tokens drawn uniformly from
+//    [rollout-new / 8, rollout-new]. After an untimed warm-up generate() of one prompt's samples
+//    (at most 32 new tokens each), one timed call: tokens/s = the requests' own new tokens / wall
+//    time of the call (prefill and graph captures included). The work (prompts, limits) goes to
+//    the JSON's "rollout_work" so that bench/model_bench.py gives transformers the same.
 // A failing phase (out of memory, say) is reported in its JSON entry ("error"), its memory is
 // released and the others still run.
 #include <ATen/ATen.h>
@@ -32,8 +43,10 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "kz/model/decode_loop.h"
+#include "kz/model/generate.h"
 #include "kz/model/lora.h"
 #include "kz/model/train.h"
 #include "kz/model/transformer.h"
@@ -62,6 +75,14 @@ struct BenchOptions {
   int64_t train_steps = 5;   // timed, after one warm-up step
   bool train_checkpointing = true;
   bool train_masters = true;  // float32 masters and moments for bf16 weights (train.h)
+  bool rollout = false;
+  int64_t rollout_prompts = 64;
+  int64_t rollout_samples = 8;     // samples per prompt (a GRPO group)
+  int64_t rollout_prompt_tokens = 512;
+  int64_t rollout_new_tokens = 1024;  // the most new tokens of a request
+  double rollout_temperature = 1.0;
+  int64_t rollout_max_rows = 0;    // generate()'s max_batch_rows; 0: every request at once
+  uint64_t rollout_seed = 0;
   std::string out = "-";     // JSON destination; "-" = stdout
 };
 
@@ -206,6 +227,85 @@ json bench_decode(CausalLM& model, const BenchOptions& o, int64_t batch, json* s
   return r;
 }
 
+// The rollout's requests, drawn from o.rollout_seed: prompt p's samples are requests p x samples ..
+// (p + 1) x samples - 1. A random-init model emits no meaningful end-of-sequence token, so the
+// lengths of a real rollout, which vary because sequences stop, are imitated by per-request limits.
+std::vector<kz::model::GenerateRequest> rollout_requests(const CausalLM& model, const BenchOptions& o) {
+  std::mt19937_64 rng(o.rollout_seed);
+  std::uniform_int_distribution<int64_t> token(0, model.config().vocab_size - 1);
+  std::uniform_int_distribution<int64_t> limit(std::max<int64_t>(1, o.rollout_new_tokens / 8), o.rollout_new_tokens);
+  std::vector<kz::model::GenerateRequest> requests;
+  for (int64_t p = 0; p < o.rollout_prompts; ++p) {
+    std::vector<int64_t> prompt(static_cast<size_t>(o.rollout_prompt_tokens));
+    for (int64_t& id : prompt) id = token(rng);
+    for (int64_t g = 0; g < o.rollout_samples; ++g) {
+      kz::model::GenerateRequest r;
+      r.prompt_ids = prompt;
+      r.sampling.temperature = o.rollout_temperature;
+      r.sampling.seed = rng();
+      r.sampling.max_new_tokens = limit(rng);
+      requests.push_back(std::move(r));
+    }
+  }
+  return requests;
+}
+
+// The prompts (one per group of samples) and every request's limit.
+json rollout_work(const std::vector<kz::model::GenerateRequest>& requests, int64_t samples) {
+  json prompts = json::array(), limits = json::array();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % static_cast<size_t>(samples) == 0) prompts.push_back(requests[i].prompt_ids);
+    limits.push_back(requests[i].sampling.max_new_tokens);
+  }
+  return {{"prompts", prompts}, {"max_new_tokens", limits}};
+}
+
+// One prompt's samples with short limits: kernels, allocator and graph paths warmed, little time.
+std::vector<kz::model::GenerateRequest> rollout_warmup(const std::vector<kz::model::GenerateRequest>& requests,
+                                                       int64_t samples) {
+  std::vector<kz::model::GenerateRequest> warm(requests.begin(),
+                                               requests.begin() + std::min<int64_t>(samples, requests.size()));
+  for (auto& r : warm) r.sampling.max_new_tokens = std::min<int64_t>(r.sampling.max_new_tokens, 32);
+  return warm;
+}
+
+json stats_json(const kz::model::GenerateStats& s) {
+  return {{"peak_rows", s.peak_rows}, {"joins", s.joins}, {"compactions", s.compactions}, {"shrinks", s.shrinks},
+          {"prefilled_prompts", s.prefilled_prompts}, {"decode_row_steps", s.decode_row_steps}};
+}
+
+// Fills *work with the requests' prompts and limits before anything runs, so that transformers
+// gets the same work even when this phase fails.
+json bench_rollout(CausalLM& model, const BenchOptions& o, json* work) {
+  const at::Device dev = model.device();
+  const std::vector<kz::model::GenerateRequest> requests = rollout_requests(model, o);
+  *work = rollout_work(requests, o.rollout_samples);
+  kz::model::GenerateOptions options;
+  options.cuda_graph = o.cuda_graph;
+  options.max_batch_rows = o.rollout_max_rows;
+  value_or_throw(kz::model::generate(model, rollout_warmup(requests, o.rollout_samples), options));
+  sync(dev);
+  reset_peak(dev);
+  kz::model::GenerateStats stats;
+  options.stats = &stats;
+  auto start = std::chrono::steady_clock::now();
+  const auto results = value_or_throw(kz::model::generate(model, requests, options));
+  sync(dev);
+  const double seconds = seconds_since(start);
+  int64_t generated = 0, requested = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    generated += static_cast<int64_t>(results[i].token_ids.size());
+    requested += requests[i].sampling.max_new_tokens;
+  }
+  return {{"phase", "rollout"}, {"batch", static_cast<int64_t>(requests.size())},
+          {"prompts", o.rollout_prompts}, {"samples", o.rollout_samples},
+          {"prompt_tokens", o.rollout_prompt_tokens}, {"max_new_tokens", o.rollout_new_tokens},
+          {"temperature", o.rollout_temperature}, {"max_batch_rows", o.rollout_max_rows},
+          {"seconds", seconds}, {"generated_tokens", generated}, {"requested_tokens", requested},
+          {"tokens_per_s", static_cast<double>(generated) / seconds}, {"stats", stats_json(stats)},
+          {"peak_bytes", peak_bytes(dev)}};
+}
+
 // The adapter the benchmark trains, spelled out (not the library's defaults) because
 // bench/model_bench.py gives peft the same one.
 kz::model::LoraOptions bench_lora() {
@@ -314,6 +414,12 @@ json run(const BenchOptions& o) {
     for (int64_t b : o.batches)
       phases.push_back(guarded_phase("decode", b, [&] { return bench_decode(*model, o, b, &sample); }));
   }
+  if (o.rollout) {
+    json work;
+    const int64_t requests = o.rollout_prompts * o.rollout_samples;
+    phases.push_back(guarded_phase("rollout", requests, [&] { return bench_rollout(*model, o, &work); }));
+    result["rollout_work"] = work;
+  }
   for (const std::string& mode : o.train)
     phases.push_back(guarded_phase("train_" + mode, o.train_batch, [&] { return bench_train(model, o, mode); }));
   result["phases"] = phases;
@@ -325,7 +431,7 @@ json run(const BenchOptions& o) {
 
 int main(int argc, char** argv) {
   BenchOptions o;
-  CLI::App app{"Prefill, decode and training throughput of the libtorch engine (JSON)"};
+  CLI::App app{"Prefill, decode, rollout and training throughput of the libtorch engine (JSON)"};
   app.add_option("--model", o.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   app.add_option("--device", o.device, "cuda:0, cpu, ...");
   app.add_option("--batches", o.batches, "decode batch sizes")->delimiter(',');
@@ -348,6 +454,17 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-train-checkpointing", o.train_checkpointing, "train without activation checkpointing");
   app.add_flag("!--no-train-masters", o.train_masters,
                "bf16 weights, gradients and moments only, rounded stochastically (8 bytes a parameter)");
+  app.add_flag("--rollout", o.rollout, "run the rollout phase (generate() on GRPO-shaped work)");
+  app.add_option("--rollout-prompts", o.rollout_prompts, "distinct prompts")->check(CLI::PositiveNumber);
+  app.add_option("--rollout-samples", o.rollout_samples, "samples per prompt")->check(CLI::PositiveNumber);
+  app.add_option("--rollout-prompt", o.rollout_prompt_tokens, "tokens per prompt")->check(CLI::PositiveNumber);
+  app.add_option("--rollout-new", o.rollout_new_tokens, "most new tokens of a request (limits in [new/8, new])")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rollout-temperature", o.rollout_temperature, "sampling temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rollout-max-rows", o.rollout_max_rows, "rows decoded at once; 0: every request")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rollout-seed", o.rollout_seed, "seed of the prompts, limits and per-sample seeds");
   app.add_option("--out", o.out, "JSON file; - for stdout");
   CLI11_PARSE(app, argc, argv);
   try {
