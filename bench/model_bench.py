@@ -29,7 +29,8 @@ stop on their own, so the limits give the lengths a real rollout gets from its s
 get the same prompts and limits (kz's "rollout_work"); tokens/s = the requests' own new tokens /
 wall time of the whole rollout (prefill included), after an untimed warm-up. kz: one generate()
 call (continuous batching, at most --rollout-max-rows rows, 0 = all). transformers: generate() in
-batches of --hf-rollout-batch consecutive sequences (default 64, eight groups; 0 = all at once),
+batches of --hf-rollout-batch consecutive sequences (default 256, 32 groups, which fits an 80 GB
+card beside the kz run and keeps transformers' host-bound steps to two batches; 0 = all at once),
 each batch run to its longest row's limit because one call has one max_new_tokens: the extra
 tokens cost time but are not counted, which is what generate costs on this work.
 
@@ -126,7 +127,7 @@ def parse_args():
     p.add_argument("--rollout-max-rows", type=int, default=0, help="kz's rows decoded at once (0: every request)")
     p.add_argument("--rollout-seed", type=int, default=0, help="seed of the rollout's prompts, limits and samples")
     p.add_argument("--hf-rollout-batch", type=int, default=None,
-                   help="transformers' rollout sequences per generate call (default 64; tiny 4; 0: all)")
+                   help="transformers' rollout sequences per generate call (default 256; tiny 4; 0: all)")
     p.add_argument("--train", default="lora,full", help="training phases, comma-separated: lora, full (empty: none)")
     p.add_argument("--train-batch", type=int, default=None, help="sequences per training step (default 4)")
     p.add_argument("--train-len", type=int, default=None, help="tokens per training sequence (default 1024)")
@@ -155,7 +156,7 @@ def parse_args():
     a.rollout_prompt = a.rollout_prompt or (16 if tiny else 512)
     a.rollout_new = a.rollout_new or (16 if tiny else 1024)
     if a.hf_rollout_batch is None:
-        a.hf_rollout_batch = 4 if tiny else 64
+        a.hf_rollout_batch = 4 if tiny else 256
     a.train = [m for m in a.train.split(",") if m]
     if any(m not in TRAIN_MODES for m in a.train):
         p.error(f"--train {','.join(a.train)}: phases are {', '.join(TRAIN_MODES)}")
