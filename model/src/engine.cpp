@@ -160,7 +160,7 @@ struct Engine::Impl {
     generate_options.admit = [&](int64_t capacity) {
       std::lock_guard lock(mutex);
       std::vector<GenerateRequest> admitted;
-      while (!queue.empty() && needed_slots(queue.front()->request) <= capacity) {
+      while (!queue.empty() && cache_slots_needed(queue.front()->request) <= capacity) {
         admitted.push_back(queue.front()->request);
         batch.push_back(std::move(queue.front()));
         queue.pop_front();
@@ -173,10 +173,6 @@ struct Engine::Impl {
     for (const auto& q : batch)
       if (!q->outcome) q->outcome = results.status();
     finished.notify_all();
-  }
-
-  static int64_t needed_slots(const GenerateRequest& r) {
-    return static_cast<int64_t>(r.prompt_ids.size()) + r.sampling.max_new_tokens - 1;
   }
 
   // A queued request whose on_progress also records its outcome when it finishes.

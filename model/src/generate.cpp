@@ -24,11 +24,6 @@ Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t v
   return Status::ok();
 }
 
-// Slots a request needs alone: its prompt and every new token but the last (never fed back).
-int64_t slots_needed(const GenerateRequest& request) {
-  return static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_new_tokens - 1;
-}
-
 // One request's progress.
 struct Row {
   const GenerateRequest* request;
@@ -210,9 +205,9 @@ Status ContinuousBatch::take_admitted() {
   if (!options_.admit) return Status::ok();
   for (GenerateRequest& request : options_.admit(cache_.capacity())) {
     KZ_RETURN_IF_ERROR(check_request(request, model_.config().vocab_size).with_context("generate: admitted request"));
-    if (slots_needed(request) > cache_.capacity())
+    if (cache_slots_needed(request) > cache_.capacity())
       return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
-                                        slots_needed(request), cache_.capacity()));
+                                        cache_slots_needed(request), cache_.capacity()));
     admitted_.push_back(std::move(request));
     add_request(admitted_.back());
     ++stats_.admitted;
@@ -517,6 +512,10 @@ Status check_request(const GenerateRequest& request, int64_t vocab_size) {
     if (id < 0 || id >= vocab_size)
       return invalid_argument(fmt::format("token id {} outside the vocabulary [0, {})", id, vocab_size));
   return request.sampling.validate();
+}
+
+int64_t cache_slots_needed(const GenerateRequest& request) {
+  return static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_new_tokens - 1;
 }
 
 const char* finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }

@@ -92,6 +92,10 @@ struct GenerateOptions {
 // A request's settings and token ids against the model's vocabulary; errors name no request.
 Status check_request(const GenerateRequest& request, int64_t vocab_size);
 
+// Cache slots a request needs alone: its prompt and every new token but the last (never fed
+// back). What GenerateOptions::admit compares with the capacity.
+int64_t cache_slots_needed(const GenerateRequest& request);
+
 // Runs the requests (see the header comment). Errors: invalid settings or token ids (naming the
 // request index), or a libtorch failure.
 Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<GenerateRequest>& requests,
