@@ -88,6 +88,8 @@ Action add_generate_command(CLI::App& app) {
   settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
   settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
   settings.add("--cuda-graph,!--no-cuda-graph", "engine.cuda_graph", "decode through a CUDA graph on GPUs (default on)");
+  settings.add("--max-batch-rows", "engine.max_batch_rows",
+               "rows decoded at once across all requests; 0: no bound (default 64)");
   command->add_flag("--json", args->json,
                     "print {text, token_ids (new tokens), logprobs, finish_reason, prompt_ids, usage, timing}");
   return [args] { return run(*args); };

@@ -65,6 +65,8 @@ Action add_serve_model_command(CLI::App& app) {
   settings.add("--device", "engine.device", "cpu, cuda or cuda:N (default cpu)");
   settings.add("--dtype", "engine.dtype", "fp32, bf16 or fp16 (default: the checkpoint's)");
   settings.add("--cuda-graph,!--no-cuda-graph", "engine.cuda_graph", "decode through a CUDA graph on GPUs (default on)");
+  settings.add("--max-batch-rows", "engine.max_batch_rows",
+               "rows decoded at once across all requests; 0: no bound (default 64)");
   settings.add("--served-model-name", "serve.served_model_name",
                "the model id /v1/models lists (default: the directory's name)");
   settings.add("--max-batch", "serve.max_batch", "completions generated together at most (default 32)")
@@ -72,6 +74,9 @@ Action add_serve_model_command(CLI::App& app) {
   settings.add("--batch-wait-ms", "serve.batch_wait_ms",
                "how long a request waits for others to batch with (default 5)")
       ->check(CLI::NonNegativeNumber);
+  settings.add("--concurrent-batches", "serve.concurrent_batches",
+               "batches generated at once; the engine merges them, so late requests join (default 16)")
+      ->check(CLI::PositiveNumber);
   return [args] { return run(*args); };
 }
 

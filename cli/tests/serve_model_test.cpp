@@ -10,12 +10,16 @@
 //     requests batched together, and OpenAI-style errors (400 on bad JSON / bad fields, 404);
 //   - "stream": true: the same text in chunks that arrive while generating, stop strings cut as
 //     without streaming, and a client hanging up mid-stream leaves the others' answers whole;
-//   - the 0.5B and 7B presets' configs (no weights) load in transformers with the real shapes.
+//   - the 0.5B and 7B presets' configs (no weights) load in transformers with the real shapes;
+//   - continuous batching across callers: engine calls from several threads, and concurrent HTTP
+//     requests (streamed or not), each get what they get alone, and a request that arrives while
+//     a long one decodes joins its batch and finishes first.
 #include <curl/curl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -32,6 +36,7 @@
 #include "kz/sandbox/process.h"
 #include "kz/llm/engine_generator.h"
 #include "kz/llm/http_generator.h"
+#include "kz/model/engine.h"
 
 namespace kz {
 namespace {
@@ -215,6 +220,43 @@ class ServeModelTest : public ::testing::Test {
     r.params.temperature = temperature;
     r.params.max_tokens = kMaxNew;
     return r;
+  }
+
+  // Eight requests over the prompts with different limits, seeds and sampling (greedy, plain,
+  // top-k, top-p), log-probs asked; every third gets a stop string from the middle of its text
+  // alone.
+  static std::vector<GenerationRequest> varied_requests(Generator& alone) {
+    std::vector<GenerationRequest> out;
+    for (int i = 0; i < 8; ++i) {
+      GenerationRequest r = raw(kPrompts[static_cast<size_t>(i) % kPrompts.size()], i % 2 ? 0.9 : 0);
+      r.id = fmt::format("varied-{}", i);
+      r.params.max_tokens = 8 + 5 * i;
+      r.params.seed = 100 + static_cast<uint64_t>(i);
+      r.params.top_k = i % 4 == 1 ? 20 : 0;
+      r.params.top_p = i % 4 == 3 ? 0.8 : 1.0;
+      r.params.logprobs = true;
+      out.push_back(r);
+    }
+    for (size_t i = 0; i < out.size(); i += 3) {
+      auto whole = alone.generate({out[i]});
+      EXPECT_TRUE(whole[0].ok()) << whole[0].status().to_string();
+      if (!whole[0].ok()) continue;
+      const std::string& text = (*whole[0])[0].text;
+      if (text.size() >= 8) out[i].params.stop = {text.substr(text.size() / 2, 2)};
+    }
+    return out;
+  }
+
+  // Completion `got` of request `id` is `want` (generated alone): text, finish, tokens, log-probs.
+  static void expect_same_completion(const Completion& got, const Completion& want, const std::string& id) {
+    EXPECT_EQ(got.text, want.text) << id;
+    EXPECT_EQ(got.finish_reason, want.finish_reason) << id;
+    EXPECT_EQ(got.completion_tokens, want.completion_tokens) << id;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << id;
+    for (size_t t = 0; t < want.logprobs.size(); ++t) {
+      EXPECT_EQ(got.logprobs[t].token, want.logprobs[t].token) << id << " token " << t;
+      EXPECT_NEAR(got.logprobs[t].logprob, want.logprobs[t].logprob, 1e-4) << id << " token " << t;
+    }
   }
 
   static GenerationRequest chat() {
@@ -605,6 +647,136 @@ TEST_F(ServeModelTest, ServerKeepsServingWhenAStreamingClientLeaves) {
   ASSERT_EQ(again.texts.size(), 1u);
   EXPECT_EQ(again.texts[0], want);
   EXPECT_EQ(http("GET", server.url("/health")).first, 200);
+  server.stop();
+}
+
+// One in-process engine called from eight threads at once: each request gets what it gets alone.
+TEST_F(ServeModelTest, ConcurrentEngineCallsMatchEachAlone) {
+  auto g = local();
+  ASSERT_TRUE(g);
+  auto requests = varied_requests(*g);
+  std::vector<Completion> alone;
+  for (const auto& r : requests) {
+    auto result = g->generate({r});
+    ASSERT_TRUE(result[0].ok()) << result[0].status().to_string();
+    alone.push_back((*result[0])[0]);
+  }
+  std::vector<Result<std::vector<Completion>>> together(requests.size(), std::vector<Completion>());
+  {
+    std::vector<std::jthread> threads;
+    for (size_t i = 0; i < requests.size(); ++i)
+      threads.emplace_back([&, i] { together[i] = std::move(g->generate({requests[i]})[0]); });
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(together[i].ok()) << together[i].status().to_string();
+    expect_same_completion((*together[i])[0], alone[i], requests[i].id);
+  }
+}
+
+// A request made while a long one decodes joins its batch: it returns while the long one still
+// runs (a whole-batch queue would make it wait for all of the long one's 400 tokens).
+TEST_F(ServeModelTest, EngineRequestJoinsALongOneAlreadyDecoding) {
+  model::EngineOptions options;
+  options.model_dir = model_;
+  auto engine = model::Engine::load(options);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto request = [&](const std::string& prompt, int64_t max_new) {
+    model::EngineRequest r;
+    r.prompt_ids = (*engine)->tokenizer().encode(prompt);
+    r.sampling.temperature = 0;
+    r.sampling.max_new_tokens = max_new;
+    r.sampling.stop_at_eos = false;  // the long one runs its full length
+    return r;
+  };
+  model::EngineRequest short_request = request(kPrompts[0], 4);
+  auto short_alone = (*engine)->generate({short_request});
+  ASSERT_TRUE(short_alone[0].ok()) << short_alone[0].status().to_string();
+
+  std::atomic<bool> long_started{false}, long_done{false};
+  model::EngineRequest long_request = request(kPrompts[1], kLongMaxNew);
+  long_request.on_text = [&](std::string_view, const model::EngineCompletion* finished) {
+    long_started = true;
+    if (finished) long_done = true;
+  };
+  std::jthread long_call([&] {
+    auto result = (*engine)->generate({long_request});
+    long_started = true;  // a failed call must not leave the wait below hanging
+    EXPECT_TRUE(result[0].ok()) << result[0].status().to_string();
+    if (result[0].ok()) {
+      EXPECT_EQ(result[0]->token_ids.size(), static_cast<size_t>(kLongMaxNew));
+    }
+  });
+  while (!long_started) std::this_thread::sleep_for(1ms);
+  auto joined = (*engine)->generate({short_request});
+  EXPECT_FALSE(long_done.load()) << "the short request waited for the long one's batch to end";
+  ASSERT_TRUE(joined[0].ok()) << joined[0].status().to_string();
+  EXPECT_EQ(joined[0]->token_ids, short_alone[0]->token_ids);
+  EXPECT_EQ(joined[0]->text, short_alone[0]->text);
+}
+
+// Concurrent HTTP requests, half of them streamed, each get what they get alone in process; a
+// request sent while a long stream decodes is answered before that stream ends.
+TEST_F(ServeModelTest, ServerJoinsConcurrentRequestsIntoTheRunningBatch) {
+  auto g = local();
+  ASSERT_TRUE(g);
+  auto requests = varied_requests(*g);
+  std::vector<Completion> alone;
+  for (const auto& r : requests) {
+    auto result = g->generate({r});
+    ASSERT_TRUE(result[0].ok()) << result[0].status().to_string();
+    alone.push_back((*result[0])[0]);
+  }
+  ServedModel server(model_);
+  ASSERT_GT(server.port(), 0);
+  auto client = server.client();
+  ASSERT_TRUE(client);
+  auto to_json = [](const GenerationRequest& r) {
+    json body = {{"prompt", r.prompt},   {"max_tokens", r.params.max_tokens}, {"temperature", r.params.temperature},
+                 {"top_p", r.params.top_p}, {"seed", *r.params.seed},           {"stream", true}};
+    if (r.params.top_k > 0) body["top_k"] = r.params.top_k;
+    if (!r.params.stop.empty()) body["stop"] = r.params.stop;
+    return body;
+  };
+  std::vector<Result<std::vector<Completion>>> plain(requests.size(), std::vector<Completion>());
+  std::vector<Streamed> streamed(requests.size());
+  {
+    std::vector<std::jthread> threads;
+    for (size_t i = 0; i < requests.size(); ++i)
+      threads.emplace_back([&, i] {
+        if (i % 2) streamed[i] = http_stream(server.url("/v1/completions"), to_json(requests[i]));
+        else plain[i] = std::move(client->generate({requests[i]})[0]);
+      });
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % 2 == 0) {
+      ASSERT_TRUE(plain[i].ok()) << plain[i].status().to_string();
+      expect_same_completion((*plain[i])[0], alone[i], requests[i].id);
+      continue;
+    }
+    ASSERT_EQ(streamed[i].status, 200) << streamed[i].body;
+    StreamSummary got = summarize(streamed[i], false);
+    EXPECT_TRUE(got.done) << requests[i].id;
+    ASSERT_EQ(got.texts.size(), 1u) << requests[i].id;
+    EXPECT_EQ(got.texts[0], alone[i].text) << requests[i].id;
+    EXPECT_EQ(got.finish[0], alone[i].finish_reason) << requests[i].id;
+  }
+
+  json long_request = {{"prompt", kPrompts[1]}, {"max_tokens", kLongMaxNew}, {"temperature", 0}, {"stream", true}};
+  Streamed long_stream;
+  std::jthread long_call([&] { long_stream = http_stream(server.url("/v1/completions"), long_request); });
+  json health;
+  do {  // until the long request is in a batch
+    std::this_thread::sleep_for(1ms);
+    health = json::parse(http("GET", server.url("/health")).second);
+  } while (health["running"].get<size_t>() == 0);
+  auto joined = client->generate({requests[0]});
+  auto answered = std::chrono::steady_clock::now();
+  long_call.join();
+  ASSERT_TRUE(joined[0].ok()) << joined[0].status().to_string();
+  expect_same_completion((*joined[0])[0], alone[0], "joined " + requests[0].id);
+  ASSERT_EQ(long_stream.status, 200) << long_stream.body;
+  ASSERT_FALSE(long_stream.events.empty());
+  EXPECT_LT(answered, long_stream.events.back().at) << "the request waited for the long one's batch to end";
   server.stop();
 }
 

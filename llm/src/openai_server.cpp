@@ -454,6 +454,8 @@ Status OpenAIServerOptions::validate() const {
   if (port < 0 || port > 65535) return invalid_argument(fmt::format("port {} is not in [0, 65535]", port));
   if (max_batch < 1) return invalid_argument(fmt::format("max_batch must be >= 1, got {}", max_batch));
   if (batch_wait_ms < 0) return invalid_argument("batch_wait_ms must be >= 0");
+  if (concurrent_batches < 1)
+    return invalid_argument(fmt::format("concurrent_batches must be >= 1, got {}", concurrent_batches));
   if (http_threads < 1) return invalid_argument("http_threads must be >= 1");
   if (max_n < 1) return invalid_argument("max_n must be >= 1");
   if (default_max_tokens < 1 || chat_default_max_tokens < 1) return invalid_argument("default max tokens must be >= 1");
@@ -466,7 +468,8 @@ struct OpenAIServer::Impl {
   OpenAIServerOptions options;
   HttpServer http;
   int port = 0;
-  std::thread listener, batcher;
+  std::thread listener;
+  std::vector<std::thread> batchers;
   mutable std::mutex mutex;
   std::condition_variable arrived;
   std::deque<std::shared_ptr<Pending>> queue;
@@ -526,7 +529,8 @@ struct OpenAIServer::Impl {
           taken.push_back(queue.front());
           queue.pop_front();
         }
-        running = taken.size();
+        if (taken.empty()) continue;  // another batcher took them
+        running += taken.size();
       }
       std::vector<GenerationRequest> batch;
       for (const auto& p : taken) batch.insert(batch.end(), p->requests.begin(), p->requests.end());
@@ -545,7 +549,7 @@ struct OpenAIServer::Impl {
         p->answer(std::move(mine));
       }
       std::lock_guard lock(mutex);
-      running = 0;
+      running -= taken.size();
       requests += taken.size();
       ++batches;
     }
@@ -632,7 +636,7 @@ struct OpenAIServer::Impl {
   }
 
   void start_threads() {
-    batcher = std::thread([this] { batch_loop(); });
+    for (int i = 0; i < options.concurrent_batches; ++i) batchers.emplace_back([this] { batch_loop(); });
     listener = http.serve_in_background();
   }
 
@@ -643,7 +647,7 @@ struct OpenAIServer::Impl {
       stopping = true;
     }
     arrived.notify_all();
-    if (batcher.joinable()) batcher.join();  // the running batch finishes, the queue is answered
+    for (auto& batcher : batchers) batcher.join();  // running batches finish, the queue is answered
     http.stop();
     if (listener.joinable()) listener.join();
   }

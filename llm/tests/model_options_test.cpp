@@ -17,6 +17,7 @@ ModelOptions every_key_changed() {
   o.engine.device = "cuda:1";
   o.engine.dtype = "bf16";
   o.engine.cuda_graph = false;
+  o.engine.max_batch_rows = 8;
   o.sampling.max_new_tokens = 3;
   o.sampling.temperature = 0.7;
   o.sampling.top_p = 0.9;
@@ -29,6 +30,7 @@ ModelOptions every_key_changed() {
   o.serve.model_name = "tiny";
   o.serve.max_batch = 4;
   o.serve.batch_wait_ms = 2.5;
+  o.serve.concurrent_batches = 2;
   o.serve.http_threads = 8;
   o.serve.max_n = 16;
   o.serve.default_max_tokens = 32;

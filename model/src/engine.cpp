@@ -7,7 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "kz/model/generate.h"
 #include "kz/model/stop_strings.h"
@@ -55,6 +59,12 @@ struct RowText {
   }
 };
 
+// A request handed to the scheduler, and its outcome once finished.
+struct Queued {
+  GenerateRequest request;
+  std::optional<Result<GenerateResult>> outcome;  // written under Engine::Impl::mutex
+};
+
 }  // namespace
 
 struct Engine::Impl {
@@ -63,7 +73,13 @@ struct Engine::Impl {
   Tokenizer tokenizer;
   std::vector<int64_t> eos;
   int64_t pad_id = 0;
-  std::mutex mutex;  // one batch at a time
+
+  std::mutex mutex;                              // guards queue, stopping and every Queued::outcome
+  std::condition_variable queued_or_stopping;    // wakes the scheduler
+  std::condition_variable finished;              // wakes callers whose requests may be done
+  std::deque<std::shared_ptr<Queued>> queue;     // not yet in a batch, in arrival order
+  bool stopping = false;
+  std::thread scheduler;                         // runs schedule(); started and joined by Engine
 
   Impl(EngineOptions o, std::shared_ptr<CausalLM> m, Tokenizer t)
       : options(std::move(o)), model(std::move(m)), tokenizer(std::move(t)) {}
@@ -116,6 +132,64 @@ struct Engine::Impl {
     row.streamed = settled;
   }
 
+  // Runs a batch whenever requests wait, until the engine is destroyed (no generate() call is in
+  // flight then, so nothing is left queued).
+  void schedule() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      queued_or_stopping.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (stopping) return;
+      std::vector<std::shared_ptr<Queued>> batch(queue.begin(), queue.end());
+      queue.clear();
+      lock.unlock();
+      run_batch(std::move(batch));
+      lock.lock();
+    }
+  }
+
+  // One generate() call over `batch`, taking in the requests queued while it runs that its cache
+  // holds (in arrival order: one that does not fit stops the intake, so it is first in the next
+  // batch rather than overtaken indefinitely).
+  void run_batch(std::vector<std::shared_ptr<Queued>> batch) {
+    std::vector<GenerateRequest> requests;
+    for (const auto& q : batch) requests.push_back(q->request);
+    GenerateOptions generate_options;
+    generate_options.pad_token_id = pad_id;
+    generate_options.cuda_graph = options.cuda_graph;
+    generate_options.max_batch_rows = options.max_batch_rows;
+    generate_options.admit = [&](int64_t capacity) {
+      std::lock_guard lock(mutex);
+      std::vector<GenerateRequest> admitted;
+      while (!queue.empty() && cache_slots_needed(queue.front()->request) <= capacity) {
+        admitted.push_back(queue.front()->request);
+        batch.push_back(std::move(queue.front()));
+        queue.pop_front();
+      }
+      return admitted;
+    };
+    auto results = model::generate(*model, requests, generate_options);
+    if (results.ok()) return;  // each request's outcome came through its on_progress
+    std::lock_guard lock(mutex);
+    for (const auto& q : batch)
+      if (!q->outcome) q->outcome = results.status();
+    finished.notify_all();
+  }
+
+  // A queued request whose on_progress also records its outcome when it finishes.
+  std::shared_ptr<Queued> to_queued(const EngineRequest& r) {
+    auto q = std::make_shared<Queued>();
+    q->request = to_request(r);
+    q->request.on_progress = [this, stream = std::move(q->request.on_progress), queued = q.get()](
+                                 const GenerateResult& so_far, bool done) {
+      if (stream) stream(so_far, done);
+      if (!done) return;
+      std::lock_guard lock(mutex);
+      queued->outcome = so_far;
+      finished.notify_all();
+    };
+    return q;
+  }
+
   EngineCompletion to_completion(const EngineRequest& r, GenerateResult g) const {
     EngineCompletion c;
     c.prompt_tokens = r.prompt_ids.size();
@@ -132,6 +206,7 @@ struct Engine::Impl {
 
 Status EngineOptions::validate() const {
   if (model_dir.empty()) return invalid_argument("a model directory is required");
+  if (max_batch_rows < 0) return invalid_argument(fmt::format("max_batch_rows must be >= 0, got {}", max_batch_rows));
   if (auto d = parse_dtype(dtype); !d.ok()) return d.status();
   try {
     at::Device parsed(device);
@@ -167,31 +242,47 @@ Result<std::shared_ptr<Engine>> Engine::load(const EngineOptions& options) {
   return std::shared_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() = default;
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  impl_->scheduler = std::thread([impl = impl_.get()] { impl->schedule(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->queued_or_stopping.notify_all();
+  impl_->scheduler.join();
+}
 
 std::vector<Result<EngineCompletion>> Engine::generate(const std::vector<EngineRequest>& requests) {
   std::vector<Result<EngineCompletion>> out(requests.size(), Result<EngineCompletion>(internal_error("not run")));
-  std::vector<size_t> valid;
-  std::vector<GenerateRequest> batch;
+  std::vector<std::shared_ptr<Queued>> queued(requests.size());  // null for invalid requests
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (Status s = impl_->check(requests[i]); !s.is_ok()) {
-      out[i] = s;
-      continue;
+    Status s = impl_->check(requests[i]);
+    if (s.is_ok()) {
+      queued[i] = impl_->to_queued(requests[i]);
+      s = check_request(queued[i]->request, impl_->model->config().vocab_size);
     }
-    valid.push_back(i);
-    batch.push_back(impl_->to_request(requests[i]));
+    if (!s.is_ok()) {
+      out[i] = s;
+      queued[i] = nullptr;
+    }
   }
-  if (batch.empty()) return out;
-  std::lock_guard lock(impl_->mutex);
-  GenerateOptions options;
-  options.pad_token_id = impl_->pad_id;
-  options.cuda_graph = impl_->options.cuda_graph;
-  auto results = model::generate(*impl_->model, batch, options);
-  for (size_t k = 0; k < valid.size(); ++k) {
-    size_t i = valid[k];
-    if (!results.ok()) out[i] = results.status();
-    else out[i] = impl_->to_completion(requests[i], std::move((*results)[k]));
+  {
+    std::unique_lock lock(impl_->mutex);
+    for (const auto& q : queued)
+      if (q) impl_->queue.push_back(q);
+    impl_->queued_or_stopping.notify_one();
+    impl_->finished.wait(lock, [&] {
+      return std::all_of(queued.begin(), queued.end(), [](const auto& q) { return !q || q->outcome; });
+    });
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!queued[i]) continue;
+    Result<GenerateResult>& outcome = *queued[i]->outcome;
+    if (!outcome.ok()) out[i] = outcome.status();
+    else out[i] = impl_->to_completion(requests[i], std::move(*outcome));
   }
   return out;
 }

@@ -19,15 +19,8 @@ namespace {
 
 Status validate_requests(const std::vector<GenerateRequest>& requests, int64_t vocab_size) {
   if (requests.empty()) return invalid_argument("generate: no requests");
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const auto& r = requests[i];
-    std::string where = fmt::format("generate: request {}", i);
-    if (r.prompt_ids.empty()) return invalid_argument(where + ": empty prompt");
-    for (int64_t id : r.prompt_ids)
-      if (id < 0 || id >= vocab_size)
-        return invalid_argument(fmt::format("{}: token id {} outside the vocabulary [0, {})", where, id, vocab_size));
-    KZ_RETURN_IF_ERROR(r.sampling.validate().with_context(where));
-  }
+  for (size_t i = 0; i < requests.size(); ++i)
+    KZ_RETURN_IF_ERROR(check_request(requests[i], vocab_size).with_context(fmt::format("generate: request {}", i)));
   return Status::ok();
 }
 
@@ -88,6 +81,9 @@ at::Tensor index_tensor(const std::vector<int64_t>& values, at::Device device) {
 //
 // With every request in one batch (max_batch_rows 0) all join at once into the empty cache: the
 // same prefill, layout and decode as prefilling the batch in place.
+//
+// Requests from options.admit are stored here and wait like the call's own; when more wait than
+// rows are free, the batch widens (its new rows copies of row 0, free) up to max_batch_rows.
 class ContinuousBatch {
  public:
   ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests, const GenerateOptions& options);
@@ -111,6 +107,10 @@ class ContinuousBatch {
   };
 
   Row& row(int64_t request) { return rows_[static_cast<size_t>(request)]; }
+  void add_request(const GenerateRequest& request);
+  Status take_admitted();
+  Sampler sampler_of(const std::vector<int64_t>& requests) const;
+  void grow_for_waiting();
   int64_t prompt_length(int64_t request) const;
   const PrefilledPrompt& prefilled(int64_t request) const;
   std::vector<int64_t> rows_where(bool occupied) const;
@@ -130,12 +130,14 @@ class ContinuousBatch {
 
   CausalLM& model_;
   const GenerateOptions& options_;
-  std::vector<Row> rows_;                          // per request
+  const size_t own_requests_;                      // the call's; admitted ones follow them in rows_
+  std::deque<GenerateRequest> admitted_;           // stable: rows_ point into it
+  std::deque<Row> rows_;                           // per request (stable references as it grows)
   std::vector<std::vector<int64_t>> prompts_;      // distinct prompts
+  std::map<std::vector<int64_t>, int64_t> prompt_index_;  // prompt -> its index in prompts_
   std::vector<int64_t> prompt_of_;                 // per request: its index in prompts_
   std::map<int64_t, PrefilledPrompt> prefilled_;   // by index in prompts_, while a user waits
   std::deque<int64_t> waiting_;                    // requests, in order
-  Sampler all_sampler_;                            // every request's settings, one row each
   KVCache cache_;
   std::vector<int64_t> occupant_;                  // per cache row: its request, -1 when free
   at::Tensor last_;                                // [rows] int64: each row's token to feed next
@@ -161,25 +163,83 @@ int64_t cache_capacity(const std::vector<GenerateRequest>& requests) {
   return prompt + new_tokens - 1;
 }
 
+// Settings that, among a sampler's rows, make it compute every path (greedy, plain, filtered).
+std::vector<SamplingOptions> every_sampling_path() {
+  SamplingOptions greedy, plain, filtered;
+  greedy.temperature = 0;
+  filtered.top_k = 1;
+  return {greedy, plain, filtered};
+}
+
 ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                  const GenerateOptions& options)
-    : model_(model), options_(options), all_sampler_(sampling_of(requests), model.device()) {
-  std::map<std::vector<int64_t>, int64_t> prompt_index;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto [it, added] = prompt_index.emplace(requests[i].prompt_ids, static_cast<int64_t>(prompts_.size()));
-    if (added) prompts_.push_back(requests[i].prompt_ids);
-    prompt_of_.push_back(it->second);
-    rows_.push_back(Row{&requests[i], {}});
-    waiting_.push_back(static_cast<int64_t>(i));
-  }
+    : model_(model), options_(options), own_requests_(requests.size()) {
+  for (const auto& r : requests) add_request(r);
   const auto n = static_cast<int64_t>(requests.size());
   const int64_t batch = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, n) : n;
   cache_ = model.new_cache(batch, cache_capacity(requests));
   occupant_.assign(static_cast<size_t>(batch), -1);
   last_ = at::zeros({batch}, at::TensorOptions().device(model.device()).dtype(at::kLong));
   // Free rows hold request 0's settings until a joiner replaces them; the sampler keeps computing
-  // every path some request needs.
-  idle_sampler_ = all_sampler_.select_rows(at::zeros({batch}, at::kLong));
+  // every path some request needs (any path, when requests may be admitted later).
+  std::vector<SamplingOptions> settings = sampling_of(requests);
+  if (options.admit)
+    for (const auto& s : every_sampling_path()) settings.push_back(s);
+  idle_sampler_ = Sampler(settings, model.device()).select_rows(at::zeros({batch}, at::kLong));
+}
+
+// The request (stored by the caller or in admitted_) waits, its prompt shared with earlier ones.
+void ContinuousBatch::add_request(const GenerateRequest& request) {
+  auto [it, added] = prompt_index_.emplace(request.prompt_ids, static_cast<int64_t>(prompts_.size()));
+  if (added) prompts_.push_back(request.prompt_ids);
+  prompt_of_.push_back(it->second);
+  // A prefill kept for waiting requests of this prompt serves this one too.
+  if (auto kept = prefilled_.find(it->second); kept != prefilled_.end()) ++kept->second.users_left;
+  waiting_.push_back(static_cast<int64_t>(rows_.size()));
+  rows_.push_back(Row{&request, {}});
+}
+
+// Takes the requests options.admit hands over (the header's contract checked: a broken one is a
+// caller's bug, and fails the call).
+Status ContinuousBatch::take_admitted() {
+  if (!options_.admit) return Status::ok();
+  for (GenerateRequest& request : options_.admit(cache_.capacity())) {
+    KZ_RETURN_IF_ERROR(check_request(request, model_.config().vocab_size).with_context("generate: admitted request"));
+    if (cache_slots_needed(request) > cache_.capacity())
+      return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
+                                        cache_slots_needed(request), cache_.capacity()));
+    admitted_.push_back(std::move(request));
+    add_request(admitted_.back());
+    ++stats_.admitted;
+  }
+  return Status::ok();
+}
+
+// A fresh sampler with the requests' settings, one row each (their token index 0).
+Sampler ContinuousBatch::sampler_of(const std::vector<int64_t>& requests) const {
+  std::vector<SamplingOptions> settings;
+  for (int64_t request : requests) settings.push_back(rows_[static_cast<size_t>(request)].request->sampling);
+  return Sampler(settings, model_.device());
+}
+
+// When more requests wait than rows are free, widens the batch (up to max_batch_rows) with free
+// rows copied from row 0: masked garbage, never read, until joiners take them. Only admitted
+// requests can make this happen: a call's own requests get min(max_batch_rows, count) rows.
+void ContinuousBatch::grow_for_waiting() {
+  const auto rows = static_cast<int64_t>(occupant_.size());
+  const auto live = static_cast<int64_t>(rows_where(true).size());
+  int64_t target = live + static_cast<int64_t>(waiting_.size());
+  if (options_.max_batch_rows > 0) target = std::min(target, options_.max_batch_rows);
+  if (target <= rows) return;
+  std::vector<int64_t> index(static_cast<size_t>(target), 0);
+  for (int64_t i = 0; i < rows; ++i) index[static_cast<size_t>(i)] = i;
+  at::Tensor rows_index = index_tensor(index, model_.device());
+  idle_sampler_ = sampler().select_rows(rows_index);
+  loop_.reset();  // it refers to cache_, replaced next
+  cache_ = cache_.select_rows(rows_index);
+  last_ = last_.index_select(0, rows_index);
+  occupant_.resize(static_cast<size_t>(target), -1);
+  ++stats_.grows;
 }
 
 int64_t ContinuousBatch::prompt_length(int64_t request) const {
@@ -258,10 +318,13 @@ Status ContinuousBatch::prefill_missing(const std::vector<int64_t>& joiners) {
   auto logits = model_.prefill(ids, mask, prefill->cache);
   if (!logits.ok()) return logits.status();
   prefill->logits = *logits;
-  for (size_t i = 0; i < missing.size(); ++i) {
-    auto users = std::count(prompt_of_.begin(), prompt_of_.end(), missing[i]);
-    prefilled_[missing[i]] = PrefilledPrompt{prefill, static_cast<int64_t>(i), users};
-  }
+  auto users_of = [&](int64_t prompt) {  // requests of the prompt that have not joined yet
+    auto of_prompt = [&](int64_t request) { return prompt_of_[static_cast<size_t>(request)] == prompt; };
+    return std::count_if(joiners.begin(), joiners.end(), of_prompt) +
+           std::count_if(waiting_.begin(), waiting_.end(), of_prompt);
+  };
+  for (size_t i = 0; i < missing.size(); ++i)
+    prefilled_[missing[i]] = PrefilledPrompt{prefill, static_cast<int64_t>(i), users_of(missing[i])};
   stats_.prefilled_prompts += static_cast<int64_t>(missing.size());
   return Status::ok();
 }
@@ -277,7 +340,7 @@ Status ContinuousBatch::admit_waiting() {
     const PrefilledPrompt& p = prefilled(request);
     logits.push_back(p.prefill->logits[p.row]);
   }
-  Sampler joined = all_sampler_.select_rows(index_tensor(joiners, at::kCPU));
+  Sampler joined = sampler_of(joiners);
   auto [first, first_logprob] = joined.choose(at::stack(logits));
   at::Tensor tokens = first.to(at::kCPU), logprobs = first_logprob.to(at::kCPU);
   for (size_t i = 0; i < joiners.size(); ++i) {
@@ -425,6 +488,8 @@ Result<std::vector<GenerateResult>> ContinuousBatch::run() {
   c10::NoGradGuard no_grad;
   // Each round admits at least one waiting request when no row is live (pick_joiners), so this ends.
   for (;;) {
+    KZ_RETURN_IF_ERROR(take_admitted());
+    grow_for_waiting();
     KZ_RETURN_IF_ERROR(admit_waiting());
     if (rows_where(true).empty()) {
       if (waiting_.empty()) break;
@@ -435,11 +500,23 @@ Result<std::vector<GenerateResult>> ContinuousBatch::run() {
   }
   if (options_.stats) *options_.stats = stats_;
   std::vector<GenerateResult> out;
-  for (auto& row : rows_) out.push_back(std::move(row.result));
+  for (size_t i = 0; i < own_requests_; ++i) out.push_back(std::move(rows_[i].result));
   return out;
 }
 
 }  // namespace
+
+Status check_request(const GenerateRequest& request, int64_t vocab_size) {
+  if (request.prompt_ids.empty()) return invalid_argument("empty prompt");
+  for (int64_t id : request.prompt_ids)
+    if (id < 0 || id >= vocab_size)
+      return invalid_argument(fmt::format("token id {} outside the vocabulary [0, {})", id, vocab_size));
+  return request.sampling.validate();
+}
+
+int64_t cache_slots_needed(const GenerateRequest& request) {
+  return static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_new_tokens - 1;
+}
 
 const char* finish_reason_name(FinishReason reason) { return reason == FinishReason::stop ? "stop" : "length"; }
 

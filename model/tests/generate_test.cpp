@@ -1,6 +1,7 @@
 // Continuous batching in generate(): requests that wait for rows, join a running batch (with the
 // cache compacted to make room), and a batch that shrinks as rows finish give every request what
 // it gives alone, greedy and sampled; the stats show the joins, compactions and shrinks happened.
+// Requests handed in by GenerateOptions::admit while a batch runs join it the same way.
 // A tiny random model on the CPU, no fixtures needed.
 #include <gtest/gtest.h>
 
@@ -210,6 +211,58 @@ TEST_F(ContinuousBatchingTest, CudaGraphKeepsResultsThroughJoinsAndShrinks) {
   expect_each_as_alone(requests, got, "cuda, compaction");
   EXPECT_EQ(stats.compactions, 1);
   EXPECT_GE(stats.shrinks, 1);
+}
+
+// A long greedy request runs alone; the hook hands in the mixed requests in two lots while it
+// decodes (the sampled ones need paths the first batch did not), and one that the cache cannot
+// hold stays with the caller. The batch grows to seat them, each gets what it gets alone through
+// on_progress, and the first admitted one finishes while the long one still decodes.
+TEST_F(ContinuousBatchingTest, AdmittedRequestsJoinTheRunningBatchAndMatchEachAlone) {
+  for (double temperature : {0.0, 1.0}) {
+    std::string where = "admitted, temperature " + std::to_string(temperature);
+    GenerateRequest long_request = request({1, 2, 3}, 40);  // a cache of 42 slots, rounded up to 48
+    std::vector<GenerateRequest> arriving = mixed_requests(temperature);
+    arriving.push_back(request({1, 2, 3, 4, 5}, 60));  // needs 64 slots
+    std::vector<GenerateResult> results(arriving.size());
+    std::vector<std::string> finish_order;
+    for (size_t i = 0; i < arriving.size(); ++i)
+      arriving[i].on_progress = [&, i](const GenerateResult& so_far, bool finished) {
+        if (!finished) return;
+        results[i] = so_far;
+        finish_order.push_back("admitted " + std::to_string(i));
+      };
+    long_request.on_progress = [&](const GenerateResult&, bool finished) {
+      if (finished) finish_order.push_back("long");
+    };
+    int calls = 0;
+    size_t handed = 0;
+    GenerateOptions options;
+    options.max_batch_rows = 4;
+    options.stop_check_steps = 3;
+    options.admit = [&](int64_t cache_capacity) {
+      EXPECT_EQ(cache_capacity, 48);
+      ++calls;
+      std::vector<GenerateRequest> lot;
+      const size_t lot_end = calls == 2 ? 3 : calls == 4 ? 7 : handed;  // the 8th never fits
+      for (; handed < lot_end; ++handed) lot.push_back(arriving[handed]);
+      return lot;
+    };
+    GenerateStats stats;
+    auto got = run({long_request}, options, &stats);
+    ASSERT_EQ(got.size(), 1u) << where;
+    long_request.on_progress = nullptr;  // the runs alone below must not record
+    for (auto& r : arriving) r.on_progress = nullptr;
+    expect_each_as_alone({long_request}, got, where);
+    arriving.pop_back();
+    results.pop_back();
+    expect_each_as_alone(arriving, results, where);
+    EXPECT_EQ(stats.admitted, 7) << where;
+    EXPECT_GE(stats.joins, 6) << where;  // a request that stops on its first token takes no row
+    EXPECT_GE(stats.grows, 1) << where;
+    EXPECT_EQ(stats.peak_rows, 4) << where;
+    ASSERT_FALSE(finish_order.empty()) << where;
+    EXPECT_NE(finish_order.front(), "long") << where << ": the admitted requests waited for the long one";
+  }
 }
 
 TEST_F(ContinuousBatchingTest, NegativeBatchRowsIsAnError) {

@@ -19,10 +19,12 @@
 // "model" in a request is accepted whatever it names (one model is served). usage counts the
 // prompt once and every choice's tokens.
 //
-// Batching: handlers put requests on one queue; a single batcher thread takes what is queued (up
-// to max_batch completions, waiting up to batch_wait_ms after the first for others to arrive)
-// and runs it as one Generator::generate() call, so requests that arrive together share one
-// model batch.
+// Batching: handlers put requests on one queue; a batcher thread takes what is queued (up to
+// max_batch completions, waiting up to batch_wait_ms after the first for others to arrive) and
+// runs it as one Generator::generate() call, so requests that arrive together share one model
+// batch. concurrent_batches batcher threads do so at once: with a generator that merges
+// concurrent calls (the model engine's continuous batching), requests that arrive while a batch
+// decodes join it instead of waiting for it to end.
 //
 // "stream": true is answered in OpenAI's server-sent-events format while the batch decodes: per
 // choice, chunks of new text ("text", or chat's "delta" with the role first), the last with its
@@ -50,6 +52,7 @@ struct OpenAIServerOptions {
   std::string model_name = "kz";    // listed by /v1/models and echoed in responses
   int max_batch = 32;               // completions per generate() call (a larger single request runs alone)
   double batch_wait_ms = 5;         // how long the first queued request waits for company
+  int concurrent_batches = 16;      // generate() calls in flight at once (1: one batch after another)
   int http_threads = 64;            // connections served at once
   int max_n = 128;                  // largest n a request may ask for
   int default_max_tokens = 16;      // /v1/completions without max_tokens (OpenAI's default)
@@ -65,11 +68,11 @@ class OpenAIServer {
 
   int port() const;
   // Stops accepting connections, answers queued requests with an error, waits for the running
-  // batch. Idempotent.
+  // batches. Idempotent.
   void stop();
 
   struct Counts {
-    size_t queued = 0, running = 0;  // HTTP requests waiting / in the running batch
+    size_t queued = 0, running = 0;  // HTTP requests waiting / in running batches
     size_t requests = 0;             // HTTP generation requests answered
     size_t batches = 0;              // generate() calls made
   };

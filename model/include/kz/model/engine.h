@@ -3,9 +3,12 @@
 // `kz serve-model` and the in-process Generator (llm/engine_generator.h) use this, so none of
 // them includes libtorch headers.
 //
-// A generate() call is one batch (generate.h: left-padded prefill, cached decode, per-request
-// sampling and seed). Calls from several threads are serialised: one batch at a time on the
-// device. Stop strings are checked on each row's decoded text after every step (the row ends
+// Requests run in continuous batches (generate.h) on the engine's scheduler thread: a request
+// from any thread joins the batch under way at its next copy to the host when the batch's cache
+// holds it (else it waits for the next batch), so calls from several threads share the device
+// instead of waiting for each other's whole batch; each call returns when its own requests are
+// done. A request's tokens do not depend on what else runs (per-request seed and token index,
+// sampler.h). Stop strings are checked on each row's decoded text after every step (the row ends
 // there), then the text is cut before the first stop string and the tokens end with the one that
 // completed it.
 #pragma once
@@ -31,6 +34,8 @@ struct EngineOptions {
   std::string device = "cpu";   // "cpu", "cuda", "cuda:N"
   std::string dtype;            // "": the checkpoint's; "fp32", "bf16" or "fp16"
   bool cuda_graph = true;       // decode through a CUDA graph on CUDA devices (generate.h); false: eager
+  // Rows decoded at once, across all callers; more requests wait for rows to free. 0: no bound.
+  int64_t max_batch_rows = 64;
   Status validate() const;
 };
 
@@ -58,7 +63,7 @@ struct EngineCompletion {
 struct EngineRequest {
   std::vector<TokenId> prompt_ids;  // not empty
   TextSampling sampling;
-  // Optional, for streaming: called on the generating thread with each new piece of the text while
+  // Optional, for streaming: called on the engine's scheduler thread with each new piece of the text while
   // the batch decodes (whenever the row's tokens reach the host, generate.h), and a last time with
   // the rest of the text and the finished completion. The pieces concatenate to the completion's
   // text: a piece never ends inside a UTF-8 character or in a tail that could still grow into a
@@ -71,8 +76,9 @@ class Engine {
   static Result<std::shared_ptr<Engine>> load(const EngineOptions& options);
   ~Engine();
 
-  // One Result per request, in order: an invalid request (empty or too long prompt, bad
-  // settings) fails alone; the valid ones run as one batch. A libtorch failure fails them all.
+  // One Result per request, in order: an invalid request (empty or too long prompt, token ids
+  // outside the vocabulary, bad settings) fails alone; the valid ones join the running batch (see
+  // the header comment). A libtorch failure fails every request of the batch it hit.
   std::vector<Result<EngineCompletion>> generate(const std::vector<EngineRequest>& requests);
 
   const Tokenizer& tokenizer() const;
@@ -86,9 +92,8 @@ class Engine {
   int64_t pad_token_id() const;                       // fills left padding: the generation config's, else the tokenizer's, else 0
 
   // The model generate() runs, for callers that train it in place (the loop's trainable roles):
-  // weights changed through it show in the next generate(). generate() locks only against other
-  // generate() calls, so the caller must not train (or otherwise change the weights) while a
-  // generate() runs.
+  // weights changed through it show in the next generate(). the caller must not train (or otherwise
+  // change the weights) while a generate() runs.
   std::shared_ptr<CausalLM> model() const;
 
  private:

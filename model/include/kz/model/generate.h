@@ -13,6 +13,9 @@
 // whatever else is in the batch and whenever it joined (up to floating-point differences of
 // batched matrix products on some devices).
 //
+// Serving: GenerateOptions::admit hands the batch requests that arrived after it started; they
+// wait and join like the call's own requests, the batch growing up to max_batch_rows to seat them.
+//
 // Log-probs: GenerateResult::logprobs[i] is log p(token_i) under the model's *unmodified*
 // distribution (softmax of the raw logits: temperature 1, no top-k/top-p), i.e. what the RL
 // trainer's teacher-forced token_logprobs() recomputes for the same tokens.
@@ -56,6 +59,8 @@ struct GenerateStats {
   int64_t joins = 0;              // requests that joined a batch already under way
   int64_t compactions = 0;        // times live rows' slots moved to make room for joiners
   int64_t shrinks = 0;            // times the batch was narrowed to its live rows
+  int64_t grows = 0;              // times the batch was widened to seat admitted requests
+  int64_t admitted = 0;           // requests taken from GenerateOptions::admit
   int64_t prefilled_prompts = 0;  // prompts prefilled (each distinct prompt once)
   int64_t decode_row_steps = 0;   // decode steps x batch rows computed, finished rows included
 };
@@ -73,7 +78,23 @@ struct GenerateOptions {
   int64_t max_batch_rows = 0;
   // Optional: filled with what the call did, for benchmarks.
   GenerateStats* stats = nullptr;
+  // Optional, for a server: called before the first step and at each copy to the host with the
+  // cache's capacity in slots (fixed when the call starts, from its own requests); returns newly
+  // arrived requests, each valid (check_request) and with prompt + max_new_tokens - 1 <= capacity
+  // (the others stay with the caller for a later call). They join the batch as the call's own
+  // requests do, and their results reach them only through on_progress(result, true): the call
+  // returns its own requests' results. With a hook, the sampler computes every sampling path (an
+  // admitted request may need any), and the batch grows to seat waiting requests (up to
+  // max_batch_rows; 0: no bound).
+  std::function<std::vector<GenerateRequest>(int64_t capacity)> admit;
 };
+
+// A request's settings and token ids against the model's vocabulary; errors name no request.
+Status check_request(const GenerateRequest& request, int64_t vocab_size);
+
+// Cache slots a request needs alone: its prompt and every new token but the last (never fed
+// back). What GenerateOptions::admit compares with the capacity.
+int64_t cache_slots_needed(const GenerateRequest& request);
 
 // Runs the requests (see the header comment). Errors: invalid settings or token ids (naming the
 // request index), or a libtorch failure.
