@@ -2,6 +2,7 @@
 // one libtorch translation unit behind engine.h.
 #include "kz/model/engine.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -135,6 +136,8 @@ struct Engine::Impl {
   // Runs a batch whenever requests wait, until the engine is destroyed (no generate() call is in
   // flight then, so nothing is left queued).
   void schedule() {
+    // A new thread's current CUDA device is 0: the batches' graphs and streams belong on the model's.
+    c10::DeviceGuard on_model_device(model->device());
     std::unique_lock lock(mutex);
     for (;;) {
       queued_or_stopping.wait(lock, [&] { return stopping || !queue.empty(); });
