@@ -650,17 +650,25 @@ TEST_F(ServeModelTest, ServerKeepsServingWhenAStreamingClientLeaves) {
   server.stop();
 }
 
+// Each request run by itself: what a batch must give every one of them.
+std::vector<Completion> each_alone(Generator& g, const std::vector<GenerationRequest>& requests) {
+  std::vector<Completion> alone;
+  for (const auto& r : requests) {
+    auto result = g.generate({r});
+    EXPECT_TRUE(result[0].ok()) << result[0].status().to_string();
+    if (!result[0].ok()) return alone;
+    alone.push_back((*result[0])[0]);
+  }
+  return alone;
+}
+
 // One in-process engine called from eight threads at once: each request gets what it gets alone.
 TEST_F(ServeModelTest, ConcurrentEngineCallsMatchEachAlone) {
   auto g = local();
   ASSERT_TRUE(g);
   auto requests = varied_requests(*g);
-  std::vector<Completion> alone;
-  for (const auto& r : requests) {
-    auto result = g->generate({r});
-    ASSERT_TRUE(result[0].ok()) << result[0].status().to_string();
-    alone.push_back((*result[0])[0]);
-  }
+  std::vector<Completion> alone = each_alone(*g, requests);
+  ASSERT_EQ(alone.size(), requests.size());
   std::vector<Result<std::vector<Completion>>> together(requests.size(), std::vector<Completion>());
   {
     std::vector<std::jthread> threads;
@@ -720,12 +728,8 @@ TEST_F(ServeModelTest, ServerJoinsConcurrentRequestsIntoTheRunningBatch) {
   auto g = local();
   ASSERT_TRUE(g);
   auto requests = varied_requests(*g);
-  std::vector<Completion> alone;
-  for (const auto& r : requests) {
-    auto result = g->generate({r});
-    ASSERT_TRUE(result[0].ok()) << result[0].status().to_string();
-    alone.push_back((*result[0])[0]);
-  }
+  std::vector<Completion> alone = each_alone(*g, requests);
+  ASSERT_EQ(alone.size(), requests.size());
   ServedModel server(model_);
   ASSERT_GT(server.port(), 0);
   auto client = server.client();
