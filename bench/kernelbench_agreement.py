@@ -17,7 +17,10 @@ Each is judged twice, correctness only (no timing):
        retry" answer, is evaluated again alone at the end.
   kz   `kz eval-suite --no-timing --no-cache --policy kernelbench` with `[tolerance] rule =
        "kernelbench"` (fresh compile caches), beside KernelBench's pre-build; then, as time allows,
-       the same batch under `--policy strict` (its builds kept from the first run).
+       the samples it answered about the machine rather than about them (memory held outside its
+       evaluations: `gpu_memory_held_elsewhere`, no verdict) once more, after KernelBench's evaluations
+       ("kz again"), and the same batch under `--policy strict` (its builds kept from the first run).
+The GPU's used memory, every 5 s with the phase under way, goes to OUTDIR/gpu-memory.log.
 A verdict is "correct" for KernelBench when it compiled and passed every trial, for kz when its
 status is `ok`. The agreement rate is over the samples both sides judged. Writes
 OUTDIR/agreement.json (everything) and OUTDIR/agreement.txt (the table, every disagreement with
@@ -73,6 +76,9 @@ KB_EVAL_S = 9.4      # one KernelBench evaluation of a pre-built sample, process
 KZ_STRICT_S = 0.6    # one kz evaluation whose build is kept, per sample and GPU, at kz's concurrency (8)
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
+# kz verdicts about the machine, not the sample (memory that something outside the evaluations held):
+# no verdict here, so the sample is judged again (later in the call, or by the next call).
+KZ_MACHINE_CHECKS = {"gpu_memory_held_elsewhere", "out_of_memory_shared"}
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
 
@@ -223,11 +229,51 @@ def read_kz(path: pathlib.Path, paths: dict) -> dict:
         except ValueError:  # an empty line, or the one kz is writing now
             continue
         sample = paths.get(v.get("candidate")) or by_stem.get(pathlib.PurePath(v.get("candidate", "")).stem)
-        if sample:
+        if sample and not KZ_MACHINE_CHECKS & set(v.get("checks") or []):
             verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy",
                                                       "trials_passed", "unchecked")}
             verdicts[sample]["wall_s"] = (v.get("profile") or {}).get("wall_s")
     return verdicts
+
+
+def kz_attempted(out: pathlib.Path, paths: dict) -> set:
+    """The samples of this call's kz run that got an answer of any kind, machine answers included."""
+    path, by_stem, found = out / "kz-kernelbench.jsonl", {pathlib.PurePath(p).stem: i for p, i in paths.items()}, set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            candidate = json.loads(line).get("candidate", "")
+        except ValueError:
+            continue
+        sample = paths.get(candidate) or by_stem.get(pathlib.PurePath(candidate).stem)
+        if sample:
+            found.add(sample)
+    return found
+
+
+class GpuMemoryLog(threading.Thread):
+    """The GPU's used memory every few seconds (nvidia-smi), with the phase under way, into a log: which
+    side held the card when an evaluation ran short of memory."""
+
+    def __init__(self, path: pathlib.Path, data: dict, every_s: float = 5.0):
+        super().__init__(daemon=True)
+        self.path, self.data, self.every_s = path, data, every_s
+        self.stopped = threading.Event()
+
+    def run(self):
+        started = time.monotonic()
+        with open(self.path, "a") as log:
+            while not self.stopped.wait(self.every_s):
+                try:
+                    used = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
+                                           "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    used = f"nvidia-smi: {exc}"
+                phase = (self.data.get("note_order") or ["start"])[-1]
+                log.write(f"{time.monotonic() - started:7.1f} s  after {phase}: {' | '.join(used.split(chr(10))).strip(' |')}\n")
+                log.flush()
+
+    def stop(self):
+        self.stopped.set()
 
 
 # ---- KernelBench's side --------------------------------------------------------------------------------
@@ -636,7 +682,7 @@ def main(argv=None):
     previous_handler = signal.signal(signal.SIGTERM, end_on_sigterm)
     LIVE.clear()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in KZ_RUNS:  # this call's kz verdicts only: the state holds the earlier ones
+    for name in (*KZ_RUNS, "kz-again"):  # this call's kz verdicts only: the state holds the earlier ones
         (args.out / f"{name}.jsonl").unlink(missing_ok=True)
     samples = load_samples(args.samples, args.limit, args.skip)
     source = samples[0]["source"] if samples else {}
@@ -691,6 +737,7 @@ def main(argv=None):
     finally:
         for name in KZ_RUNS:  # what a run cut short by SIGTERM wrote since its follower last looked
             record_kz(state, name, args.out / f"{name}.jsonl", paths)
+        record_kz(state, "kz-kernelbench", args.out / "kz-again.jsonl", paths)
         if not finished and "failed" not in data.get("notes", {}):
             note(data, "interrupted", "the tables hold the verdicts in so far")
         data["rows"] = join(samples, state.done["kb-eval"], state.done["kz-kernelbench"], state.done["kz-strict"])
@@ -704,23 +751,27 @@ def main(argv=None):
     return 1 if "failed" in data.get("notes", {}) else 0
 
 
-def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device):
+def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device, again=False):
     """kz's run `name` (KZ_RUNS) on the batch, in the background, its verdicts followed into the
-    state. None when the batch is empty or kz does not start (said in a note)."""
-    phase = "kz" if name == "kz-kernelbench" else "kz strict"
+    state. again: the samples kz answered about the machine rather than about them (KZ_MACHINE_CHECKS),
+    judged once more, with files of their own (kz-again.*). None when the batch is empty or kz does
+    not start (said in a note)."""
+    phase = "kz again" if again else "kz" if name == "kz-kernelbench" else "kz strict"
+    label = "kz-again" if again else name  # its files, and its record in data
     if not batch:
         note(data, phase, "every sample already judged")
         return None
-    candidates = kz_dir / ("candidates" if name == "kz-kernelbench" else "candidates-strict")
+    candidates = kz_dir / ("candidates-again" if again else "candidates" if name == "kz-kernelbench"
+                           else "candidates-strict")
     write_candidates(batch, args.samples, candidates, paths)
     try:
-        process = run_kz(args.kz, kz_dir, name, device, KZ_RUNS[name], cache_home, args.out, candidates)
+        process = run_kz(args.kz, kz_dir, label, device, KZ_RUNS[name], cache_home, args.out, candidates)
     except OSError as exc:  # KernelBench's side still runs: its verdicts are half the table
         note(data, phase, f"FAILED to start {args.kz}: {exc}")
         return None
-    follower = KzFollower(state, name, args.out / f"{name}.jsonl", paths)
+    follower = KzFollower(state, name, args.out / f"{label}.jsonl", paths)
     follower.start()
-    return {"name": name, "phase": phase, "process": process, "follower": follower, "batch": len(batch),
+    return {"name": label, "phase": phase, "process": process, "follower": follower, "batch": len(batch),
             "started": time.monotonic()}
 
 
@@ -821,6 +872,15 @@ def dry_run(args, data, samples, state, paths, kz_dir, cache_home):
 
 
 def gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget):
+    memory_log = GpuMemoryLog(args.out / "gpu-memory.log", data)
+    memory_log.start()
+    try:
+        judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, budget)
+    finally:
+        memory_log.stop()
+
+
+def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, budget):
     devices = gpu_devices(args.device)
     slots = len(devices) * args.kb_eval_jobs
     # Builds of earlier calls first: the GPU alone turns them into verdicts, before anything else
@@ -842,6 +902,14 @@ def gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget)
     if kz_run:
         finish_kz(data, kz_run, budget.left() - reserve_s())
     kb_judge(args, data, "kb", ready_for_kb(samples, state), devices, state, work, budget)
+    # kz's answers about the machine (KZ_MACHINE_CHECKS), given while KernelBench's side was busy too:
+    # judged again now that the GPU and the cores are kz's, where the time allows.
+    again = [s for s in missing(samples, state, "kz-kernelbench") if s["id"] in kz_attempted(args.out, paths)]
+    if again and budget.left() - MARGIN_S > 60:
+        rerun = start_kz(args, data, state, again, "kz-kernelbench", kz_dir, cache_home, paths, args.device,
+                         again=True)
+        if rerun:
+            finish_kz(data, rerun, budget.left() - MARGIN_S)
     strict_batch = [s for s in missing(samples, state, "kz-strict") if s["id"] in state.done["kz-kernelbench"]]
     strict_s = KZ_STRICT_S * len(strict_batch) / len(devices) + 30
     if args.no_strict:

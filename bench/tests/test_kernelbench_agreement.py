@@ -33,6 +33,10 @@ with open(a.out, "w") as out:
         elif "FAKE_WRONG" in text or "FAKE_KZ_WRONG" in text: status = "incorrect"
         elif a.policy == "strict" and "FAKE_TORCH_OP" in text: status = "cheat_detected"
         checks = ["output_mismatch"] if status == "incorrect" else []
+        held = pathlib.Path(a.out).parent / ("held-" + path.stem)  # the card short the first time
+        if "FAKE_OOM" in text and not held.exists():
+            held.write_text("")
+            status, checks = "infra_error", ["gpu_memory_held_elsewhere"]
         out.write(json.dumps({"task_id": path.parent.name, "candidate": str(path), "status": status,
                               "checks": checks, "message": "max abs diff 1.5" if checks else "",
                               "policy": a.policy}) + "\\n")
@@ -167,6 +171,10 @@ def test_both_sides_judge_every_sample(gpu_run):
     assert rows["run-p1-s4"]["kb"] == "ok"  # out of memory beside the others, then alone: correct
     assert rows["run-p1-s6"]["kb"] == "timeout" and rows["run-p1-s6"]["kb_correct"] is False
     assert data["kb"]["retried"] == ["run-p1-s4"]
+    # kz's first answer was about the machine (memory held elsewhere): no verdict, judged again alone.
+    assert rows["run-p1-s4"]["kz"] == "ok" and data["notes"]["kz again"].startswith("1 of 1 verdicts")
+    assert '"gpu_memory_held_elsewhere"' in (out / "kz-kernelbench.jsonl").read_text()
+    assert (out / "gpu-memory.log").exists()
     assert rows["run-p1-s5"]["kz_strict"] == "cheat_detected" and rows["run-p1-s5"]["kz"] == "ok"
 
 

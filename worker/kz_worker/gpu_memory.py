@@ -142,6 +142,10 @@ def estimate_on_meta(reference, init_inputs, seed: int) -> Footprint:
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # How often a worker that holds the turnstile looks for freed slots.
 POLL_S = 0.02
+# Memory the slots promise that the card still lacks (await_device_memory): how long to wait for it,
+# and how often to look.
+HELD_ELSEWHERE_WAIT_S = 120.0
+HELD_ELSEWHERE_POLL_S = 0.25
 
 
 class Reservation:
@@ -220,6 +224,51 @@ class Reservation:
         for fd in self._held.values():
             os.close(fd)
         self._held.clear()
+
+
+# ---- memory the slots promise but the card lacks ----------------------------------------------------
+
+def device_memory(device: torch.device) -> tuple:
+    """(free bytes on the device, bytes this process's allocator holds there)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free, torch.cuda.memory_reserved(device)
+
+
+def shortfall_bytes(promised: int, free: int, own: int) -> int:
+    """What the card lacks of `promised` bytes (what this evaluation's slots promise it) beside what
+    this process already holds: held by processes outside every evaluation's slots, or by an
+    evaluation past its budget. The CUDA contexts are outside the capacity, so they never count."""
+    return max(0, promised - free - own)
+
+
+def await_device_memory(device: torch.device, need: int, wait_s: float = HELD_ELSEWHERE_WAIT_S,
+                        on_wait=lambda: None, read=device_memory) -> float:
+    """Waits, once the slots are held, until the card has `need` bytes for this evaluation: a worker
+    killed a moment ago frees its slots when its process ends, but the driver may take seconds more
+    to free its memory (a context torn down after a fault, a long kernel stopped), and a program
+    outside kz may hold memory too. Returns the seconds waited; a Failure (infra_error,
+    gpu_memory_held_elsewhere) if the memory does not come within wait_s."""
+    start = time.monotonic()
+    waited = False
+    while True:
+        free, own = read(device)
+        missing = shortfall_bytes(need, free, own)
+        if not missing:
+            return time.monotonic() - start
+        if time.monotonic() - start >= wait_s:
+            raise held_elsewhere_failure(missing, need, free, f"after waiting {wait_s:.0f} s for it")
+        if not waited:
+            waited = True
+            on_wait()
+        time.sleep(HELD_ELSEWHERE_POLL_S)
+
+
+def held_elsewhere_failure(missing: int, promised: int, free: int, when: str) -> v.Failure:
+    return v.Failure(v.INFRA_ERROR,
+                     f"{missing / 2**20:,.0f} MiB of the {promised / 2**20:,.0f} MiB this evaluation holds slots for "
+                     f"are held outside the GPU's evaluations ({free / 2**20:,.0f} MiB free, {when}): another "
+                     f"process on the GPU, or one still freeing its memory; not the task's or the candidate's",
+                     [v.GPU_MEMORY_HELD_ELSEWHERE])
 
 
 def _open(path: str) -> int:

@@ -389,8 +389,15 @@ class Evaluation:
         need = 0 if self.footprint is None else self._budget(capacity)
         self.memory = gpu_memory.Reservation(self.request["gpu_memory_dir"], gpu_lock.gpu_stem(self.device), capacity)
         stage = self.stage
+
+        def waiting():
+            if self.stage != "await_memory":
+                self.enter("await_memory")
+
         alone = bool(self.request.get("gpu_alone")) or self.footprint is None
-        self.memory.reserve(need, alone, on_wait=lambda: self.enter("await_memory"))
+        self.memory.reserve(need, alone, on_wait=waiting)
+        if need:  # the slots promise it; the card may still lack it (gpu_memory.await_device_memory)
+            self.memory.waited_s += gpu_memory.await_device_memory(self.device, need, on_wait=waiting)
         if self.stage != stage:
             self.enter(stage)
 
@@ -421,19 +428,39 @@ class Evaluation:
     def _out_of_memory(self, exc):
         """(status, message, checks) for a CUDA out-of-memory error: another evaluation's doing where
         others held memory on the GPU (infra_error, retried alone by the supervisor); with the GPU to
-        itself, the task's where the harness or the reference ran out (before the candidate ran), else
-        the candidate's."""
+        itself, the machine's where the card lacked what the slots promise (memory held outside the
+        evaluations), else the task's where the harness or the reference ran out (before the candidate
+        ran), else the candidate's."""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if self.memory is not None and not self.memory.alone:
             return (v.INFRA_ERROR, f"out of GPU memory in stage {self.stage} while other evaluations held memory on "
                                    f"this GPU ({text}); to be run again with the GPU to itself",
                     [v.OUT_OF_MEMORY_SHARED])
+        missing = self._memory_held_elsewhere()
+        if missing:
+            return (v.INFRA_ERROR, f"out of GPU memory in stage {self.stage} ({text}), with the GPU to itself: "
+                                   + missing, [v.GPU_MEMORY_HELD_ELSEWHERE])
         if self.stage in ("start", "load_reference", "await_memory"):
             return (v.INFRA_ERROR, f"the reference and the harness ran out of GPU memory with the GPU to themselves "
                                    f"({text})", [v.EXCEEDS_GPU_MEMORY])
         return (v.RUNTIME_ERROR, f"out of memory in stage {self.stage}"
                                  f"{' with the GPU to itself' if self.memory is not None else ''}:\n"
                                  + v.describe_exception(exc), [v.MEMORY_LIMIT])
+
+    def _memory_held_elsewhere(self) -> str:
+        """After an out-of-memory with every slot held: what the card lacked of what the slots promise,
+        where that is more than the margin (the evaluation's own budget was not what ran out); "" when
+        the memory was there, or cannot be read."""
+        if self.memory is None:
+            return ""
+        try:
+            free, own = gpu_memory.device_memory(self.device)
+        except Exception:  # a device past reading: the usual verdict
+            return ""
+        missing = gpu_memory.shortfall_bytes(self.memory.reserved_bytes, free, own)
+        if missing <= gpu_memory.MARGIN_BYTES:
+            return ""
+        return gpu_memory.held_elsewhere_failure(missing, self.memory.reserved_bytes, free, "at the error").message
 
     def _report_memory(self) -> None:
         """The verdict's `memory`: the estimate, the reservation and the measured peak (diagnostics)."""

@@ -61,10 +61,11 @@ NETWORK_ACCESS = "network_access"      # a socket connect / sendto
 FILESYSTEM_WRITE = "filesystem_write"  # a write, remove, rename... outside scratch and the caches
 PROCESS_SPAWN = "process_spawn"        # candidate code started a process (fork, subprocess, system, exec)
 PROCESS_SIGNAL = "process_signal"      # candidate code signalled a process outside its own group
-# GPU memory checks (gpu_memory.py), both INFRA_ERROR: the GPU's, not the candidate's. A candidate's
+# GPU memory checks (gpu_memory.py), all INFRA_ERROR: the GPU's, not the candidate's. A candidate's
 # own out-of-memory with the GPU to itself stays RUNTIME_ERROR with MEMORY_LIMIT.
 OUT_OF_MEMORY_SHARED = "out_of_memory_shared"  # a CUDA OOM while other evaluations held memory on the GPU (retried alone)
 EXCEEDS_GPU_MEMORY = "exceeds_gpu_memory"      # the task (reference + harness) needs more than the card gives one evaluation
+GPU_MEMORY_HELD_ELSEWHERE = "gpu_memory_held_elsewhere"  # memory the slots promise held outside every evaluation's slots
 
 
 class Failure(Exception):

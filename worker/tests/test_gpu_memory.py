@@ -153,9 +153,10 @@ def oom_verdict(memory, stage):
     return evaluation._out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB"))
 
 
-def test_out_of_memory_is_the_candidates_only_with_the_gpu_to_itself():
+def test_out_of_memory_is_the_candidates_only_with_the_gpu_to_itself(monkeypatch):
     shared = types.SimpleNamespace(alone=False)
-    alone = types.SimpleNamespace(alone=True)
+    alone = types.SimpleNamespace(alone=True, reserved_bytes=70 * GIB)
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda device: (GIB, 69 * GIB))  # all of it this one's
     status, message, checks = oom_verdict(shared, "correctness")
     assert (status, checks) == (v.INFRA_ERROR, [v.OUT_OF_MEMORY_SHARED]) and "other evaluations" in message
     assert oom_verdict(shared, "load_reference")[2] == [v.OUT_OF_MEMORY_SHARED]
@@ -163,6 +164,33 @@ def test_out_of_memory_is_the_candidates_only_with_the_gpu_to_itself():
     assert (status, checks) == (v.RUNTIME_ERROR, [v.MEMORY_LIMIT]) and "with the GPU to itself" in message
     assert oom_verdict(alone, "load_reference")[:1] + oom_verdict(alone, "load_reference")[2:] == \
         (v.INFRA_ERROR, [v.EXCEEDS_GPU_MEMORY])
+
+
+def test_out_of_memory_with_the_slots_unfilled_is_memory_held_elsewhere(monkeypatch):
+    alone = types.SimpleNamespace(alone=True, reserved_bytes=70 * GIB)
+    # The card had 0.5 GiB free and this process held 1 GiB: 68.5 GiB of its slots held elsewhere.
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda device: (GIB // 2, GIB))
+    for stage in ("load_reference", "correctness"):
+        status, message, checks = oom_verdict(alone, stage)
+        assert (status, checks) == (v.INFRA_ERROR, [v.GPU_MEMORY_HELD_ELSEWHERE]), message
+        assert "70,144 MiB of the 71,680 MiB" in message and "not the task's or the candidate's" in message
+    # This process held what ran out: the candidate's (or the task's) as before.
+    monkeypatch.setattr(gpu_memory, "device_memory", lambda device: (GIB // 2, 69 * GIB))
+    assert oom_verdict(alone, "correctness")[2] == [v.MEMORY_LIMIT]
+    assert oom_verdict(alone, "load_reference")[2] == [v.EXCEEDS_GPU_MEMORY]
+
+
+def test_an_evaluation_waits_for_memory_its_slots_promise_and_names_who_holds_it():
+    readings = iter([(GIB, 0), (3 * GIB, 0), (8 * GIB, GIB)])  # a killed worker's memory coming back
+    waits = []
+    waited = gpu_memory.await_device_memory("cuda:0", 9 * GIB, wait_s=10, on_wait=lambda: waits.append(1),
+                                            read=lambda device: next(readings))
+    assert waits == [1] and waited >= 2 * gpu_memory.HELD_ELSEWHERE_POLL_S
+    assert gpu_memory.await_device_memory("cuda:0", 9 * GIB, read=lambda device: (9 * GIB, 0)) < 0.1
+    with pytest.raises(v.Failure) as failure:
+        gpu_memory.await_device_memory("cuda:0", 9 * GIB, wait_s=0.3, read=lambda device: (2 * GIB, GIB))
+    assert failure.value.status == v.INFRA_ERROR and failure.value.checks == [v.GPU_MEMORY_HELD_ELSEWHERE]
+    assert "6,144 MiB of the 9,216 MiB" in failure.value.message and "after waiting 0 s" in failure.value.message
 
 
 def test_a_task_larger_than_the_card_names_both_figures():

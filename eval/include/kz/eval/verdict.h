@@ -43,7 +43,7 @@ namespace kz {
   X(cpu_limit) X(file_size_limit) X(scratch_limit) X(process_limit) X(memory_limit) \
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
   /* GPU memory (infra_error: the GPU's, not the candidate's; worker/kz_worker/gpu_memory.py) */ \
-  X(out_of_memory_shared) X(exceeds_gpu_memory)                                 \
+  X(out_of_memory_shared) X(exceeds_gpu_memory) X(gpu_memory_held_elsewhere)    \
   X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 
 enum class EvalStatus {
