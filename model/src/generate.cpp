@@ -131,6 +131,7 @@ class ContinuousBatch {
   CausalLM& model_;
   const GenerateOptions& options_;
   const size_t own_requests_;                      // the call's; admitted ones follow them in rows_
+  const bool filtered_;                            // the sampler computes the top-k/top-p path
   std::deque<GenerateRequest> admitted_;           // stable: rows_ point into it
   std::deque<Row> rows_;                           // per request (stable references as it grows)
   std::vector<std::vector<int64_t>> prompts_;      // distinct prompts
@@ -163,17 +164,20 @@ int64_t cache_capacity(const std::vector<GenerateRequest>& requests) {
   return prompt + new_tokens - 1;
 }
 
-// Settings that, among a sampler's rows, make it compute every path (greedy, plain, filtered).
-std::vector<SamplingOptions> every_sampling_path() {
-  SamplingOptions greedy, plain, filtered;
+// Settings that, among a sampler's rows, make it compute the greedy and plain sampled paths.
+std::vector<SamplingOptions> unfiltered_paths() {
+  SamplingOptions greedy, plain;
   greedy.temperature = 0;
-  filtered.top_k = 1;
-  return {greedy, plain, filtered};
+  return {greedy, plain};
+}
+
+bool any_filtered(const std::vector<GenerateRequest>& requests) {
+  return std::any_of(requests.begin(), requests.end(), [](const auto& r) { return r.sampling.filtered(); });
 }
 
 ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                  const GenerateOptions& options)
-    : model_(model), options_(options), own_requests_(requests.size()) {
+    : model_(model), options_(options), own_requests_(requests.size()), filtered_(any_filtered(requests)) {
   for (const auto& r : requests) add_request(r);
   const auto n = static_cast<int64_t>(requests.size());
   const int64_t batch = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, n) : n;
@@ -181,10 +185,11 @@ ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequ
   occupant_.assign(static_cast<size_t>(batch), -1);
   last_ = at::zeros({batch}, at::TensorOptions().device(model.device()).dtype(at::kLong));
   // Free rows hold request 0's settings until a joiner replaces them; the sampler keeps computing
-  // every path some request needs (any path, when requests may be admitted later).
+  // every path some request needs (with an admit hook, the unfiltered ones too: the filtered one
+  // only where a request of the call's own filters, which the hook is told).
   std::vector<SamplingOptions> settings = sampling_of(requests);
   if (options.admit)
-    for (const auto& s : every_sampling_path()) settings.push_back(s);
+    for (const auto& s : unfiltered_paths()) settings.push_back(s);
   idle_sampler_ = Sampler(settings, model.device()).select_rows(at::zeros({batch}, at::kLong));
 }
 
@@ -203,8 +208,10 @@ void ContinuousBatch::add_request(const GenerateRequest& request) {
 // caller's bug, and fails the call).
 Status ContinuousBatch::take_admitted() {
   if (!options_.admit) return Status::ok();
-  for (GenerateRequest& request : options_.admit(cache_.capacity())) {
+  for (GenerateRequest& request : options_.admit(cache_.capacity(), filtered_)) {
     KZ_RETURN_IF_ERROR(check_request(request, model_.config().vocab_size).with_context("generate: admitted request"));
+    if (request.sampling.filtered() && !filtered_)
+      return internal_error("generate: an admitted request samples with top_k/top_p, and the batch does not filter");
     if (cache_slots_needed(request) > cache_.capacity())
       return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
                                         cache_slots_needed(request), cache_.capacity()));

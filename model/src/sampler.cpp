@@ -30,7 +30,7 @@ Sampler::Sampler(const std::vector<SamplingOptions>& rows, at::Device device)
   std::vector<int64_t> top_k, seed_lo, seed_hi;  // each seed's two 32-bit halves
   for (const auto& r : rows) {
     bool is_greedy = r.temperature == 0;
-    bool is_filtered = !is_greedy && (r.top_k > 0 || r.top_p < 1);
+    bool is_filtered = r.filtered();
     all_greedy_ = all_greedy_ && is_greedy;
     filters_ = filters_ || is_filtered;
     plain_ = plain_ || (!is_greedy && !is_filtered);

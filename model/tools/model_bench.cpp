@@ -271,7 +271,8 @@ std::vector<kz::model::GenerateRequest> rollout_warmup(const std::vector<kz::mod
 
 json stats_json(const kz::model::GenerateStats& s) {
   return {{"peak_rows", s.peak_rows}, {"joins", s.joins}, {"compactions", s.compactions}, {"shrinks", s.shrinks},
-          {"prefilled_prompts", s.prefilled_prompts}, {"decode_row_steps", s.decode_row_steps}};
+          {"prefilled_prompts", s.prefilled_prompts}, {"decode_row_steps", s.decode_row_steps},
+          {"grows", s.grows},           {"admitted", s.admitted}};
 }
 
 // Fills *work with the requests' prompts and limits before anything runs, so that transformers

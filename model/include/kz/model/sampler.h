@@ -29,6 +29,8 @@ struct SamplingOptions {
   int64_t max_new_tokens = 256;
   std::vector<int64_t> stop_token_ids;    // e.g. the config's eos ids; the stop token is kept
   Status validate() const;
+  // Sampled with top_k or top_p: the path that sorts the vocabulary each step.
+  bool filtered() const { return temperature > 0 && (top_k > 0 || top_p < 1); }
 };
 
 class Sampler {
