@@ -22,6 +22,11 @@
 #                   KZ_MODEL_ARGS adds model_bench.py flags (e.g. "--temperature 1 --no-train-masters";
 #                   "--rollout --train=" runs the GRPO rollout, 64 prompts x 8 samples x up to 1,024 new
 #                   tokens, without training; transformers' side, 8 batches of 64, may take ~10 min)
+#   PART = serve:   build kz and kz-engine; bench/serve_bench.py: `kz serve-model` under 64 concurrent
+#                   requests (half streamed) against `kz generate --prompts` (one engine call) on the same
+#                   work, a random-init Qwen2.5-7B-shaped checkpoint (kz init-model, 15 GB under
+#                   runs/serve-bench, kept for the next call), 256 new tokens each at temperature 1;
+#                   KZ_SERVE_ARGS adds serve_bench.py flags (e.g. "--preset qwen2.5-0.5b --requests 32").
 #   PART = compare: build kz only, then bench/kernelbench_compare.py: the fixed 34-candidate batch
 #                   through kz and its cuda candidates through KernelBench's own harness (a checkout
 #                   at $KERNELBENCH, default .kb/KernelBench: bench/fetch-kernelbench.sh, carried
@@ -80,7 +85,7 @@
 #                   so that a later machine judges only the samples still missing.
 # Every evaluation is a real `kz eval-suite` run with timings; results.jsonl and tables in OUTDIR.
 set -uo pipefail
-PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, evolve, learn or agree}
+PART=${1:?rtc, others, checks, compare, service, multigpu, memory, model, serve, evolve, learn or agree}
 FINAL=${2:?output directory}
 OUT=$(mktemp -d)   # everything lands here; FINAL gets one archive of it
 mkdir -p "$FINAL"
@@ -94,7 +99,7 @@ if [[ $PART == compare ]]; then
 fi
 [[ $PART == multigpu || $PART == service || $PART == memory ]] && export KZ_BUILD_TARGETS=kz
 [[ $PART == model ]] && export KZ_BUILD_TARGETS=kz_model_bench
-[[ $PART == evolve || $PART == learn ]] && export KZ_BUILD_TARGETS="kz kz-engine"
+[[ $PART == evolve || $PART == learn || $PART == serve ]] && export KZ_BUILD_TARGETS="kz kz-engine"
 # ---- PART = agree: its inputs, before the build ----
 if [[ $PART == agree ]]; then
   KB_SAMPLES=${KB_SAMPLES:-.kb-samples}
@@ -260,6 +265,12 @@ elif [[ $PART == model ]]; then
   step_done model_bench $?; echo "$((SECONDS - start)) s wall"; tail -4 "$OUT/model.err"
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   cat "$OUT/model.txt"
+elif [[ $PART == serve ]]; then
+  start=$SECONDS
+  python3 bench/serve_bench.py --out "$OUT/serve" ${KZ_SERVE_ARGS:-} > "$OUT/serve.txt" 2> "$OUT/serve.err"
+  step_done serve_bench.py $?; echo "$((SECONDS - start)) s wall"; tail -4 "$OUT/serve.err"
+  tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
+  cat "$OUT/serve.txt"
 elif [[ $PART == evolve ]]; then
   iterations=${KZ_EVOLVE_ITERATIONS:-3}
   runs=()

@@ -548,6 +548,7 @@ TEST_F(ServeModelTest, ServerAnswersOpenAIShapesAndErrors) {
   expect_error("/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature");
   expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "\"n\"");
   expect_error("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "stream");
+  expect_error("/v1/completions", R"({"prompt": "x", "ignore_eos": 1})", 400, "ignore_eos");
   expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
   expect_error("/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "role");
   expect_error("/v1/nothing", "{}", 404, "no route");
@@ -820,6 +821,38 @@ TEST_F(ServeModelTest, GenerateTakesAConfigFileAndFlagsOverrideIt) {
   EXPECT_EQ(zero_top_p->exit.exit_code, 2) << zero_top_p->exit.describe() << zero_top_p->stderr_text;
   EXPECT_NE(zero_top_p->stderr_text.find("--top-p: config key 'sampling.top_p' must be > 0"), std::string::npos)
       << zero_top_p->stderr_text;
+}
+
+// --prompts FILE: every line in one engine call, each answer what the prompt gets alone with its
+// seed and limit; a bad line is an error naming the file and the line.
+TEST_F(ServeModelTest, GenerateRunsAPromptsFileInOneCallAsEachAlone) {
+  fs::path prompts = dir_ / "prompts.jsonl";
+  std::string lines = json({{"prompt", kPrompts[0]}, {"seed", 5}}).dump() + "\n\n" +
+                      json({{"prompt", kPrompts[1]}, {"max_new_tokens", 3}}).dump() + "\n";
+  ASSERT_TRUE(write_file_atomic(prompts, lines).is_ok());
+  std::vector<std::string> common = {"--model", model_.string(), "--ignore-eos", "--json"};
+  auto with = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {KZ_BIN, "generate"});
+    argv.insert(argv.end(), common.begin(), common.end());
+    return run_ok(argv);
+  };
+  std::istringstream out(with({"--prompts", prompts.string(), "--max-new-tokens", "6"}));
+  std::vector<json> got;
+  for (std::string line; std::getline(out, line);) got.push_back(json::parse(line));
+  ASSERT_EQ(got.size(), 2u);
+  json first = json::parse(with({"--prompt", kPrompts[0], "--seed", "5", "--max-new-tokens", "6"}));
+  json second = json::parse(with({"--prompt", kPrompts[1], "--max-new-tokens", "3"}));
+  EXPECT_EQ(got[0]["token_ids"], first["token_ids"]);
+  EXPECT_EQ(got[0]["seed"], 5);
+  EXPECT_EQ(got[1]["token_ids"], second["token_ids"]);
+  EXPECT_EQ(got[1]["completion_tokens"], 3);
+
+  fs::path bad = dir_ / "bad.jsonl";
+  ASSERT_TRUE(write_file_atomic(bad, lines + "{\"prompt\": \"x\", \"seed\": -1}\n").is_ok());
+  auto r = run({KZ_BIN, "generate", "--model", model_.string(), "--prompts", bad.string()});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NE(r->exit.exit_code, 0) << r->exit.describe();
+  EXPECT_NE(r->stderr_text.find(bad.string() + " line 4: \"seed\""), std::string::npos) << r->stderr_text;
 }
 
 // No --port: the default, 0 (any free port). max_batch from the file; the name from the flag, over the file's.

@@ -101,6 +101,7 @@ std::vector<Result<std::vector<Completion>>> EngineGenerator::generate(const std
       row.sampling.seed = base_seed + static_cast<uint64_t>(j);
       row.sampling.max_new_tokens = p.max_tokens;
       row.sampling.stop = p.stop;
+      row.sampling.stop_at_eos = !p.ignore_eos;
       if (r.on_piece) row.on_text = forward_pieces(r, j, prompt);
       rows.push_back(std::move(row));
       owner.push_back(i);

@@ -78,6 +78,7 @@ json request_body(const std::string& model, const GenerationRequest& request, in
   }
   if (!p.stop.empty()) body["stop"] = p.stop;
   if (p.top_k > 0) body["top_k"] = p.top_k;
+  if (p.ignore_eos) body["ignore_eos"] = true;
   if (seed) body["seed"] = *seed;
   // The two endpoints spell it differently: a flag for chat, a top-k count for completions.
   if (p.logprobs) body["logprobs"] = is_chat(request) ? json(true) : json(1);

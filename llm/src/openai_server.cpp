@@ -159,6 +159,7 @@ std::variant<Parsed, BadRequest> parse_request(const std::string& text, bool cha
     if ((bad = optional_field(*it, "include_usage", parsed.stream_usage, [](bool) { return true; }, "a boolean")))
       return *bad;
   }
+  if ((bad = optional_field(body, "ignore_eos", p.ignore_eos, [](bool) { return true; }, "a boolean"))) return *bad;
   flag = false;
   if ((bad = optional_field(body, "echo", flag, [](bool) { return true; }, "a boolean"))) return *bad;
   if (flag) return BadRequest{"\"echo\" is not supported by this server", "echo"};

@@ -30,6 +30,7 @@ struct SamplingParams {
   std::vector<std::string> stop;      // stop sequences (not included in the text)
   std::optional<uint64_t> seed;       // backends that support it make sampling reproducible
   bool logprobs = false;              // ask for per-token log-probs where the backend gives them
+  bool ignore_eos = false;            // run to max_tokens past eos tokens; sent only when set (vLLM/kz extension)
 };
 
 struct TokenLogprob {
