@@ -171,6 +171,14 @@ std::vector<SamplingOptions> unfiltered_paths() {
   return {greedy, plain};
 }
 
+// The row counts a batch with an admit hook takes: powers of two, so that serving traffic re-captures
+// the decode graph at a few sizes rather than at each arrival and departure.
+int64_t row_bucket(int64_t rows) {
+  int64_t bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  return bucket;
+}
+
 bool any_filtered(const std::vector<GenerateRequest>& requests) {
   return std::any_of(requests.begin(), requests.end(), [](const auto& r) { return r.sampling.filtered(); });
 }
@@ -229,13 +237,16 @@ Sampler ContinuousBatch::sampler_of(const std::vector<int64_t>& requests) const 
   return Sampler(settings, model_.device());
 }
 
-// When more requests wait than rows are free, widens the batch (up to max_batch_rows) with free
-// rows copied from row 0: masked garbage, never read, until joiners take them. Only admitted
-// requests can make this happen: a call's own requests get min(max_batch_rows, count) rows.
+// When more requests wait than rows are free, widens the batch to the row bucket that seats them
+// (up to max_batch_rows) with free rows copied from row 0: masked garbage, never read, until
+// joiners take them. Only admitted requests can make this happen: a call's own requests get
+// min(max_batch_rows, count) rows.
 void ContinuousBatch::grow_for_waiting() {
   const auto rows = static_cast<int64_t>(occupant_.size());
   const auto live = static_cast<int64_t>(rows_where(true).size());
-  int64_t target = live + static_cast<int64_t>(waiting_.size());
+  const int64_t needed = live + static_cast<int64_t>(waiting_.size());
+  if (needed <= rows) return;
+  int64_t target = row_bucket(needed);
   if (options_.max_batch_rows > 0) target = std::min(target, options_.max_batch_rows);
   if (target <= rows) return;
   std::vector<int64_t> index(static_cast<size_t>(target), 0);
@@ -450,16 +461,25 @@ void ContinuousBatch::release_prompts(const std::vector<int64_t>& joiners) {
 
 // Once nothing waits and at most half the rows are live, the live rows move to a cache of their
 // own (and their sampler rows to a narrower sampler; the next chunk builds a new loop for them).
+// With an admit hook the new cache is a row bucket with room for as many again (free rows copied
+// from the first live one), so a batch shrinks once at most a quarter of its rows are live: an
+// arrival after a departure does not undo the shrink.
 void ContinuousBatch::shrink_to_live_rows() {
   std::vector<int64_t> live = rows_where(true);
-  if (!waiting_.empty() || live.empty() || 2 * live.size() > occupant_.size()) return;
-  at::Tensor index = index_tensor(live, model_.device());
+  const auto count = static_cast<int64_t>(live.size());
+  const auto rows = static_cast<int64_t>(occupant_.size());
+  if (!waiting_.empty() || live.empty() || 2 * count > rows) return;
+  const int64_t target = options_.admit ? row_bucket(2 * count) : count;
+  if (target >= rows) return;
+  std::vector<int64_t> kept = live;
+  kept.resize(static_cast<size_t>(target), live.front());
+  at::Tensor index = index_tensor(kept, model_.device());
   idle_sampler_ = sampler().select_rows(index);
   loop_.reset();  // it refers to cache_, replaced next
   cache_ = cache_.select_rows(index);
   last_ = last_.index_select(0, index);
-  std::vector<int64_t> occupants;
-  for (int64_t i : live) occupants.push_back(occupant_[static_cast<size_t>(i)]);
+  std::vector<int64_t> occupants(static_cast<size_t>(target), -1);
+  for (size_t i = 0; i < live.size(); ++i) occupants[i] = occupant_[static_cast<size_t>(live[i])];
   occupant_ = std::move(occupants);
   ++stats_.shrinks;
 }

@@ -270,6 +270,38 @@ TEST_F(ContinuousBatchingTest, AdmittedRequestsJoinTheRunningBatchAndMatchEachAl
   }
 }
 
+// A serving batch grows by row buckets: one request handed in at each host copy while a long one
+// decodes takes the batch through 2, 4 and 8 rows (three grows, not seven), and every request still
+// gets what it gets alone; as they finish it shrinks by buckets too.
+TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
+  GenerateRequest long_request = request({1, 2, 3}, 60);
+  std::vector<GenerateRequest> arriving;
+  for (int64_t i = 0; i < 7; ++i) arriving.push_back(request({4, 5, 6 + i}, 40));
+  std::vector<GenerateResult> results(arriving.size());
+  for (size_t i = 0; i < arriving.size(); ++i)
+    arriving[i].on_progress = [&, i](const GenerateResult& so_far, bool finished) {
+      if (finished) results[i] = so_far;
+    };
+  size_t handed = 0;
+  GenerateOptions options;
+  options.max_batch_rows = 8;
+  options.stop_check_steps = 2;
+  options.admit = [&](int64_t, bool) {
+    std::vector<GenerateRequest> lot;
+    if (handed < arriving.size()) lot.push_back(arriving[handed++]);
+    return lot;
+  };
+  GenerateStats stats;
+  auto got = run({long_request}, options, &stats);
+  for (auto& r : arriving) r.on_progress = nullptr;
+  expect_each_as_alone({long_request}, got, "bucketed, the long request");
+  expect_each_as_alone(arriving, results, "bucketed, the admitted ones");
+  EXPECT_EQ(stats.admitted, 7);
+  EXPECT_EQ(stats.grows, 3) << "1 -> 2 -> 4 -> 8 rows";
+  EXPECT_EQ(stats.peak_rows, 8);
+  EXPECT_EQ(stats.shrinks, 2) << "8 -> 4 once two rows are live, 4 -> 2 once one is";
+}
+
 // The hook's contract: a batch that does not filter computes no top-k/top-p path, so a request that
 // needs one must wait for another batch; handing one over fails the call, naming why.
 TEST_F(ContinuousBatchingTest, AFilteringRequestCannotJoinABatchThatDoesNotFilter) {
