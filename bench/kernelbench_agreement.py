@@ -17,10 +17,11 @@ Each is judged twice, correctness only (no timing):
        retry" answer, is evaluated again alone at the end.
   kz   `kz eval-suite --no-timing --no-cache --policy kernelbench` with `[tolerance] rule =
        "kernelbench"` (fresh compile caches), beside KernelBench's pre-build; then, as time allows,
-       the samples it answered about the machine rather than about them (memory held outside its
-       evaluations: `gpu_memory_held_elsewhere`, no verdict) once more, after KernelBench's evaluations
-       ("kz again"), and the same batch under `--policy strict` (its builds kept from the first run).
-The GPU's used memory, every 5 s with the phase under way, goes to OUTDIR/gpu-memory.log.
+       the samples it answered about the card's memory rather than about them (memory held outside
+       its evaluations, or an out-of-memory: no verdict yet) once more with the GPU to itself, after
+       KernelBench's evaluations ("kz again"; that answer stands), and the same batch under
+       `--policy strict` (its builds kept from the first run).
+The GPU's used memory every 5 s, after the phase noted last, goes to OUTDIR/gpu-memory.log.
 A verdict is "correct" for KernelBench when it compiled and passed every trial, for kz when its
 status is `ok`. The agreement rate is over the samples both sides judged. Writes
 OUTDIR/agreement.json (everything) and OUTDIR/agreement.txt (the table, every disagreement with
@@ -76,8 +77,8 @@ KB_EVAL_S = 9.4      # one KernelBench evaluation of a pre-built sample, process
 KZ_STRICT_S = 0.6    # one kz evaluation whose build is kept, per sample and GPU, at kz's concurrency (8)
 MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
-# kz verdicts about the machine, not the sample (memory that something outside the evaluations held):
-# no verdict here, so the sample is judged again (later in the call, or by the next call).
+# kz's answers about the card's memory rather than the sample: judged again with the GPU to kz alone
+# (after KernelBench's evaluations, or by the next call), and only that answer stands (machine_answer).
 KZ_MACHINE_CHECKS = {"gpu_memory_held_elsewhere", "out_of_memory_shared"}
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
@@ -217,8 +218,17 @@ def stop_group(pid: int, grace_s: float = 2.0) -> None:
         time.sleep(grace_s)
 
 
-def read_kz(path: pathlib.Path, paths: dict) -> dict:
-    """{sample id: verdict fields} from a results.jsonl."""
+def machine_answer(verdict: dict) -> bool:
+    """A kz answer about the card's memory (KZ_MACHINE_CHECKS, or an out-of-memory taken for the
+    task's or the candidate's) not yet given with the GPU to kz alone."""
+    checks = set(verdict.get("checks") or [])
+    ran_out = "out of memory" in (verdict.get("message") or "").lower() and checks & {"memory_limit", "exceeds_gpu_memory"}
+    return bool(checks & KZ_MACHINE_CHECKS or ran_out) and not verdict.get("judged_alone")
+
+
+def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict:
+    """{sample id: verdict fields} from a results.jsonl; machine answers (machine_answer) are left out
+    unless the run had the GPU to itself (judged_alone: they stand, marked so)."""
     verdicts = {}
     if not path.exists():
         return verdicts
@@ -229,10 +239,12 @@ def read_kz(path: pathlib.Path, paths: dict) -> dict:
         except ValueError:  # an empty line, or the one kz is writing now
             continue
         sample = paths.get(v.get("candidate")) or by_stem.get(pathlib.PurePath(v.get("candidate", "")).stem)
-        if sample and not KZ_MACHINE_CHECKS & set(v.get("checks") or []):
+        if sample and (judged_alone or not machine_answer(v)):
             verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy",
                                                       "trials_passed", "unchecked")}
             verdicts[sample]["wall_s"] = (v.get("profile") or {}).get("wall_s")
+            if judged_alone:
+                verdicts[sample]["judged_alone"] = True
     return verdicts
 
 
@@ -251,8 +263,9 @@ def kz_attempted(out: pathlib.Path, paths: dict) -> set:
 
 
 class GpuMemoryLog(threading.Thread):
-    """The GPU's used memory every few seconds (nvidia-smi), with the phase under way, into a log: which
-    side held the card when an evaluation ran short of memory."""
+    """The GPU's used memory every few seconds (nvidia-smi), after the phase noted last, into a log
+    (appended to by each call, under a header with the time): which side held the card when an
+    evaluation ran short of memory."""
 
     def __init__(self, path: pathlib.Path, data: dict, every_s: float = 5.0):
         super().__init__(daemon=True)
@@ -262,10 +275,12 @@ class GpuMemoryLog(threading.Thread):
     def run(self):
         started = time.monotonic()
         with open(self.path, "a") as log:
+            log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')}: GPU memory every {self.every_s:.0f} s ==\n")
             while not self.stopped.wait(self.every_s):
                 try:
-                    used = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
-                                           "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
+                    done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
+                                           "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+                    used = done.stdout if done.returncode == 0 else f"nvidia-smi exit {done.returncode}: {done.stderr}"
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     used = f"nvidia-smi: {exc}"
                 phase = (self.data.get("note_order") or ["start"])[-1]
@@ -274,6 +289,7 @@ class GpuMemoryLog(threading.Thread):
 
     def stop(self):
         self.stopped.set()
+        self.join(15)
 
 
 # ---- KernelBench's side --------------------------------------------------------------------------------
@@ -526,6 +542,7 @@ class State:
         self.builds.mkdir(parents=True, exist_ok=True)
         self.done = {piece: {} for piece in PIECES}
         self.unreadable = []  # "piece/file: why", ignored: their work is done again
+        self.machine_answers = []  # kz answers about the card's memory (machine_answer): judged again
         for piece in PIECES:
             folder = root / piece
             folder.mkdir(exist_ok=True)
@@ -543,6 +560,9 @@ class State:
             return
         if not isinstance(value, dict):
             self.unreadable.append(f"{piece}/{path.name}: {type(value).__name__}, not an object")
+            return
+        if piece in KZ_RUNS and machine_answer(value):  # an earlier call's, not with the GPU to kz alone
+            self.machine_answers.append(path.stem)
             return
         self.done[piece][path.stem] = value
 
@@ -595,6 +615,9 @@ def state_note(state: State, samples: list) -> str:
             f"{len(earlier['kz-kernelbench'])} kz verdicts, {len(earlier['kz-strict'])} kz strict verdicts")
     if state.unreadable:
         text += f"; {len(state.unreadable)} unreadable files ignored (done again): " + "; ".join(state.unreadable[:5])
+    if state.machine_answers:
+        text += (f"; {len(state.machine_answers)} kz answers about the card's memory judged again: "
+                 + ", ".join(state.machine_answers[:5]))
     return text
 
 
@@ -608,9 +631,10 @@ class KzFollower(threading.Thread):
     """Copies a running kz's verdicts into the state as they appear in its results.jsonl (kz appends
     one line per verdict), so that a call killed by its timeout keeps every verdict kz gave."""
 
-    def __init__(self, state: State, name: str, results: pathlib.Path, paths: dict):
+    def __init__(self, state: State, name: str, results: pathlib.Path, paths: dict, judged_alone: bool = False):
         super().__init__(daemon=True)
         self.state, self.name, self.results, self.paths = state, name, results, paths
+        self.judged_alone = judged_alone
         self.stopped = threading.Event()
 
     def run(self):
@@ -618,7 +642,7 @@ class KzFollower(threading.Thread):
             self.collect()
 
     def collect(self) -> None:
-        record_kz(self.state, self.name, self.results, self.paths)
+        record_kz(self.state, self.name, self.results, self.paths, self.judged_alone)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -626,9 +650,9 @@ class KzFollower(threading.Thread):
         self.collect()
 
 
-def record_kz(state: State, name: str, results: pathlib.Path, paths: dict) -> None:
-    """The verdicts of a kz run's results.jsonl into the state (those not there yet)."""
-    for sample_id, verdict in read_kz(results, paths).items():
+def record_kz(state: State, name: str, results: pathlib.Path, paths: dict, judged_alone: bool = False) -> None:
+    """The verdicts of a kz run's results.jsonl into the state (those not there yet; read_kz)."""
+    for sample_id, verdict in read_kz(results, paths, judged_alone).items():
         if state.done[name].get(sample_id) != verdict:
             state.record(name, sample_id, verdict)
 
@@ -737,7 +761,7 @@ def main(argv=None):
     finally:
         for name in KZ_RUNS:  # what a run cut short by SIGTERM wrote since its follower last looked
             record_kz(state, name, args.out / f"{name}.jsonl", paths)
-        record_kz(state, "kz-kernelbench", args.out / "kz-again.jsonl", paths)
+        record_kz(state, "kz-kernelbench", args.out / "kz-again.jsonl", paths, judged_alone=True)
         if not finished and "failed" not in data.get("notes", {}):
             note(data, "interrupted", "the tables hold the verdicts in so far")
         data["rows"] = join(samples, state.done["kb-eval"], state.done["kz-kernelbench"], state.done["kz-strict"])
@@ -769,7 +793,7 @@ def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device, 
     except OSError as exc:  # KernelBench's side still runs: its verdicts are half the table
         note(data, phase, f"FAILED to start {args.kz}: {exc}")
         return None
-    follower = KzFollower(state, name, args.out / f"{label}.jsonl", paths)
+    follower = KzFollower(state, name, args.out / f"{label}.jsonl", paths, judged_alone=again)
     follower.start()
     return {"name": label, "phase": phase, "process": process, "follower": follower, "batch": len(batch),
             "started": time.monotonic()}

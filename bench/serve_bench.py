@@ -44,14 +44,19 @@ def parse_args(argv=None):
     p.add_argument("--preset", default="qwen2.5-7b", help="kz init-model preset where --model is not given")
     p.add_argument("--work-dir", type=pathlib.Path, default=pathlib.Path("runs/serve-bench"))
     p.add_argument("--device", default="cuda:0")
-    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--requests", type=int, default=64, help="at least 1; the server gets as many HTTP threads")
     p.add_argument("--prompt-words", type=int, default=300)
     p.add_argument("--new", type=int, default=256, help="new tokens per request")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--stream-share", type=float, default=0.5, help="share of the served requests streamed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=900, help="each side's limit")
-    return p.parse_args(argv)
+    p.add_argument("--require-same-texts", action="store_true",
+                   help="fail unless every text matches across the sides (batch-invariant decoding, as on the CPU)")
+    args = p.parse_args(argv)
+    if args.requests < 1 or args.new < 1 or not 0 <= args.stream_share <= 1:
+        p.error("--requests and --new must be >= 1, --stream-share in [0, 1]")
+    return args
 
 
 def make_work(args) -> list:
@@ -80,9 +85,12 @@ def in_process(args, model: pathlib.Path, work: list) -> dict:
     prompts = args.work_dir / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(w) + "\n" for w in work))
     command = [str(args.kz_engine), "generate", "--model", str(model), "--prompts", str(prompts), "--json",
-               "--device", args.device, "--temperature", str(args.temperature), "--ignore-eos",
-               "--max-new-tokens", str(args.new), "--max-batch-rows", str(args.requests)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+               "--device", args.device, "--temperature", str(args.temperature), "--top-p", "1", "--top-k", "0",
+               "--ignore-eos", "--max-new-tokens", str(args.new), "--max-batch-rows", str(args.requests)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"kz generate: {exc}"}
     if done.returncode != 0:
         return {"error": f"kz generate exited {done.returncode}: {done.stderr.strip()[-600:]}"}
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -97,17 +105,20 @@ class Server:
     """`kz serve-model` on a free port, until closed."""
 
     def __init__(self, args, model: pathlib.Path):
+        config = args.work_dir / "serve.toml"  # a thread per request: none waits for a connection
+        config.write_text(f"[serve]\nhttp_threads = {max(64, args.requests)}\n")
         command = [str(args.kz_engine), "serve-model", "--model", str(model), "--device", args.device, "--port", "0",
-                   "--max-batch", str(args.requests), "--max-batch-rows", str(args.requests)]
+                   "--config", str(config), "--max-batch", str(args.requests), "--max-batch-rows", str(args.requests)]
         self.log = open(args.out / "serve-model.log", "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.PIPE, text=True)
         self.port = None
         self.lines = []
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.reader.start()
         deadline = time.monotonic() + args.timeout_s
         while self.port is None and self.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if self.port is None:
+        if not self.port:
             self.close()
             raise RuntimeError("kz serve-model did not start: " + " | ".join(self.lines[-5:]))
 
@@ -116,8 +127,11 @@ class Server:
             self.lines.append(line.rstrip())
             self.log.write(line)
             self.log.flush()
-            if "serving" in line and "http://" in line:
-                self.port = int(line.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+            if "serving" in line and "http://" in line and self.port is None:
+                try:
+                    self.port = int(line.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+                except (IndexError, ValueError):
+                    self.port = 0  # not a port: the start fails below, naming the line
 
     def close(self):
         if self.process.poll() is None:
@@ -126,13 +140,14 @@ class Server:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self.reader.join(10)  # its last lines into the log before it closes
         self.log.close()
 
 
 def complete(port: int, request: dict, stream: bool, timeout: float) -> dict:
     """One POST /v1/completions; the text and the new tokens (usage), streamed or not."""
     body = {"prompt": request["prompt"], "max_tokens": request["max_new_tokens"], "seed": request["seed"],
-            "temperature": request["temperature"], "ignore_eos": True, "stream": stream}
+            "temperature": request["temperature"], "top_p": 1.0, "ignore_eos": True, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -164,10 +179,11 @@ def served(args, model: pathlib.Path, work: list) -> dict:
     """Every request at once from its own thread against one `kz serve-model`."""
     try:
         server = Server(args, model)
-    except RuntimeError as exc:
-        return {"error": str(exc)}
+    except (OSError, RuntimeError) as exc:
+        return {"error": f"kz serve-model: {exc}"}
     try:
-        streamed = set(range(0, len(work), max(1, round(1 / args.stream_share)))) if args.stream_share > 0 else set()
+        # Spread evenly: request i is streamed where the share's running count steps up at it.
+        streamed = {i for i in range(len(work)) if int((i + 1) * args.stream_share) > int(i * args.stream_share)}
         requests = [dict(w, temperature=args.temperature) for w in work]
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
@@ -231,6 +247,9 @@ def main(argv=None) -> int:
     ok = complete_work(local, args) and complete_work(remote, args)
     if not ok:
         print("serve_bench: a side failed, lost a request or stopped short of --new tokens", file=sys.stderr)
+    if ok and args.require_same_texts and result["same_texts"] != args.requests:
+        print(f"serve_bench: {args.requests - result['same_texts']} texts differ across the sides", file=sys.stderr)
+        ok = False
     return 0 if ok else 1
 
 

@@ -249,6 +249,20 @@ def test_samples_in_the_state_are_left_out_of_the_next_calls_work(tmp_path):
     assert agreement.eval_reserve_s(2, 4, 180) > agreement.eval_reserve_s(1, 4, 180)
 
 
+def test_kz_answers_about_memory_are_judged_again_unless_given_alone(tmp_path):
+    state = agreement.State(tmp_path)
+    held = {"status": "infra_error", "checks": ["gpu_memory_held_elsewhere"], "message": "held outside"}
+    ran_out = {"status": "runtime_error", "checks": ["memory_limit"], "message": "CUDA out of memory. Tried"}
+    state.record("kz-kernelbench", "s0", held)
+    state.record("kz-kernelbench", "s1", ran_out)
+    state.record("kz-kernelbench", "s2", dict(ran_out, judged_alone=True))  # the GPU to kz alone: it stands
+    state.record("kz-kernelbench", "s3", {"status": "runtime_error", "checks": ["memory_limit"],
+                                          "message": "RLIMIT_AS: the CPU's address space"})
+    again = agreement.State(tmp_path)
+    assert sorted(again.done["kz-kernelbench"]) == ["s2", "s3"] and sorted(again.machine_answers) == ["s0", "s1"]
+    assert "2 kz answers about the card's memory judged again" in agreement.state_note(again, some_samples(4))
+
+
 def test_an_unreadable_state_file_is_ignored_and_named(tmp_path):
     state = agreement.State(tmp_path)
     state.record("kb-eval", "s0", {"class": "ok"})

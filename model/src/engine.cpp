@@ -153,7 +153,7 @@ struct Engine::Impl {
   // One generate() call over `batch`, taking in the requests queued while it runs that its cache
   // holds and whose sampling path it computes (top-k/top-p only where one of its own filters), in
   // arrival order: one that cannot join stops the intake, so it is first in the next batch rather
-  // than overtaken indefinitely.
+  // than overtaken indefinitely, and the requests queued behind it wait for that batch with it.
   void run_batch(std::vector<std::shared_ptr<Queued>> batch) {
     std::vector<GenerateRequest> requests;
     for (const auto& q : batch) requests.push_back(q->request);

@@ -302,6 +302,33 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
   EXPECT_EQ(stats.shrinks, 2) << "8 -> 4 once two rows are live, 4 -> 2 once one is";
 }
 
+// A greedy batch computes the plain sampled path too, so requests sampled without top-k/top-p join
+// it (the hook is told it does not filter) and get what they get alone.
+TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
+  GenerateRequest long_request = request({1, 2, 3}, 30);
+  std::vector<GenerateRequest> arriving{request({4, 5}, 10, 1.0, 21), request({6, 7, 8}, 12, 0.7, 22)};
+  std::vector<GenerateResult> results(arriving.size());
+  for (size_t i = 0; i < arriving.size(); ++i)
+    arriving[i].on_progress = [&, i](const GenerateResult& so_far, bool finished) {
+      if (finished) results[i] = so_far;
+    };
+  bool handed = false;
+  GenerateOptions options;
+  options.stop_check_steps = 2;
+  options.admit = [&](int64_t, bool filtered) {
+    EXPECT_FALSE(filtered);
+    if (handed) return std::vector<GenerateRequest>{};
+    handed = true;
+    return arriving;
+  };
+  GenerateStats stats;
+  auto got = run({long_request}, options, &stats);
+  for (auto& r : arriving) r.on_progress = nullptr;
+  expect_each_as_alone({long_request}, got, "greedy batch");
+  expect_each_as_alone(arriving, results, "plain sampled joiners");
+  EXPECT_EQ(stats.admitted, 2);
+}
+
 // The hook's contract: a batch that does not filter computes no top-k/top-p path, so a request that
 // needs one must wait for another batch; handing one over fails the call, naming why.
 TEST_F(ContinuousBatchingTest, AFilteringRequestCannotJoinABatchThatDoesNotFilter) {

@@ -23,6 +23,7 @@ import dataclasses
 import fcntl
 import math
 import os
+import re
 import time
 import weakref
 
@@ -142,10 +143,10 @@ def estimate_on_meta(reference, init_inputs, seed: int) -> Footprint:
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # How often a worker that holds the turnstile looks for freed slots.
 POLL_S = 0.02
-# Memory the slots promise that the card still lacks (await_device_memory): how long to wait for it,
-# and how often to look.
-HELD_ELSEWHERE_WAIT_S = 120.0
-HELD_ELSEWHERE_POLL_S = 0.25
+# Memory the slots promise that the card still lacks (await_device_memory): how long to wait for it
+# before going on anyway, and how often to look.
+DEVICE_WAIT_S = 30.0
+DEVICE_POLL_S = 0.25
 
 
 class Reservation:
@@ -236,39 +237,48 @@ def device_memory(device: torch.device) -> tuple:
 
 def shortfall_bytes(promised: int, free: int, own: int) -> int:
     """What the card lacks of `promised` bytes (what this evaluation's slots promise it) beside what
-    this process already holds: held by processes outside every evaluation's slots, or by an
-    evaluation past its budget. The CUDA contexts are outside the capacity, so they never count."""
+    this process's allocator already holds: held by processes outside every evaluation's slots, by
+    an evaluation past its budget, or outside PyTorch's allocator. The CUDA contexts are outside the
+    capacity, so they never count."""
     return max(0, promised - free - own)
 
 
-def await_device_memory(device: torch.device, need: int, wait_s: float = HELD_ELSEWHERE_WAIT_S,
-                        on_wait=lambda: None, read=device_memory) -> float:
-    """Waits, once the slots are held, until the card has `need` bytes for this evaluation: a worker
-    killed a moment ago frees its slots when its process ends, but the driver may take seconds more
-    to free its memory (a context torn down after a fault, a long kernel stopped), and a program
-    outside kz may hold memory too. Returns the seconds waited; a Failure (infra_error,
-    gpu_memory_held_elsewhere) if the memory does not come within wait_s."""
+def await_device_memory(device: torch.device, need: int, wait_s: float = DEVICE_WAIT_S,
+                        on_wait=lambda: None, read=device_memory) -> tuple:
+    """Once the slots are held, waits up to wait_s for the card to have `need` bytes for this
+    evaluation (within the margin): a worker killed a moment ago frees its slots when its process
+    ends, but the driver may take seconds more to free its memory (a context torn down after a fault,
+    a long kernel stopped). Budgets are generous, so past wait_s the evaluation goes on anyway: an
+    out-of-memory, if one comes, is classified then (Evaluation._out_of_memory). Returns (seconds
+    waited, bytes still missing)."""
     start = time.monotonic()
     waited = False
     while True:
         free, own = read(device)
         missing = shortfall_bytes(need, free, own)
-        if not missing:
-            return time.monotonic() - start
-        if time.monotonic() - start >= wait_s:
-            raise held_elsewhere_failure(missing, need, free, f"after waiting {wait_s:.0f} s for it")
+        if missing <= MARGIN_BYTES or time.monotonic() - start >= wait_s:
+            return time.monotonic() - start, missing
         if not waited:
             waited = True
             on_wait()
-        time.sleep(HELD_ELSEWHERE_POLL_S)
+        time.sleep(DEVICE_POLL_S)
 
 
-def held_elsewhere_failure(missing: int, promised: int, free: int, when: str) -> v.Failure:
-    return v.Failure(v.INFRA_ERROR,
-                     f"{missing / 2**20:,.0f} MiB of the {promised / 2**20:,.0f} MiB this evaluation holds slots for "
-                     f"are held outside the GPU's evaluations ({free / 2**20:,.0f} MiB free, {when}): another "
-                     f"process on the GPU, or one still freeing its memory; not the task's or the candidate's",
-                     [v.GPU_MEMORY_HELD_ELSEWHERE])
+def requested_bytes(message: str) -> int:
+    """The allocation a CUDA out-of-memory message names ("Tried to allocate 8.00 GiB"), 0 if none."""
+    found = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", message)
+    if not found:
+        return 0
+    return int(float(found.group(1)) * 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(found.group(2)))
+
+
+def held_elsewhere(promised: int, free: int, own: int, requested: int) -> int:
+    """After an out-of-memory with every slot held and before any candidate code ran: the bytes of the
+    promise held outside this evaluation where that is more than the margin and this evaluation's
+    allocator with the failed allocation stayed within the promise (else its own need ran out); 0
+    otherwise."""
+    missing = shortfall_bytes(promised, free, own)
+    return missing if missing > MARGIN_BYTES and own + requested <= promised else 0
 
 
 def _open(path: str) -> int:

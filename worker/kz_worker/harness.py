@@ -397,7 +397,8 @@ class Evaluation:
         alone = bool(self.request.get("gpu_alone")) or self.footprint is None
         self.memory.reserve(need, alone, on_wait=waiting)
         if need:  # the slots promise it; the card may still lack it (gpu_memory.await_device_memory)
-            self.memory.waited_s += gpu_memory.await_device_memory(self.device, need, on_wait=waiting)
+            waited, _ = gpu_memory.await_device_memory(self.device, need, on_wait=waiting)
+            self.memory.waited_s += waited
         if self.stage != stage:
             self.enter(stage)
 
@@ -428,39 +429,44 @@ class Evaluation:
     def _out_of_memory(self, exc):
         """(status, message, checks) for a CUDA out-of-memory error: another evaluation's doing where
         others held memory on the GPU (infra_error, retried alone by the supervisor); with the GPU to
-        itself, the machine's where the card lacked what the slots promise (memory held outside the
-        evaluations), else the task's where the harness or the reference ran out (before the candidate
-        ran), else the candidate's."""
+        itself and before the candidate ran, the machine's where the card lacked what the slots promise
+        (memory held outside the evaluations), else the task's (the harness or the reference ran out);
+        once the candidate ran, the candidate's."""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if self.memory is not None and not self.memory.alone:
             return (v.INFRA_ERROR, f"out of GPU memory in stage {self.stage} while other evaluations held memory on "
                                    f"this GPU ({text}); to be run again with the GPU to itself",
                     [v.OUT_OF_MEMORY_SHARED])
-        missing = self._memory_held_elsewhere()
+        before_candidate = self.stage in ("start", "load_reference", "await_memory")
+        missing = self._memory_held_elsewhere(text) if before_candidate else ""
         if missing:
-            return (v.INFRA_ERROR, f"out of GPU memory in stage {self.stage} ({text}), with the GPU to itself: "
+            return (v.INFRA_ERROR, f"out of GPU memory in stage {self.stage} ({text}), with every slot held: "
                                    + missing, [v.GPU_MEMORY_HELD_ELSEWHERE])
-        if self.stage in ("start", "load_reference", "await_memory"):
+        if before_candidate:
             return (v.INFRA_ERROR, f"the reference and the harness ran out of GPU memory with the GPU to themselves "
                                    f"({text})", [v.EXCEEDS_GPU_MEMORY])
         return (v.RUNTIME_ERROR, f"out of memory in stage {self.stage}"
                                  f"{' with the GPU to itself' if self.memory is not None else ''}:\n"
                                  + v.describe_exception(exc), [v.MEMORY_LIMIT])
 
-    def _memory_held_elsewhere(self) -> str:
-        """After an out-of-memory with every slot held: what the card lacked of what the slots promise,
-        where that is more than the margin (the evaluation's own budget was not what ran out); "" when
-        the memory was there, or cannot be read."""
+    def _memory_held_elsewhere(self, text: str) -> str:
+        """After an out-of-memory with every slot held, before any candidate code ran (so nothing of
+        the candidate's can hold memory outside PyTorch's allocator): what the card lacked of what
+        the slots promise, where the reference and the harness stayed within the promise
+        (gpu_memory.held_elsewhere); "" otherwise, or when the memory cannot be read."""
         if self.memory is None:
             return ""
         try:
             free, own = gpu_memory.device_memory(self.device)
         except Exception:  # a device past reading: the usual verdict
             return ""
-        missing = gpu_memory.shortfall_bytes(self.memory.reserved_bytes, free, own)
-        if missing <= gpu_memory.MARGIN_BYTES:
+        promised = self.memory.reserved_bytes
+        missing = gpu_memory.held_elsewhere(promised, free, own, gpu_memory.requested_bytes(text))
+        if not missing:
             return ""
-        return gpu_memory.held_elsewhere_failure(missing, self.memory.reserved_bytes, free, "at the error").message
+        return (f"{missing / 2**20:,.0f} MiB of the {promised / 2**20:,.0f} MiB its slots promise were held outside "
+                f"this evaluation ({free / 2**20:,.0f} MiB free): another process on the GPU, or one still freeing "
+                f"its memory; not the task's")
 
     def _report_memory(self) -> None:
         """The verdict's `memory`: the estimate, the reservation and the measured peak (diagnostics)."""
