@@ -64,6 +64,15 @@ class ContinuousBatchingTest : public ::testing::Test {
     return out.ok() ? *out : std::vector<GenerateResult>{};
   }
 
+  // Each request's on_progress keeps its finished result in `results` (sized here).
+  static void keep_results(std::vector<GenerateRequest>& requests, std::vector<GenerateResult>& results) {
+    results.assign(requests.size(), GenerateResult{});
+    for (size_t i = 0; i < requests.size(); ++i)
+      requests[i].on_progress = [&results, i](const GenerateResult& so_far, bool finished) {
+        if (finished) results[i] = so_far;
+      };
+  }
+
   // Every request's result in `got` is what it gives alone: tokens, finish reason, log-probs.
   void expect_each_as_alone(const std::vector<GenerateRequest>& requests, const std::vector<GenerateResult>& got,
                             const std::string& where) {
@@ -277,11 +286,8 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
   GenerateRequest long_request = request({1, 2, 3}, 60);
   std::vector<GenerateRequest> arriving;
   for (int64_t i = 0; i < 7; ++i) arriving.push_back(request({4, 5, 6 + i}, 40));
-  std::vector<GenerateResult> results(arriving.size());
-  for (size_t i = 0; i < arriving.size(); ++i)
-    arriving[i].on_progress = [&, i](const GenerateResult& so_far, bool finished) {
-      if (finished) results[i] = so_far;
-    };
+  std::vector<GenerateResult> results;
+  keep_results(arriving, results);
   size_t handed = 0;
   GenerateOptions options;
   options.max_batch_rows = 8;
@@ -307,11 +313,8 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
 TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
   GenerateRequest long_request = request({1, 2, 3}, 30);
   std::vector<GenerateRequest> arriving{request({4, 5}, 10, 1.0, 21), request({6, 7, 8}, 12, 0.7, 22)};
-  std::vector<GenerateResult> results(arriving.size());
-  for (size_t i = 0; i < arriving.size(); ++i)
-    arriving[i].on_progress = [&, i](const GenerateResult& so_far, bool finished) {
-      if (finished) results[i] = so_far;
-    };
+  std::vector<GenerateResult> results;
+  keep_results(arriving, results);
   bool handed = false;
   GenerateOptions options;
   options.stop_check_steps = 2;
