@@ -151,9 +151,8 @@ struct Engine::Impl {
   }
 
   // One generate() call over `batch`, taking in the requests queued while it runs that its cache
-  // holds and whose sampling path it computes (top-k/top-p only where one of its own filters), in
-  // arrival order: one that cannot join stops the intake, so it is first in the next batch rather
-  // than overtaken indefinitely, and the requests queued behind it wait for that batch with it.
+  // holds (in arrival order: one that does not fit stops the intake, so it is first in the next
+  // batch rather than overtaken indefinitely).
   void run_batch(std::vector<std::shared_ptr<Queued>> batch) {
     std::vector<GenerateRequest> requests;
     for (const auto& q : batch) requests.push_back(q->request);
@@ -161,13 +160,10 @@ struct Engine::Impl {
     generate_options.pad_token_id = pad_id;
     generate_options.cuda_graph = options.cuda_graph;
     generate_options.max_batch_rows = options.max_batch_rows;
-    generate_options.admit = [&](int64_t capacity, bool filtered) {
+    generate_options.admit = [&](int64_t capacity) {
       std::lock_guard lock(mutex);
       std::vector<GenerateRequest> admitted;
-      auto joins = [&](const GenerateRequest& r) {
-        return cache_slots_needed(r) <= capacity && (filtered || !r.sampling.filtered());
-      };
-      while (!queue.empty() && joins(queue.front()->request)) {
+      while (!queue.empty() && cache_slots_needed(queue.front()->request) <= capacity) {
         admitted.push_back(queue.front()->request);
         batch.push_back(std::move(queue.front()));
         queue.pop_front();

@@ -131,7 +131,7 @@ class ContinuousBatch {
   CausalLM& model_;
   const GenerateOptions& options_;
   const size_t own_requests_;                      // the call's; admitted ones follow them in rows_
-  const bool filtered_;                            // the sampler computes the top-k/top-p path
+  bool filtered_;                                  // the sampler computes the top-k/top-p path
   std::deque<GenerateRequest> admitted_;           // stable: rows_ point into it
   std::deque<Row> rows_;                           // per request (stable references as it grows)
   std::vector<std::vector<int64_t>> prompts_;      // distinct prompts
@@ -194,7 +194,7 @@ ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequ
   last_ = at::zeros({batch}, at::TensorOptions().device(model.device()).dtype(at::kLong));
   // Free rows hold request 0's settings until a joiner replaces them; the sampler keeps computing
   // every path some request needs (with an admit hook, the unfiltered ones too: the filtered one
-  // only where a request of the call's own filters, which the hook is told).
+  // once a request needs it, take_admitted).
   std::vector<SamplingOptions> settings = sampling_of(requests);
   if (options.admit)
     for (const auto& s : unfiltered_paths()) settings.push_back(s);
@@ -216,10 +216,13 @@ void ContinuousBatch::add_request(const GenerateRequest& request) {
 // caller's bug, and fails the call).
 Status ContinuousBatch::take_admitted() {
   if (!options_.admit) return Status::ok();
-  for (GenerateRequest& request : options_.admit(cache_.capacity(), filtered_)) {
+  for (GenerateRequest& request : options_.admit(cache_.capacity())) {
     KZ_RETURN_IF_ERROR(check_request(request, model_.config().vocab_size).with_context("generate: admitted request"));
-    if (request.sampling.filtered() && !filtered_)
-      return internal_error("generate: an admitted request samples with top_k/top_p, and the batch does not filter");
+    if (request.sampling.filtered() && !filtered_) {  // the top-k/top-p path from now on: a new loop
+      idle_sampler_ = sampler().with_filtering();
+      loop_.reset();
+      filtered_ = true;
+    }
     if (cache_slots_needed(request) > cache_.capacity())
       return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
                                         cache_slots_needed(request), cache_.capacity()));

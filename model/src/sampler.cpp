@@ -64,6 +64,12 @@ Sampler Sampler::select_rows(const at::Tensor& rows) const {
   return out;
 }
 
+Sampler Sampler::with_filtering() const {
+  Sampler out = *this;
+  out.filters_ = true;  // rows that do not filter keep their own pick (filtered_ is per row)
+  return out;
+}
+
 Status Sampler::replace_rows(const at::Tensor& rows, const Sampler& from) {
   bool paths_covered = (from.all_greedy_ || !all_greedy_) && (!from.filters_ || filters_) && (!from.plain_ || plain_);
   if (!paths_covered || (!all_greedy_ && !from.greedy_.defined()))

@@ -222,18 +222,14 @@ TEST_F(ContinuousBatchingTest, CudaGraphKeepsResultsThroughJoinsAndShrinks) {
   EXPECT_GE(stats.shrinks, 1);
 }
 
-// A long request runs alone (sampled with top-k where the others are sampled, so that the batch
-// computes the path they need); the hook hands in the mixed requests in two lots while it decodes,
-// and one that the cache cannot hold stays with the caller. The batch grows to seat them, each gets what it gets alone through
+// A long greedy request runs alone; the hook hands in the mixed requests in two lots while it
+// decodes (the sampled ones need paths the first batch did not compute, top-k/top-p included), and
+// one that the cache cannot hold stays with the caller. The batch grows to seat them, each gets what it gets alone through
 // on_progress, and the first admitted one finishes while the long one still decodes.
 TEST_F(ContinuousBatchingTest, AdmittedRequestsJoinTheRunningBatchAndMatchEachAlone) {
   for (double temperature : {0.0, 1.0}) {
     std::string where = "admitted, temperature " + std::to_string(temperature);
     GenerateRequest long_request = request({1, 2, 3}, 40);  // a cache of 42 slots, rounded up to 48
-    if (temperature > 0) {  // sampled and filtered (top-k of all): so may joiners be
-      long_request.sampling.temperature = temperature;
-      long_request.sampling.top_k = 1000;
-    }
     std::vector<GenerateRequest> arriving = mixed_requests(temperature);
     arriving.push_back(request({1, 2, 3, 4, 5}, 60));  // needs 64 slots
     std::vector<GenerateResult> results(arriving.size());
@@ -252,9 +248,8 @@ TEST_F(ContinuousBatchingTest, AdmittedRequestsJoinTheRunningBatchAndMatchEachAl
     GenerateOptions options;
     options.max_batch_rows = 4;
     options.stop_check_steps = 3;
-    options.admit = [&](int64_t cache_capacity, bool filtered) {
+    options.admit = [&](int64_t cache_capacity) {
       EXPECT_EQ(cache_capacity, 48);
-      EXPECT_EQ(filtered, temperature > 0);
       ++calls;
       std::vector<GenerateRequest> lot;
       const size_t lot_end = calls == 2 ? 3 : calls == 4 ? 7 : handed;  // the 8th never fits
@@ -292,7 +287,7 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
   GenerateOptions options;
   options.max_batch_rows = 8;
   options.stop_check_steps = 2;
-  options.admit = [&](int64_t, bool) {
+  options.admit = [&](int64_t) {
     std::vector<GenerateRequest> lot;
     if (handed < arriving.size()) lot.push_back(arriving[handed++]);
     return lot;
@@ -309,7 +304,7 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
 }
 
 // A greedy batch computes the plain sampled path too, so requests sampled without top-k/top-p join
-// it (the hook is told it does not filter) and get what they get alone.
+// it and get what they get alone.
 TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
   GenerateRequest long_request = request({1, 2, 3}, 30);
   std::vector<GenerateRequest> arriving{request({4, 5}, 10, 1.0, 21), request({6, 7, 8}, 12, 0.7, 22)};
@@ -318,8 +313,7 @@ TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
   bool handed = false;
   GenerateOptions options;
   options.stop_check_steps = 2;
-  options.admit = [&](int64_t, bool filtered) {
-    EXPECT_FALSE(filtered);
+  options.admit = [&](int64_t) {
     if (handed) return std::vector<GenerateRequest>{};
     handed = true;
     return arriving;
@@ -330,24 +324,6 @@ TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
   expect_each_as_alone({long_request}, got, "greedy batch");
   expect_each_as_alone(arriving, results, "plain sampled joiners");
   EXPECT_EQ(stats.admitted, 2);
-}
-
-// The hook's contract: a batch that does not filter computes no top-k/top-p path, so a request that
-// needs one must wait for another batch; handing one over fails the call, naming why.
-TEST_F(ContinuousBatchingTest, AFilteringRequestCannotJoinABatchThatDoesNotFilter) {
-  GenerateRequest filtering = request({4, 5}, 3, 1.0, 9);
-  filtering.sampling.top_p = 0.5;
-  bool handed = false;
-  GenerateOptions options;
-  options.admit = [&](int64_t, bool filtered) {
-    EXPECT_FALSE(filtered);
-    if (handed) return std::vector<GenerateRequest>{};
-    handed = true;
-    return std::vector<GenerateRequest>{filtering};
-  };
-  auto out = generate(*model_, {request({1, 2, 3}, 8, 1.0, 1)}, options);  // sampled, unfiltered
-  ASSERT_FALSE(out.ok());
-  EXPECT_NE(out.status().message().find("top_k/top_p"), std::string::npos) << out.status().message();
 }
 
 TEST_F(ContinuousBatchingTest, NegativeBatchRowsIsAnError) {

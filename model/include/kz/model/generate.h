@@ -79,16 +79,15 @@ struct GenerateOptions {
   // Optional: filled with what the call did, for benchmarks.
   GenerateStats* stats = nullptr;
   // Optional, for a server: called before the first step and at each copy to the host with the
-  // cache's capacity in slots (fixed when the call starts, from its own requests) and whether the
-  // batch computes the top-k/top-p path (some request of the call's own filters); returns newly
-  // arrived requests, each valid (check_request), with prompt + max_new_tokens - 1 <= capacity, and
-  // none that filters (SamplingOptions::filtered) where the batch does not (the others stay with
-  // the caller for a later call). They join the batch as the call's own requests do, and their
-  // results reach them only through on_progress(result, true): the call returns its own requests'
-  // results. With a hook, the sampler also computes the greedy and plain sampled paths (cheap beside
-  // the filtered one's sort over the vocabulary), and the batch grows to seat waiting requests (up
-  // to max_batch_rows; 0: no bound).
-  std::function<std::vector<GenerateRequest>(int64_t capacity, bool filtered)> admit;
+  // cache's capacity in slots (fixed when the call starts, from its own requests); returns newly
+  // arrived requests, each valid (check_request) and with prompt + max_new_tokens - 1 <= capacity
+  // (the others stay with the caller for a later call). They join the batch as the call's own
+  // requests do, and their results reach them only through on_progress(result, true): the call
+  // returns its own requests' results. With a hook, the sampler also computes the greedy and plain
+  // sampled paths; the top-k/top-p path (a sort over the vocabulary each step) only once a request
+  // needs it (a new CUDA graph at the next chunk). The batch grows to seat waiting requests (up to
+  // max_batch_rows; 0: no bound).
+  std::function<std::vector<GenerateRequest>(int64_t capacity)> admit;
 };
 
 // A request's settings and token ids against the model's vocabulary; errors name no request.

@@ -48,6 +48,9 @@ class Sampler {
   // included; it computes the same paths (greedy, plain, filtered) as this one, so its rows can
   // later be written back with replace_rows.
   Sampler select_rows(const at::Tensor& rows) const;
+  // This sampler, computing the top-k/top-p path too (for rows that may take it later: replace_rows).
+  // Needs a sampler that is not all greedy (one built from per-row settings).
+  Sampler with_filtering() const;
   // Row rows[i] of this sampler becomes row i of `from`, in place (a captured graph stays valid).
   // Errors: `from` needs a path this sampler does not compute (build this one from the options of
   // every row it may take, then narrow it with select_rows), or the sizes differ.
