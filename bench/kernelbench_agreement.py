@@ -226,12 +226,10 @@ def machine_answer(verdict: dict) -> bool:
     return bool(checks & KZ_MACHINE_CHECKS or ran_out) and not verdict.get("judged_alone")
 
 
-def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict:
-    """{sample id: verdict fields} from a results.jsonl; machine answers (machine_answer) are left out
-    unless the run had the GPU to itself (judged_alone: they stand, marked so)."""
-    verdicts = {}
+def kz_answers(path: pathlib.Path, paths: dict):
+    """(sample id, the whole answer) for each line of a kz run's results.jsonl that names a sample."""
     if not path.exists():
-        return verdicts
+        return
     by_stem = {pathlib.PurePath(p).stem: i for p, i in paths.items()}
     for line in path.read_text().splitlines():
         try:
@@ -239,7 +237,16 @@ def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict
         except ValueError:  # an empty line, or the one kz is writing now
             continue
         sample = paths.get(v.get("candidate")) or by_stem.get(pathlib.PurePath(v.get("candidate", "")).stem)
-        if sample and (judged_alone or not machine_answer(v)):
+        if sample:
+            yield sample, v
+
+
+def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict:
+    """{sample id: verdict fields} from a results.jsonl; machine answers (machine_answer) are left out
+    unless the run had the GPU to itself (judged_alone: they stand, marked so)."""
+    verdicts = {}
+    for sample, v in kz_answers(path, paths):
+        if judged_alone or not machine_answer(v):
             verdicts[sample] = {k: v.get(k) for k in ("status", "checks", "message", "stage", "policy",
                                                       "trials_passed", "unchecked")}
             verdicts[sample]["wall_s"] = (v.get("profile") or {}).get("wall_s")
@@ -250,16 +257,7 @@ def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict
 
 def kz_attempted(out: pathlib.Path, paths: dict) -> set:
     """The samples of this call's kz run that got an answer of any kind, machine answers included."""
-    path, by_stem, found = out / "kz-kernelbench.jsonl", {pathlib.PurePath(p).stem: i for p, i in paths.items()}, set()
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            candidate = json.loads(line).get("candidate", "")
-        except ValueError:
-            continue
-        sample = paths.get(candidate) or by_stem.get(pathlib.PurePath(candidate).stem)
-        if sample:
-            found.add(sample)
-    return found
+    return {sample for sample, _ in kz_answers(out / "kz-kernelbench.jsonl", paths)}
 
 
 class GpuMemoryLog(threading.Thread):

@@ -111,6 +111,7 @@ class ContinuousBatch {
   Status take_admitted();
   Sampler sampler_of(const std::vector<int64_t>& requests) const;
   void grow_for_waiting();
+  void reindex_rows(const std::vector<int64_t>& from, size_t copies);
   int64_t prompt_length(int64_t request) const;
   const PrefilledPrompt& prefilled(int64_t request) const;
   std::vector<int64_t> rows_where(bool occupied) const;
@@ -218,14 +219,14 @@ Status ContinuousBatch::take_admitted() {
   if (!options_.admit) return Status::ok();
   for (GenerateRequest& request : options_.admit(cache_.capacity())) {
     KZ_RETURN_IF_ERROR(check_request(request, model_.config().vocab_size).with_context("generate: admitted request"));
+    if (cache_slots_needed(request) > cache_.capacity())
+      return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
+                                        cache_slots_needed(request), cache_.capacity()));
     if (request.sampling.filtered() && !filtered_) {  // the top-k/top-p path from now on: a new loop
       idle_sampler_ = sampler().with_filtering();
       loop_.reset();
       filtered_ = true;
     }
-    if (cache_slots_needed(request) > cache_.capacity())
-      return internal_error(fmt::format("generate: an admitted request needs {} cache slots, the batch holds {}",
-                                        cache_slots_needed(request), cache_.capacity()));
     admitted_.push_back(std::move(request));
     add_request(admitted_.back());
     ++stats_.admitted;
@@ -252,15 +253,23 @@ void ContinuousBatch::grow_for_waiting() {
   int64_t target = row_bucket(needed);
   if (options_.max_batch_rows > 0) target = std::min(target, options_.max_batch_rows);
   if (target <= rows) return;
-  std::vector<int64_t> index(static_cast<size_t>(target), 0);
-  for (int64_t i = 0; i < rows; ++i) index[static_cast<size_t>(i)] = i;
-  at::Tensor rows_index = index_tensor(index, model_.device());
-  idle_sampler_ = sampler().select_rows(rows_index);
-  loop_.reset();  // it refers to cache_, replaced next
-  cache_ = cache_.select_rows(rows_index);
-  last_ = last_.index_select(0, rows_index);
-  occupant_.resize(static_cast<size_t>(target), -1);
+  std::vector<int64_t> from(static_cast<size_t>(target), 0);
+  for (int64_t i = 0; i < rows; ++i) from[static_cast<size_t>(i)] = i;
+  reindex_rows(from, static_cast<size_t>(rows));
   ++stats_.grows;
+}
+
+// Row i of the batch becomes what row from[i] was (its cache, last token, sampler row and occupant);
+// rows from `copies` on are copies, free. The next chunk builds a new loop for them.
+void ContinuousBatch::reindex_rows(const std::vector<int64_t>& from, size_t copies) {
+  at::Tensor index = index_tensor(from, model_.device());
+  idle_sampler_ = sampler().select_rows(index);
+  loop_.reset();  // it refers to cache_, replaced next
+  cache_ = cache_.select_rows(index);
+  last_ = last_.index_select(0, index);
+  std::vector<int64_t> occupants(from.size(), -1);
+  for (size_t i = 0; i < copies; ++i) occupants[i] = occupant_[static_cast<size_t>(from[i])];
+  occupant_ = std::move(occupants);
 }
 
 int64_t ContinuousBatch::prompt_length(int64_t request) const {
@@ -474,16 +483,9 @@ void ContinuousBatch::shrink_to_live_rows() {
   if (!waiting_.empty() || live.empty() || 2 * count > rows) return;
   const int64_t target = options_.admit ? row_bucket(2 * count) : count;
   if (target >= rows) return;
-  std::vector<int64_t> kept = live;
-  kept.resize(static_cast<size_t>(target), live.front());
-  at::Tensor index = index_tensor(kept, model_.device());
-  idle_sampler_ = sampler().select_rows(index);
-  loop_.reset();  // it refers to cache_, replaced next
-  cache_ = cache_.select_rows(index);
-  last_ = last_.index_select(0, index);
-  std::vector<int64_t> occupants(static_cast<size_t>(target), -1);
-  for (size_t i = 0; i < live.size(); ++i) occupants[i] = occupant_[static_cast<size_t>(live[i])];
-  occupant_ = std::move(occupants);
+  std::vector<int64_t> from = live;
+  from.resize(static_cast<size_t>(target), live.front());
+  reindex_rows(from, live.size());
   ++stats_.shrinks;
 }
 

@@ -64,15 +64,6 @@ class ContinuousBatchingTest : public ::testing::Test {
     return out.ok() ? *out : std::vector<GenerateResult>{};
   }
 
-  // Each request's on_progress keeps its finished result in `results` (sized here).
-  static void keep_results(std::vector<GenerateRequest>& requests, std::vector<GenerateResult>& results) {
-    results.assign(requests.size(), GenerateResult{});
-    for (size_t i = 0; i < requests.size(); ++i)
-      requests[i].on_progress = [&results, i](const GenerateResult& so_far, bool finished) {
-        if (finished) results[i] = so_far;
-      };
-  }
-
   // Every request's result in `got` is what it gives alone: tokens, finish reason, log-probs.
   void expect_each_as_alone(const std::vector<GenerateRequest>& requests, const std::vector<GenerateResult>& got,
                             const std::string& where) {
@@ -86,6 +77,30 @@ class ContinuousBatchingTest : public ::testing::Test {
       for (size_t t = 0; t < alone[0].logprobs.size(); ++t)
         EXPECT_NEAR(got[i].logprobs[t], alone[0].logprobs[t], kTol) << where << " request " << i << " token " << t;
     }
+  }
+
+  // `own` runs with options.admit handing in `arriving`, `per_call` of them at each call (before the
+  // first step and at every host copy); every request, own and admitted, gets what it gets alone.
+  GenerateStats run_admitting(const GenerateRequest& own, std::vector<GenerateRequest> arriving, size_t per_call,
+                              GenerateOptions options, const std::string& where) {
+    std::vector<GenerateResult> results(arriving.size());
+    for (size_t i = 0; i < arriving.size(); ++i)
+      arriving[i].on_progress = [&results, i](const GenerateResult& so_far, bool finished) {
+        if (finished) results[i] = so_far;
+      };
+    size_t handed = 0;
+    options.admit = [&](int64_t) {
+      std::vector<GenerateRequest> lot;
+      for (size_t end = std::min(handed + per_call, arriving.size()); handed < end; ++handed)
+        lot.push_back(arriving[handed]);
+      return lot;
+    };
+    GenerateStats stats;
+    auto got = run({own}, options, &stats);
+    for (auto& r : arriving) r.on_progress = nullptr;  // the runs alone below must not record
+    expect_each_as_alone({own}, got, where + ", the call's own");
+    expect_each_as_alone(arriving, results, where + ", the admitted ones");
+    return stats;
   }
 
   // Seven requests of different prompt lengths, limits and stop tokens; sampled ones mix plain,
@@ -278,25 +293,12 @@ TEST_F(ContinuousBatchingTest, AdmittedRequestsJoinTheRunningBatchAndMatchEachAl
 // decodes takes the batch through 2, 4 and 8 rows (three grows, not seven), and every request still
 // gets what it gets alone; as they finish it shrinks by buckets too.
 TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
-  GenerateRequest long_request = request({1, 2, 3}, 60);
   std::vector<GenerateRequest> arriving;
   for (int64_t i = 0; i < 7; ++i) arriving.push_back(request({4, 5, 6 + i}, 40));
-  std::vector<GenerateResult> results;
-  keep_results(arriving, results);
-  size_t handed = 0;
   GenerateOptions options;
   options.max_batch_rows = 8;
   options.stop_check_steps = 2;
-  options.admit = [&](int64_t) {
-    std::vector<GenerateRequest> lot;
-    if (handed < arriving.size()) lot.push_back(arriving[handed++]);
-    return lot;
-  };
-  GenerateStats stats;
-  auto got = run({long_request}, options, &stats);
-  for (auto& r : arriving) r.on_progress = nullptr;
-  expect_each_as_alone({long_request}, got, "bucketed, the long request");
-  expect_each_as_alone(arriving, results, "bucketed, the admitted ones");
+  GenerateStats stats = run_admitting(request({1, 2, 3}, 60), arriving, 1, options, "bucketed");
   EXPECT_EQ(stats.admitted, 7);
   EXPECT_EQ(stats.grows, 3) << "1 -> 2 -> 4 -> 8 rows";
   EXPECT_EQ(stats.peak_rows, 8);
@@ -306,23 +308,10 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
 // A greedy batch computes the plain sampled path too, so requests sampled without top-k/top-p join
 // it and get what they get alone.
 TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
-  GenerateRequest long_request = request({1, 2, 3}, 30);
   std::vector<GenerateRequest> arriving{request({4, 5}, 10, 1.0, 21), request({6, 7, 8}, 12, 0.7, 22)};
-  std::vector<GenerateResult> results;
-  keep_results(arriving, results);
-  bool handed = false;
   GenerateOptions options;
   options.stop_check_steps = 2;
-  options.admit = [&](int64_t) {
-    if (handed) return std::vector<GenerateRequest>{};
-    handed = true;
-    return arriving;
-  };
-  GenerateStats stats;
-  auto got = run({long_request}, options, &stats);
-  for (auto& r : arriving) r.on_progress = nullptr;
-  expect_each_as_alone({long_request}, got, "greedy batch");
-  expect_each_as_alone(arriving, results, "plain sampled joiners");
+  GenerateStats stats = run_admitting(request({1, 2, 3}, 30), arriving, arriving.size(), options, "greedy batch");
   EXPECT_EQ(stats.admitted, 2);
 }
 
