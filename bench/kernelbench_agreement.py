@@ -261,9 +261,9 @@ def kz_attempted(out: pathlib.Path, paths: dict) -> set:
 
 
 class GpuMemoryLog(threading.Thread):
-    """The GPU's used memory every few seconds (nvidia-smi), after the phase noted last, into a log
-    (appended to by each call, under a header with the time): which side held the card when an
-    evaluation ran short of memory."""
+    """The GPU's used memory every few seconds (nvidia-smi), after the phase noted last, with the
+    processes holding the most of it (pid, MiB, command line), into a log (appended to by each call,
+    under a header with the time): which side held the card when an evaluation ran short of memory."""
 
     def __init__(self, path: pathlib.Path, data: dict, every_s: float = 5.0):
         super().__init__(daemon=True)
@@ -275,19 +275,48 @@ class GpuMemoryLog(threading.Thread):
         with open(self.path, "a") as log:
             log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')}: GPU memory every {self.every_s:.0f} s ==\n")
             while not self.stopped.wait(self.every_s):
-                try:
-                    done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
-                                           "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
-                    used = done.stdout if done.returncode == 0 else f"nvidia-smi exit {done.returncode}: {done.stderr}"
-                except (OSError, subprocess.TimeoutExpired) as exc:
-                    used = f"nvidia-smi: {exc}"
+                used = nvidia_smi("--query-gpu=index,memory.used,memory.total")
+                holders = gpu_memory_holders(nvidia_smi("--query-compute-apps=pid,used_memory"))
                 phase = (self.data.get("note_order") or ["start"])[-1]
-                log.write(f"{time.monotonic() - started:7.1f} s  after {phase}: {' | '.join(used.split(chr(10))).strip(' |')}\n")
+                log.write(f"{time.monotonic() - started:7.1f} s  after {phase}: {' | '.join(used.split(chr(10))).strip(' |')}"
+                          + (f"\n           held by: {holders}" if holders else "") + "\n")
                 log.flush()
 
     def stop(self):
         self.stopped.set()
         self.join(15)
+
+
+def nvidia_smi(query: str) -> str:
+    """nvidia-smi's CSV answer to one query (no header, units in the values), or what went wrong."""
+    try:
+        done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-smi: {exc}"
+    return done.stdout.strip() if done.returncode == 0 else f"nvidia-smi exit {done.returncode}: {done.stderr.strip()}"
+
+
+def gpu_memory_holders(apps: str, most: int = 8) -> str:
+    """The `most` processes holding the most GPU memory, from nvidia-smi's "pid, used_memory" lines,
+    each with its command line where this host's /proc shows it ("?" where not: another container's
+    process, or one gone)."""
+    rows = []
+    for line in apps.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        mib = int(parts[1].split()[0]) if parts[1].split() and parts[1].split()[0].isdigit() else 0
+        try:
+            command = pathlib.Path(f"/proc/{parts[0]}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            command = "?"
+        rows.append((mib, parts[0], command.strip()[:80] or "?"))
+    rows.sort(reverse=True)
+    shown = [f"{pid} {mib} MiB {command}" for mib, pid, command in rows[:most]]
+    if len(rows) > most:
+        shown.append(f"{len(rows) - most} more, {sum(r[0] for r in rows[most:])} MiB")
+    return "; ".join(shown)
 
 
 # ---- KernelBench's side --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ each sample's source), and the table's logic on known verdicts. The real harness
 import contextlib
 import io
 import json
+import os
 import pathlib
 import stat
 import sys
@@ -110,6 +111,10 @@ def get_init_inputs():
 SAMPLES = [("", "correct"), ("FAKE_WRONG", "incorrect"), ("FAKE_COMPILE_FAIL", "compile_error"),
            ("FAKE_KZ_WRONG", "correct"), ("FAKE_OOM", "correct"), ("FAKE_TORCH_OP", "correct"),
            ("FAKE_HANG", "correct")]
+# KernelBench's per-sample timeout: a fresh spawned process importing torch takes well over 8 s on a
+# loaded 2-core machine, so a run without the hanging sample allows plenty, and the one with it
+# waits for it this long.
+KB_TIMEOUT_S, HANG_TIMEOUT_S = "120", "30"
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +160,7 @@ def gpu_run(world, tmp_path_factory):
     root, kb, samples, kz = world
     out = tmp_path_factory.mktemp("run")
     code, text = run_main(["--samples", samples, "--kernelbench", kb, "--kz", kz, "--out", out, "--device",
-                           "cuda:0", "--kb-workers", "2", "--kb-eval-jobs", "3", "--kb-timeout", "8",
+                           "cuda:0", "--kb-workers", "2", "--kb-eval-jobs", "3", "--kb-timeout", HANG_TIMEOUT_S,
                            "--budget-s", "300"])
     return code, text, out, json.loads((out / "agreement.json").read_text())
 
@@ -203,7 +208,7 @@ def test_the_kz_batch_has_level_prefixed_tasks_and_the_report_keeps_no_sources(g
 def test_a_tight_budget_cuts_and_says_so(world, tmp_path):
     root, kb, samples, kz = world
     code, text = run_main(["--samples", samples, "--kernelbench", kb, "--kz", kz, "--out", tmp_path, "--device",
-                           "cuda:0", "--kb-workers", "2", "--kb-timeout", "8", "--budget-s", "5", "--no-strict"])
+                           "cuda:0", "--kb-workers", "2", "--kb-timeout", KB_TIMEOUT_S, "--budget-s", "5", "--no-strict"])
     data = json.loads((tmp_path / "agreement.json").read_text())
     assert code == 0
     assert "cut by the budget" in data["notes"]["kb"] and data["kb"]["cut"]
@@ -281,7 +286,7 @@ def test_a_second_call_goes_on_where_the_first_stopped(world, tmp_path):
     root, kb, samples, kz = world
     state = tmp_path / "state"
     common = ["--samples", samples, "--kernelbench", kb, "--kz", kz, "--device", "cuda:0", "--kb-workers", "2",
-              "--kb-timeout", "8", "--budget-s", "300", "--state", state]
+              "--kb-timeout", KB_TIMEOUT_S, "--budget-s", "300", "--state", state]
     code, text = run_main(common + ["--out", tmp_path / "first", "--limit", "3"])
     assert code == 0, text
     # s3 pre-built by a call that ended before evaluating it: the next call evaluates it first.
@@ -299,3 +304,13 @@ def test_a_second_call_goes_on_where_the_first_stopped(world, tmp_path):
     assert len(rows) == 6 and all(r["agree"] is not None and r["kz_strict"] for r in rows.values())
     assert rows["run-p1-s1"]["kb"] == "incorrect" and rows["run-p1-s3"]["agree"] is False
     assert not any((state / "kb-builds").iterdir())  # evaluated: their builds are needed no more
+
+
+def test_the_memory_log_names_the_processes_holding_the_card():
+    me = os.getpid()
+    apps = f"{me}, 2048 MiB\n999999999, 70000 MiB\n{me + 1}, 10 MiB\nnot a row\n"
+    holders = agreement.gpu_memory_holders(apps, most=2).split("; ")
+    assert holders[0] == "999999999 70000 MiB ?"  # no such process here: named by its pid only
+    assert holders[1].startswith(f"{me} 2048 MiB ") and "python" in holders[1]
+    assert holders[2] == "1 more, 10 MiB"
+    assert agreement.gpu_memory_holders("nvidia-smi: [Errno 2] No such file or directory") == ""
