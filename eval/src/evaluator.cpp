@@ -292,6 +292,7 @@ Result<Verdict> Evaluator::run_worker(const Task& task, const Candidate& candida
           // its slot files, and how many processes may hold a CUDA context on the GPU beside it.
           request["gpu_memory_dir"] = lock_dir;
           request["gpu_memory_processes"] = options_.worker.gpu_memory_processes;
+          request["device_memory_wait_s"] = options_.timeouts.device_memory_wait_s;
         }
         if (!kept_builds.empty()) {
           std::error_code error;

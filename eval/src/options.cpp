@@ -46,6 +46,7 @@ ConfigTable config_table(EvalOptions& o) {
       {"timeouts.timing_s", o.timeouts.timing_s},
       {"timeouts.recheck_s", o.timeouts.recheck_s},
       {"timeouts.await_memory_s", o.timeouts.await_memory_s},
+      {"timeouts.device_memory_wait_s", o.timeouts.device_memory_wait_s},
       {"worker.python", o.worker.python},
       {"worker.worker_dir", o.worker.worker_dir},
       {"worker.cache_dir", o.worker.cache_dir},
@@ -123,6 +124,7 @@ Status EvalOptions::validate() const {
   for (double t : {timeouts.startup_s, timeouts.load_reference_s, timeouts.compile_s, timeouts.correctness_s,
                    timeouts.timing_s, timeouts.recheck_s, timeouts.await_memory_s})
     if (t <= 0) return invalid_argument("every stage timeout must be positive");
+  if (timeouts.device_memory_wait_s < 0) return invalid_argument("timeouts.device_memory_wait_s must be >= 0 (0: no wait)");
   for (double t : {tolerance.atol_fp32, tolerance.rtol_fp32, tolerance.norm_tol_fp32, tolerance.atol_half,
                    tolerance.rtol_half, tolerance.norm_tol_half})
     if (t < 0) return invalid_argument("tolerances must be non-negative");

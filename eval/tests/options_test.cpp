@@ -160,6 +160,19 @@ TEST(Options, TheMemoryWaitHasATimeoutOfItsOwn) {
   EXPECT_FALSE(apply_toml_text("[timeouts]\nawait_memory_s = 0.0\n", "t", zero).is_ok());
 }
 
+// The wait for the card itself to free what the slots promise: sent with every GPU request, 0 allowed.
+TEST(Options, TheDeviceMemoryWaitIsAConfigValue) {
+  EvalOptions o;
+  EXPECT_EQ(o.timeouts.device_memory_wait_s, 30) << "the default";
+  ASSERT_TRUE(apply_toml_text("[timeouts]\ndevice_memory_wait_s = 0.0\n", "t", o).is_ok()) << "0: no wait";
+  EXPECT_EQ(o.timeouts.device_memory_wait_s, 0);
+  EXPECT_NE(to_toml(o).find("device_memory_wait_s = 0"), std::string::npos) << "kz config show prints it";
+  EvalOptions negative;
+  auto bad = apply_toml_text("[timeouts]\ndevice_memory_wait_s = -1.0\n", "t", negative);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("device_memory_wait_s"), std::string::npos) << bad.message();
+}
+
 TEST(Options, PrintedConfigParsesBackToTheSameValues) {
   EvalOptions o;
   o.trials = 9;

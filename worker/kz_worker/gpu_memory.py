@@ -144,7 +144,8 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 # How often a worker that holds the turnstile looks for freed slots.
 POLL_S = 0.02
 # Memory the slots promise that the card still lacks (await_device_memory): how long to wait for it
-# before going on anyway, and how often to look.
+# before going on anyway where the request does not say ([timeouts] device_memory_wait_s, whose
+# default this is), and how often to look.
 DEVICE_WAIT_S = 30.0
 DEVICE_POLL_S = 0.25
 

@@ -397,7 +397,8 @@ class Evaluation:
         alone = bool(self.request.get("gpu_alone")) or self.footprint is None
         self.memory.reserve(need, alone, on_wait=waiting)
         if need:  # the slots promise it; the card may still lack it (gpu_memory.await_device_memory)
-            waited, _ = gpu_memory.await_device_memory(self.device, need, on_wait=waiting)
+            wait_s = float(self.request.get("device_memory_wait_s", gpu_memory.DEVICE_WAIT_S))
+            waited, _ = gpu_memory.await_device_memory(self.device, need, wait_s, on_wait=waiting)
             self.memory.waited_s += waited
         if self.stage != stage:
             self.enter(stage)

@@ -204,6 +204,25 @@ def test_an_evaluation_waits_for_memory_its_slots_promise_then_goes_on():
     assert 0.3 <= waited < 1 and missing == 6 * GIB
 
 
+def test_the_wait_for_the_card_is_the_requests(monkeypatch):
+    """[timeouts] device_memory_wait_s reaches the wait as the request's device_memory_wait_s (0: none);
+    a request without it waits the default."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.9, raising=False)
+    monkeypatch.setattr(gpu_memory, "estimate_on_meta", lambda *a: gpu_memory.Footprint(GIB, GIB, GIB, "meta"))
+    monkeypatch.setattr(gpu_memory, "Reservation", lambda *a: types.SimpleNamespace(
+        reserve=lambda need, alone, on_wait: None, waited_s=0.0))
+    monkeypatch.setattr(gpu_memory, "await_device_memory",
+                        lambda device, need, wait_s, on_wait: seen.append(wait_s) or (0.0, 0))
+    for extra in ({"device_memory_wait_s": 0.0}, {"device_memory_wait_s": 7.5}, {}):
+        evaluation = harness.Evaluation({"device": "cuda:0", "format": "cuda-rtc", "seed": 1, "trials": 1,
+                                         "scratch_dir": "/tmp", "gpu_memory_dir": "/tmp", **extra},
+                                        types.SimpleNamespace(stage=lambda name: None))
+        evaluation._reserve_memory(None, [])
+    assert seen == [0.0, 7.5, gpu_memory.DEVICE_WAIT_S]
+
+
 def test_a_task_larger_than_the_card_names_both_figures():
     fp = gpu_memory.Footprint(weights=0, inputs=40 * GIB, forward_peak=40 * GIB, estimate="meta")
     failure = gpu_memory.exceeds_failure(200 * GIB, 60 * GIB, 80 * GIB, fp)

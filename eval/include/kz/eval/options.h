@@ -69,6 +69,10 @@ struct StageTimeouts {
   // Waiting for other evaluations on the GPU to free memory (the worker's reservation,
   // worker/kz_worker/gpu_memory.py); the evaluation's own stages are timed apart.
   double await_memory_s = 3600;
+  // Once its slots are held, how long a worker waits for the card itself to have them free: the
+  // memory of an evaluation that just ended can take seconds more to be freed by the driver. Past
+  // it the evaluation goes on (not killed). >= 0; 0: no wait.
+  double device_memory_wait_s = 30;
 };
 
 // Where and how the workers run.
