@@ -276,13 +276,14 @@ std::string render_summary(const SuiteSummary& s) {
   table.add_row({std::to_string(s.candidates), std::to_string(s.compiled), std::to_string(s.correct),
                  fmt::format("{:.1f}%", 100 * s.pass_rate()), fmt::format("{:.1f}%", 100 * s.compile_rate()),
                  s.timed ? fmt::format("{:.3f}x", s.geomean_speedup) : "n/a (not timed)",
-                 s.timed ? fmt::format("{:.1f}%", 100 * s.fast_1()) : "n/a"});
+                 // Untimed correct candidates leave fast_1 unknown; with none correct it is 0 regardless.
+                 s.timed || !s.correct ? fmt::format("{:.1f}%", 100 * s.fast_1()) : "n/a"});
   std::string statuses;
   for (const auto& [name, count] : s.status_counts) statuses += fmt::format("  {}: {}", name, count);
   std::string notes;
   if (s.unchecked) notes += fmt::format("\n{} verdict(s) with a check that could not run (their `unchecked`)", s.unchecked);
   if (s.exceeds_gpu_memory)
-    notes += fmt::format("\n{} tasks need more GPU memory than the card has: not counted as candidate failures",
+    notes += fmt::format("\n{} candidate(s) of tasks that need more GPU memory than the card has: not counted as failures",
                          s.exceeds_gpu_memory);
   if (s.retried_alone)
     notes += fmt::format("\n{} evaluation(s) ran out of GPU memory beside others and were run again alone",

@@ -73,7 +73,7 @@ TEST(SuiteSummary, TasksTooBigForTheGpuAreCountedApartAndRetriesCounted) {
   EXPECT_EQ(json["retried_alone"], 1);
   EXPECT_EQ(json["status_counts"]["infra_error"], 1) << "still an infra_error among the statuses";
   std::string text = render_summary(s);
-  EXPECT_NE(text.find("1 tasks need more GPU memory than the card has: not counted as candidate failures"),
+  EXPECT_NE(text.find("1 candidate(s) of tasks that need more GPU memory than the card has: not counted as failures"),
             std::string::npos) << text;
   EXPECT_NE(text.find("run again alone"), std::string::npos) << text;
 
@@ -90,6 +90,15 @@ TEST(SuiteSummary, UntimedRunsHaveNoSpeedup) {
   auto s = summarize({v}, 1);
   EXPECT_EQ(s.timed, 0);
   EXPECT_TRUE(summary_json(s)["geomean_speedup"].is_null());
+  // The summary row's last cells: the geomean speedup, then fast_1.
+  auto summary_row = [](const std::string& table) {
+    size_t at = table.find("(not timed)");
+    return at == std::string::npos ? std::string() : table.substr(at, table.find('\n', at) - at);
+  };
+  EXPECT_EQ(summary_row(render_summary(s)), "(not timed)  n/a") << "correct but untimed: fast_1 unknown";
+  Verdict wrong = make_verdict(EvalStatus::incorrect, {Check::output_mismatch}, "");
+  std::string row = summary_row(render_summary(summarize({wrong}, 1)));
+  EXPECT_TRUE(row.size() > 4 && row.substr(row.size() - 4) == "0.0%") << "nothing correct: fast_1 is 0: " << row;
 }
 
 TEST(SuiteDiscovery, PairsFilesAndFoldersWithTasks) {

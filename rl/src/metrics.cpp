@@ -77,10 +77,12 @@ BenchMetrics compute_metrics(const std::vector<TaskOutcomes>& tasks, const std::
   }
   m.geomean_speedup = geomean_speedup(tasks);
   if (tasks.empty()) return m;
-  size_t min_n = std::min_element(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) {
-                   return a.samples.size() < b.samples.size();
-                 })->samples.size();
-  for (int k = 1; k <= static_cast<int>(min_n); ++k) m.pass_at_k[k] = mean_pass_at_k(tasks, k, counts_correct);
+  // k up to the fewest samples of a task that has any: a task without samples (scoring 0 at every
+  // k) must not empty the curve; with none sampled at all, pass@1 is 0.
+  size_t min_n = 0;
+  for (const auto& t : tasks)
+    if (!t.samples.empty() && (min_n == 0 || t.samples.size() < min_n)) min_n = t.samples.size();
+  for (int k = 1; k <= static_cast<int>(std::max<size_t>(min_n, 1)); ++k) m.pass_at_k[k] = mean_pass_at_k(tasks, k, counts_correct);
   for (double p : ps) m.fast_p_at_1[p] = fast_p(tasks, p, 1);
   return m;
 }

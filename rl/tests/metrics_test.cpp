@@ -141,6 +141,17 @@ TEST(ComputeMetrics, GeomeanOfEqualSpeedupsIsThatSpeedup) {
   EXPECT_DOUBLE_EQ(m.fast_p_at_1.at(0.5), 0.0);
 }
 
+// A task without samples (its generation failed) scores 0 and does not empty the pass@k curve: k
+// goes up to the fewest samples among the tasks that have any.
+TEST(ComputeMetrics, ATaskWithoutSamplesScoresZeroAtEveryK) {
+  std::vector<TaskOutcomes> tasks = {{"a", 1, {ok(2.0), ok(2.0)}}, {"b", 1, {}}};
+  BenchMetrics m = compute_metrics(tasks);
+  ASSERT_EQ(m.pass_at_k.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.pass_at_k.at(1), 0.5);
+  EXPECT_DOUBLE_EQ(m.pass_at_k.at(2), 0.5);
+  EXPECT_DOUBLE_EQ(m.fast_p_at_1.at(1), 0.5);
+}
+
 TEST(ComputeMetrics, Empty) {
   BenchMetrics m = compute_metrics({});
   EXPECT_EQ(m.tasks, 0);
@@ -163,7 +174,8 @@ TEST(MetricsByLevel, SplitsTasks) {
   EXPECT_DOUBLE_EQ(by_level.at(1).pass_at_k.at(2), 0.5);
   EXPECT_DOUBLE_EQ(by_level.at(2).pass_at_k.at(1), 1.0);
   EXPECT_DOUBLE_EQ(by_level.at(2).fast_p_at_1.at(1), 0.0);  // 1.0x is not faster than 1
-  EXPECT_TRUE(by_level.at(3).pass_at_k.empty());            // no samples: no k to report
+  ASSERT_EQ(by_level.at(3).pass_at_k.size(), 1u);          // no samples: scores 0 at k = 1
+  EXPECT_DOUBLE_EQ(by_level.at(3).pass_at_k.at(1), 0.0);
   EXPECT_DOUBLE_EQ(by_level.at(3).fast_p_at_1.at(0), 0.0);
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "kz/core/svg_chart.h"
 #include "kz/core/terminal.h"
@@ -31,20 +32,26 @@ int sample_of(const Verdict& v) {
 // failures, as before.
 bool exceeds_gpu_memory(const Verdict& v) { return v.has_check(Check::exceeds_gpu_memory); }
 
-// Per task, its samples' outcomes, those that exceeded the GPU's memory left out: a task with none
-// left is in no denominator of pass@k or fast_p.
+// Per task, its samples' outcomes, those that exceeded the GPU's memory left out: a task whose every
+// sample did is in no denominator of pass@k or fast_p. A task without any verdict (its generation
+// failed, the run was cut short) stays in, with no samples: it scores 0, as in KernelBench.
 std::vector<TaskOutcomes> outcomes_by_task(const std::vector<Task>& tasks, const std::vector<Verdict>& verdicts) {
   std::map<std::string, TaskOutcomes> by_task;
+  std::set<std::string> too_big;  // tasks with a sample that exceeded the GPU's memory
   for (const auto& task : tasks) by_task[task.id] = TaskOutcomes{task.id, task.level, {}};
   for (const auto& v : verdicts) {
     auto it = by_task.find(v.task_id);
-    if (it == by_task.end() || exceeds_gpu_memory(v)) continue;
+    if (it == by_task.end()) continue;
+    if (exceeds_gpu_memory(v)) {
+      too_big.insert(v.task_id);
+      continue;
+    }
     it->second.samples.push_back(
         SampleOutcome{v.correct, v.speedup, v.compiled, v.status == EvalStatus::cheat_detected});
   }
   std::vector<TaskOutcomes> result;
   for (auto& [id, outcomes] : by_task)
-    if (!outcomes.samples.empty()) result.push_back(std::move(outcomes));
+    if (!outcomes.samples.empty() || !too_big.count(id)) result.push_back(std::move(outcomes));
   return result;
 }
 
@@ -185,7 +192,15 @@ nlohmann::json bench_summary(const RunInfo& info, const std::vector<Task>& tasks
                             {"tasks", tasks.size()}, {"evaluated_samples", verdicts.size()}};
   summary.update(bench_metrics(tasks, verdicts));
   summary["exceeds_gpu_memory"] = std::count_if(verdicts.begin(), verdicts.end(), exceeds_gpu_memory);
+  std::set<std::string> judged;
+  for (const auto& v : verdicts) judged.insert(v.task_id);
+  summary["tasks_without_samples"] = std::count_if(tasks.begin(), tasks.end(),
+                                                   [&](const Task& t) { return !judged.count(t.id); });
   return summary;
+}
+
+bool known_fast_1(const nlohmann::json& metrics) {
+  return metrics["geomean_speedup"].is_number() || metrics["pass_at_k"].value("1", nlohmann::json(1.0)) == 0.0;
 }
 
 std::string render_bench_table(const nlohmann::json& summary) {
@@ -196,8 +211,9 @@ std::string render_bench_table(const nlohmann::json& summary) {
     table.add_row({name, m.value("tasks", nlohmann::json(0)).dump(), m.value("samples", nlohmann::json(0)).dump(),
                    percent(pass.value("1", nlohmann::json())),
                    last_k.empty() ? "n/a" : fmt::format("{} (k={})", percent(pass[last_k]), last_k),
-                   // fast_1 needs timings: on a CPU run every correct sample is untimed.
-                   m["geomean_speedup"].is_number() ? percent(m["fast_p"].value("1", nlohmann::json())) : "n/a",
+                   // fast_1 needs timings (on a CPU run every correct sample is untimed), unless nothing
+                   // was correct: then it is 0 however the run was timed.
+                   known_fast_1(m) ? percent(m["fast_p"].value("1", nlohmann::json())) : "n/a",
                    m["geomean_speedup"].is_number() ? fmt::format("{:.3f}x", m["geomean_speedup"].get<double>()) : "n/a",
                    percent(m["compile_rate"]), percent(m["cheat_rate"])});
   };
@@ -206,10 +222,15 @@ std::string render_bench_table(const nlohmann::json& summary) {
   if (summary.contains("vs_compile")) row("all, over torch.compile", summary["vs_compile"]["overall"]);
   for (const char* policy : {"strict", "kernelbench"})
     if (summary.contains(policy)) row(fmt::format("all, policy {}", policy), summary[policy]["overall"]);
-  int too_big = summary.value("exceeds_gpu_memory", 0);  // absent from summaries written before it
-  if (too_big == 0) return table.render();
-  return table.render() + fmt::format("{} sample(s) of tasks that need more GPU memory than the card has: left "
-                                      "out of pass@k and fast_p\n", too_big);
+  std::string notes;
+  // Both absent from summaries written before them.
+  if (int too_big = summary.value("exceeds_gpu_memory", 0))
+    notes += fmt::format("{} sample(s) of tasks that need more GPU memory than the card has: left out of pass@k "
+                         "and fast_p\n", too_big);
+  if (int unsampled = summary.value("tasks_without_samples", 0))
+    notes += fmt::format("{} task(s) without any sample (generation failed or the run was cut short): scored 0; "
+                         "run kz bench again to fill them\n", unsampled);
+  return table.render() + notes;
 }
 
 std::string render_bench_html(const RunInfo& info, const nlohmann::json& summary, const std::vector<Task>& tasks,

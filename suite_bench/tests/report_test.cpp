@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 
 #include "kz/suite_bench/report.h"
 
@@ -108,6 +109,46 @@ TEST_F(ReportTest, TableAndHtmlShowTheRun) {
   EXPECT_NE(html.find("a #0: ok 2.00x"), std::string::npos);  // grid tooltip
   EXPECT_NE(html.find("openai:http://x/v1:m"), std::string::npos);
   EXPECT_EQ(html.find("<script"), std::string::npos);         // self-contained, static
+}
+
+// A task without any verdict (its generation failed; a run cut short) scores 0 in every denominator,
+// as in KernelBench: a short run cannot inflate a metric. pass@k still goes up to the sampled tasks' n.
+TEST_F(ReportTest, ATaskWithoutVerdictsScoresZero) {
+  std::vector<Verdict> only_a = {sample("a", 0, EvalStatus::ok, 2.0), sample("a", 1, EvalStatus::ok, 2.0)};
+  auto s = bench_summary(info, tasks, only_a);
+  EXPECT_EQ(s["overall"]["tasks"], 2);
+  EXPECT_DOUBLE_EQ(s["pass_at_k"]["1"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["pass_at_k"]["2"].get<double>(), 0.5) << "k up to the sampled tasks' 2";
+  EXPECT_DOUBLE_EQ(s["fast_p"]["1"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["levels"]["2"]["pass_at_k"]["1"].get<double>(), 0.0) << "level 2: only task b, unsampled";
+  EXPECT_EQ(s["tasks_without_samples"], 1);
+  EXPECT_NE(render_bench_table(s).find("1 task(s) without any sample"), std::string::npos);
+  EXPECT_EQ(render_bench_table(bench_summary(info, tasks, verdicts)).find("without any sample"), std::string::npos);
+  auto none = bench_summary(info, tasks, {});
+  EXPECT_DOUBLE_EQ(none["pass_at_k"]["1"].get<double>(), 0.0);
+}
+
+// fast_1 is unknown ("n/a") only where correct samples went untimed; with none correct it is 0.
+TEST_F(ReportTest, Fast1IsZeroNotUnknownWhereNothingWasCorrect) {
+  std::vector<Verdict> wrong = {sample("a", 0, EvalStatus::incorrect), sample("b", 0, EvalStatus::compile_error)};
+  info.samples = 1;
+  auto fast_1_of_all = [](const std::string& table) {  // the "all" row's sixth cell (cells: 2+ spaces apart)
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("all ", 0) != 0) continue;
+      std::vector<std::string> cells;
+      for (size_t at = 0; at < line.size();) {
+        size_t gap = line.find("  ", at);
+        cells.push_back(line.substr(at, gap - at));
+        at = gap == std::string::npos ? line.size() : line.find_first_not_of(' ', gap);
+      }
+      return cells.size() > 5 ? cells[5] : std::string();
+    }
+    return std::string();
+  };
+  EXPECT_EQ(fast_1_of_all(render_bench_table(bench_summary(info, tasks, wrong))), "0.0%");
+  std::vector<Verdict> untimed = {sample("a", 0, EvalStatus::ok), sample("b", 0, EvalStatus::ok)};
+  EXPECT_EQ(fast_1_of_all(render_bench_table(bench_summary(info, tasks, untimed))), "n/a");
 }
 
 TEST_F(ReportTest, UntimedRunSaysSo) {

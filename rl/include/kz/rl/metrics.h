@@ -40,7 +40,7 @@ struct TaskOutcomes {
 };
 
 struct BenchMetrics {
-  std::map<int, double> pass_at_k;           // k -> pass@k, for k = 1 .. the smallest n over tasks
+  std::map<int, double> pass_at_k;           // k -> pass@k, for k = 1 .. the smallest n over sampled tasks
   std::map<double, double> fast_p_at_1;      // p -> fast_p with k = 1
   std::optional<double> geomean_speedup;     // over correct, timed samples; nullopt when none
   double compile_rate = 0;                   // compiled samples / samples (0 without samples)
@@ -67,7 +67,7 @@ BenchMetrics compute_metrics(const std::vector<TaskOutcomes>& tasks,
 std::map<int, BenchMetrics> metrics_by_level(const std::vector<TaskOutcomes>& tasks,
                                              const std::vector<double>& ps = {0, 0.5, 0.8, 1, 1.5, 2});
 
-// {"tasks", "samples", "pass_at_k": {"1": ..}, "fast_p_at_1": {"0": .., "0.5": ..},
+// {"tasks", "samples", "pass_at_k": {"1": ..}, "fast_p": {"0": .., "0.5": ..} (k = 1),
 //  "geomean_speedup": number or null, "compile_rate", "cheat_rate"}.
 nlohmann::json to_json(const BenchMetrics& metrics);
 
