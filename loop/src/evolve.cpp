@@ -494,27 +494,31 @@ Result<std::vector<ProposalBatch>> Evolution::share_proposals(Result<std::vector
   return proposal_batches_from_json(got->value("batches", json::array()));
 }
 
-// Rewards (rl/proposer_reward.h) over each API set's replies, normalised within the set (the
-// Proposer's GRPO group), then one update. A module the judge could not measure (every attempt an
-// infra_error) gets no reward; a duplicate of a module kept earlier is valid but adds nothing: 0.
+// Rewards (rl/proposer_reward.h) over each API set's replies: the repetition penalty among that
+// set's valid modules, the advantages normalised within the set (the Proposer's GRPO group); then
+// one update. A module the judge could not measure (every attempt an infra_error) gets no reward; a
+// duplicate of a module kept earlier is valid but adds nothing: 0.
 Result<std::optional<rl::PolicyUpdateStats>> Evolution::update_proposer(std::vector<JudgedProposal>& judged,
                                                                         StageSeconds& seconds) {
-  std::vector<rl::ProposedModule> rewarded;
-  std::vector<size_t> index_of;
-  for (size_t k = 0; k < judged.size(); ++k) {
-    const JudgedProposal& j = judged[k];
-    if (j.proposal->failed_check == "duplicate") {
-      judged[k].reward = 0.0;
-      continue;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    std::vector<rl::ProposedModule> rewarded;
+    std::vector<size_t> index_of;
+    for (size_t k = 0; k < judged.size(); ++k) {
+      const JudgedProposal& j = judged[k];
+      if (j.batch != b) continue;
+      if (j.proposal->failed_check == "duplicate") {
+        judged[k].reward = 0.0;
+        continue;
+      }
+      if (j.proposal->kept && !j.pass_rate) continue;
+      rewarded.push_back({j.proposal->kept, j.pass_rate.value_or(0), j.proposal->verdict.fingerprint,
+                          j.proposal->code.value_or("")});
+      index_of.push_back(k);
     }
-    if (j.proposal->kept && !j.pass_rate) continue;
-    rewarded.push_back({j.proposal->kept, j.pass_rate.value_or(0), j.proposal->verdict.fingerprint,
-                        j.proposal->code.value_or("")});
-    index_of.push_back(k);
+    auto rewards = rl::proposer_rewards(rewarded, config_.proposer_reward);
+    if (!rewards.ok()) return rewards.status().with_context(fmt::format("API set {}'s rewards", b));
+    for (size_t r = 0; r < rewards->size(); ++r) judged[index_of[r]].reward = (*rewards)[r].reward;
   }
-  auto rewards = rl::proposer_rewards(rewarded, config_.proposer_reward);
-  if (!rewards.ok()) return rewards.status();
-  for (size_t r = 0; r < rewards->size(); ++r) judged[index_of[r]].reward = (*rewards)[r].reward;
 
   std::vector<rl::Rollout> rollouts;
   for (size_t b = 0; b < batches_.size(); ++b) {

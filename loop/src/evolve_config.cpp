@@ -126,8 +126,18 @@ Status EvolveConfig::validate() const {
                                           "(an OpenAI-compatible URL)", r.policy.name));
     return r.policy.validate();
   };
+  // With shared_policy the Coder's samples train the [proposer] model too.
+  auto on_policy = [](const RoleConfig& r, bool trainable) -> Status {
+    if (!trainable || (r.temperature == 1.0 && r.top_p == 1.0)) return Status::ok();
+    return invalid_argument(fmt::format(
+        "[{}]: a trainable role samples at temperature 1 and top_p 1 (here {:g} and {:g}): the update trains "
+        "the model's unmodified distribution, and samples from another would be off-policy; set both to 1, "
+        "or trainable = false", r.policy.name, r.temperature, r.top_p));
+  };
   KZ_RETURN_IF_ERROR(role(proposer));
   if (!shared_policy) KZ_RETURN_IF_ERROR(role(coder));
+  KZ_RETURN_IF_ERROR(on_policy(proposer, proposer.policy.trainable));
+  KZ_RETURN_IF_ERROR(on_policy(coder, shared_policy ? proposer.policy.trainable : coder.policy.trainable));
   if (api_sampler.min_set_size > api_sampler.max_set_size)
     return invalid_argument("[api_sampler]: min_set_size is above max_set_size");
   if (frontier.band_low > frontier.band_high) return invalid_argument("[frontier]: band_low is above band_high");

@@ -24,7 +24,9 @@
 
 namespace kz::loop {
 
-// A role's model and how it samples.
+// A role's model and how it samples. A trainable role samples at temperature 1 and top_p 1: the
+// update trains the model's unmodified distribution, which the sampler's log-probs are of, so
+// samples drawn from a sharpened one would be off-policy (validate() refuses that).
 struct RoleConfig {
   PolicyOptions policy;
   std::string lr_schedule = "constant";  // constant | warmup_cosine (policy.train.schedule)
