@@ -1080,6 +1080,7 @@ Status Evolution::open_models() {
     role.policy.update.shuffle_seed = derive_seed(config_.seed, 0, name);
     PolicyOptions on_this_rank = role.policy;  // the run's config.toml keeps the configured device
     on_this_rank.device = dist::rank_device(role.policy.device, world_);
+    on_this_rank.update.loss.temperature = role.temperature;  // the distribution its samples come from
     return Policy::open(on_this_rank);
   };
   auto proposer = open_role(config_.proposer, "proposer");

@@ -126,18 +126,25 @@ Status EvolveConfig::validate() const {
                                           "(an OpenAI-compatible URL)", r.policy.name));
     return r.policy.validate();
   };
-  // With shared_policy the Coder's samples train the [proposer] model too.
+  // The update trains softmax(logits / temperature), the distribution a role samples from; top-p's
+  // truncation it cannot follow, nor greedy decoding. With shared_policy the Coder's samples train
+  // the [proposer] model too, at one temperature.
   auto on_policy = [](const RoleConfig& r, bool trainable) -> Status {
-    if (!trainable || (r.temperature == 1.0 && r.top_p == 1.0)) return Status::ok();
+    if (!trainable || (r.temperature > 0 && r.top_p == 1.0)) return Status::ok();
     return invalid_argument(fmt::format(
-        "[{}]: a trainable role samples at temperature 1 and top_p 1 (here {:g} and {:g}): the update trains "
-        "the model's unmodified distribution, and samples from another would be off-policy; set both to 1, "
-        "or trainable = false", r.policy.name, r.temperature, r.top_p));
+        "[{}]: a trainable role samples with top_p 1 and a temperature above 0 (here top_p {:g}, temperature "
+        "{:g}): the update trains softmax(logits / temperature), and samples cut by top-p or drawn greedily "
+        "would be off-policy; set top_p = 1 and temperature > 0, or trainable = false",
+        r.policy.name, r.top_p, r.temperature));
   };
   KZ_RETURN_IF_ERROR(role(proposer));
   if (!shared_policy) KZ_RETURN_IF_ERROR(role(coder));
   KZ_RETURN_IF_ERROR(on_policy(proposer, proposer.policy.trainable));
   KZ_RETURN_IF_ERROR(on_policy(coder, shared_policy ? proposer.policy.trainable : coder.policy.trainable));
+  if (shared_policy && proposer.policy.trainable && proposer.temperature != coder.temperature)
+    return invalid_argument(fmt::format("[run] shared_policy trains one model on both roles' samples: [proposer] "
+                                        "and [coder] temperature must be equal (here {:g} and {:g})",
+                                        proposer.temperature, coder.temperature));
   if (api_sampler.min_set_size > api_sampler.max_set_size)
     return invalid_argument("[api_sampler]: min_set_size is above max_set_size");
   if (frontier.band_low > frontier.band_high) return invalid_argument("[frontier]: band_low is above band_high");

@@ -118,36 +118,39 @@ Result<std::unique_ptr<Policy::Impl>> open_endpoint(const PolicyOptions& options
   return impl;
 }
 
-// ---- the KL reference -------------------------------------------------------------------------
+// ---- teacher-forced scores: the KL reference's, and old log-probs at a temperature ------------
 
-// Scores one micro-batch of rollouts under the reference: ref_logprobs per completion token.
-Status score_with_reference(model::CausalLM& reference, const std::vector<rl::Rollout*>& rows, int64_t pad_id) {
-  model::MicroBatch mb = rl::make_micro_batch(std::vector<const rl::Rollout*>(rows.begin(), rows.end()), pad_id);
-  auto lp = model::token_logprobs(reference, mb.input_ids.to(reference.device()),
-                                  mb.attention_mask.to(reference.device()), /*keep_graph=*/false);
-  if (!lp.ok()) return lp.status().with_context("scoring with the KL reference");
+// Scores one micro-batch of rollouts under `model` at the update's temperature: `field` of each
+// (ref_logprobs or old_logprobs) gets its completion tokens' log-probs.
+Status score_rollouts(model::CausalLM& model, const std::vector<rl::Rollout*>& rows,
+                      const rl::PolicyUpdateOptions& update, std::vector<float> rl::Rollout::*field) {
+  model::MicroBatch mb =
+      rl::make_micro_batch(std::vector<const rl::Rollout*>(rows.begin(), rows.end()), update.pad_token_id);
+  auto lp = model::token_logprobs(model, mb.input_ids.to(model.device()), mb.attention_mask.to(model.device()),
+                                  /*keep_graph=*/false, update.loss.temperature);
+  if (!lp.ok()) return lp.status();
   at::Tensor host = lp->to(at::kCPU, at::kFloat).contiguous();
   const int64_t width = host.size(1);
   const float* data = host.data_ptr<float>();
   for (size_t b = 0; b < rows.size(); ++b) {
     // Completion token i is the target at index prompt_size - 1 + i (make_micro_batch's layout).
     const float* first = data + static_cast<int64_t>(b) * width + static_cast<int64_t>(rows[b]->prompt_ids.size()) - 1;
-    rows[b]->ref_logprobs.assign(first, first + rows[b]->completion_ids.size());
+    (rows[b]->*field).assign(first, first + rows[b]->completion_ids.size());
   }
   return Status::ok();
 }
 
-// Fills every well-formed rollout's ref_logprobs; malformed ones are left for PolicyUpdate to
-// report by index.
-Status fill_reference_logprobs(model::CausalLM& reference, std::vector<rl::Rollout>& rollouts,
-                               const rl::PolicyUpdateOptions& update) {
+// Fills `field` of every well-formed rollout, a micro-batch at a time; malformed ones are left for
+// PolicyUpdate to report by index.
+Status fill_logprobs(model::CausalLM& model, std::vector<rl::Rollout>& rollouts, const rl::PolicyUpdateOptions& update,
+                     std::vector<float> rl::Rollout::*field) {
   std::vector<rl::Rollout*> rows;
   for (auto& r : rollouts)
     if (!r.prompt_ids.empty() && !r.completion_ids.empty()) rows.push_back(&r);
   const size_t chunk = static_cast<size_t>(update.micro_batch_size);
   for (size_t begin = 0; begin < rows.size(); begin += chunk) {
     std::vector<rl::Rollout*> part(rows.begin() + begin, rows.begin() + std::min(rows.size(), begin + chunk));
-    KZ_RETURN_IF_ERROR(score_with_reference(reference, part, update.pad_token_id));
+    KZ_RETURN_IF_ERROR(score_rollouts(model, part, update, field));
   }
   return Status::ok();
 }
@@ -291,8 +294,15 @@ std::optional<TokenSample> Policy::token_sample(const Completion& completion) {
 Result<rl::PolicyUpdateStats> Policy::update(std::vector<rl::Rollout> rollouts) {
   const std::string label = role_label(options_) + " update";
   if (!impl_->update) return invalid_argument(label + ": the policy is frozen (not trainable)");
+  const rl::PolicyUpdateOptions& options = impl_->update->options();
+  // The sampler's log-probs are of the unmodified distribution; at another temperature the
+  // sampling policy's are recomputed from the same weights (nothing has trained since the samples).
+  if (options.loss.temperature != 1.0)
+    KZ_RETURN_IF_ERROR(fill_logprobs(*impl_->model, rollouts, options, &rl::Rollout::old_logprobs)
+                           .with_context(label + ": the sampling policy's log-probs at its temperature"));
   if (impl_->reference)
-    KZ_RETURN_IF_ERROR(fill_reference_logprobs(*impl_->reference, rollouts, impl_->update->options()).with_context(label));
+    KZ_RETURN_IF_ERROR(fill_logprobs(*impl_->reference, rollouts, options, &rl::Rollout::ref_logprobs)
+                           .with_context(label + ": scoring with the KL reference"));
   auto stats = impl_->update->run(rollouts);
   if (!stats.ok()) return stats.status().with_context(label);
   return stats;

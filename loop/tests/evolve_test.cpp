@@ -502,16 +502,20 @@ TEST_F(EvolveTest, AnUnknownConfigKeyIsNamed) {
   EXPECT_NE(run.stderr_text.find("coder.group_size"), std::string::npos) << run.stderr_text;
 }
 
-// A trainable role's samples come from the distribution its update trains: temperature 1, top_p 1.
+// A trainable role's update trains softmax(logits / temperature): top-p's truncation and greedy
+// decoding, which it cannot follow, are refused; with one shared model, so are two temperatures.
 TEST_F(EvolveTest, ATrainableRoleThatSamplesOffPolicyIsRefused) {
   std::string config = (source_dir() / "configs/evolve-tiny-cpu.toml").string();  // refused before any model loads
-  auto run = kz({"evolve", "--config", config, "--out", (dir_ / "run").string(), "--set", "proposer.temperature=0.9"});
+  auto run = kz({"evolve", "--config", config, "--out", (dir_ / "run").string(), "--set", "coder.top_p=0.95"});
   EXPECT_NE(run.exit.exit_code, 0);
-  EXPECT_NE(run.stderr_text.find("[proposer]: a trainable role samples at temperature 1"), std::string::npos)
+  EXPECT_NE(run.stderr_text.find("[coder]: a trainable role samples with top_p 1"), std::string::npos)
       << run.stderr_text;
   EXPECT_FALSE(fs::exists(dir_ / "run" / "metrics.jsonl")) << "refused before anything ran";
-  run = kz({"evolve", "--config", config, "--out", (dir_ / "run2").string(), "--set", "coder.top_p=0.95"});
-  EXPECT_NE(run.stderr_text.find("[coder]: a trainable role"), std::string::npos) << run.stderr_text;
+  run = kz({"evolve", "--config", config, "--out", (dir_ / "run2").string(), "--set", "proposer.temperature=0.0"});
+  EXPECT_NE(run.stderr_text.find("[proposer]: a trainable role"), std::string::npos) << run.stderr_text;
+  run = kz({"evolve", "--config", config, "--out", (dir_ / "run3").string(), "--set", "run.shared_policy=true",
+            "--set", "coder.temperature=0.8"});
+  EXPECT_NE(run.stderr_text.find("temperature must be equal"), std::string::npos) << run.stderr_text;
 }
 
 }  // namespace

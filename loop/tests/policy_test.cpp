@@ -330,6 +330,24 @@ TEST(Policy, FrozenPolicyDoesNotUpdate) {
 
 // ---- KL reference -----------------------------------------------------------------------------
 
+// At a sampling temperature other than 1 the update trains softmax(logits / T): the sampler's
+// log-probs (of the unmodified distribution) are replaced by the sampling policy's at T, so the
+// first step is on-policy (ratio 1: no KL, nothing clipped), as at temperature 1.
+TEST(Policy, AtATemperatureTheOldLogProbsAreTheSamplingPolicys) {
+  for (double temperature : {1.0, 0.7}) {
+    PolicyOptions options = trainable_options(false);
+    options.update.epochs = 1;  // one step, before any weight has moved
+    options.update.loss.temperature = temperature;
+    auto policy = open_policy(options);
+    ASSERT_TRUE(policy);
+    auto stats = policy->update(rollouts(*policy));
+    ASSERT_TRUE(stats.ok()) << stats.status().to_string();
+    EXPECT_EQ(stats->steps, 1);
+    EXPECT_LT(std::abs(stats->approx_kl), 1e-6) << "temperature " << temperature;
+    EXPECT_EQ(stats->clip_fraction, 0.0) << "temperature " << temperature;
+  }
+}
+
 TEST(Policy, KlPenaltyScoresAgainstTheReference) {
   PolicyOptions options = trainable_options(false);
   options.update.loss.kl_coef = 0.1;

@@ -580,15 +580,17 @@ Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<
 }
 
 Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                  bool keep_graph) {
+                                  bool keep_graph, double temperature) {
   return guarded("token_logprobs", [&]() -> Result<at::Tensor> {
     if (input_ids.dim() != 2 || input_ids.size(1) < 2)
       return invalid_argument("token_logprobs: input_ids must be [B, T] with T >= 2");
+    if (!(temperature > 0)) return invalid_argument(fmt::format("token_logprobs: temperature {} must be > 0", temperature));
     c10::AutoGradMode grad_mode(keep_graph && c10::GradMode::is_enabled());
     auto logits = model.logits(input_ids, attention_mask);
     if (!logits.ok()) return logits.status().with_context("token_logprobs");
     const int64_t t = input_ids.size(1);
     at::Tensor lf = logits->narrow(1, 0, t - 1).to(at::kFloat);
+    if (temperature != 1.0) lf = lf / temperature;
     at::Tensor targets = input_ids.narrow(1, 1, t - 1).to(lf.device());
     at::Tensor lp = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
     if (attention_mask.defined()) {

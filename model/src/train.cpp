@@ -170,6 +170,7 @@ Status LossOptions::validate() const {
   if (!(clip_low >= 0 && clip_low < 1)) return invalid_argument(fmt::format("loss clip_low {} must be in [0, 1)", clip_low));
   if (!(clip_high >= 0)) return invalid_argument(fmt::format("loss clip_high {} must be >= 0", clip_high));
   if (!(kl_coef >= 0)) return invalid_argument(fmt::format("loss kl_coef {} must be >= 0", kl_coef));
+  if (!(temperature > 0)) return invalid_argument(fmt::format("loss temperature {} must be > 0", temperature));
   return Status::ok();
 }
 
@@ -350,6 +351,7 @@ Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, co
     if (!logits.ok()) return logits.status().with_context("loss");
     const int64_t t = batch.input_ids.size(1);
     at::Tensor lf = logits->narrow(1, 0, t - 1).to(at::kFloat);
+    if (loss.temperature != 1.0) lf = lf / loss.temperature;
     at::Tensor targets = batch.input_ids.narrow(1, 1, t - 1).to(lf.device());
     at::Tensor lp = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
     if (batch.attention_mask.defined()) {

@@ -602,6 +602,42 @@ TEST_F(StepTest, KlPenaltyIsK3) {
   EXPECT_NEAR(micro_batch_loss(*model_, b, kl, 13)->item<double>(), nll.item<double>() + 0.5 * k3, 1e-6);
 }
 
+// At a sampling temperature T the policy is softmax(logits / T): token_logprobs and the losses use
+// it, so old log-probs scored at T leave the clipped surrogate on-policy (ratio 1), and the NLL at T
+// is the mean of -log softmax(logits / T) at the targets.
+TEST_F(StepTest, ATemperatureScalesTheLogitsOfEveryLogProb) {
+  MicroBatch b = batch();
+  c10::NoGradGuard no_grad;
+  at::Tensor logits = model_->logits(b.input_ids, b.attention_mask)->narrow(1, 0, 7).to(at::kFloat);
+  at::Tensor targets = b.input_ids.narrow(1, 1, 7);
+  at::Tensor want = at::log_softmax(logits / 0.7, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+  want[1][6] = 0.0;  // a pad target
+  at::Tensor at_07 = *token_logprobs(*model_, b.input_ids, b.attention_mask, false, 0.7);
+  EXPECT_LT(max_abs_diff(at_07, want), 1e-5);
+  at::Tensor at_1 = *token_logprobs(*model_, b.input_ids, b.attention_mask, false);
+  EXPECT_GT(max_abs_diff(at_07, at_1), 1e-3) << "the temperature changed nothing";
+  EXPECT_FALSE(token_logprobs(*model_, b.input_ids, b.attention_mask, false, 0.0).ok());
+
+  LossOptions nll;
+  nll.temperature = 0.7;
+  EXPECT_NEAR(micro_batch_loss(*model_, b, nll, 13)->item<double>(), -want.sum().item<double>() / 13, 1e-5);
+  LossOptions clipped = nll;
+  clipped.kind = TokenLoss::clipped_policy;
+  b.advantages = at::tensor(std::vector<float>{1.0f, -1.0f});
+  b.old_logprobs = at_07;
+  LossStats on_policy;
+  micro_batch_loss(*model_, b, clipped, 13, &on_policy);
+  EXPECT_EQ(on_policy.clipped, 0.0);
+  EXPECT_LT(std::abs(on_policy.kl), 1e-9) << "old log-probs at the same temperature: ratio 1";
+  b.old_logprobs = at_1;  // scored at temperature 1: not the sampling policy's
+  LossStats off_policy;
+  micro_batch_loss(*model_, b, clipped, 13, &off_policy);
+  EXPECT_GT(std::abs(off_policy.kl), 1e-4);
+  LossOptions bad;
+  bad.temperature = 0.0;
+  EXPECT_FALSE(bad.validate().is_ok());
+}
+
 TEST_F(StepTest, SequenceMeanAveragesEachSequenceFirst) {
   MicroBatch b = batch();
   LossOptions seq;

@@ -24,9 +24,9 @@
 
 namespace kz::loop {
 
-// A role's model and how it samples. A trainable role samples at temperature 1 and top_p 1: the
-// update trains the model's unmodified distribution, which the sampler's log-probs are of, so
-// samples drawn from a sharpened one would be off-policy (validate() refuses that).
+// A role's model and how it samples. A trainable role's update trains softmax(logits /
+// temperature), the distribution its samples come from; it samples with top_p 1 and a temperature
+// above 0 (validate() refuses top-p truncation and greedy decoding, which it cannot follow).
 struct RoleConfig {
   PolicyOptions policy;
   std::string lr_schedule = "constant";  // constant | warmup_cosine (policy.train.schedule)

@@ -106,9 +106,10 @@ Result<std::vector<GenerateResult>> generate(CausalLM& model, const std::vector<
 // (1 token, 0 pad; any padding pattern). Returns [B, T-1] float32 where out[b, t] =
 // log p(input_ids[b, t+1] | input_ids[b, ..t]), and 0 where input_ids[b, t+1] is a pad.
 // keep_graph = true keeps the autograd graph (the RL policy loss backpropagates through it);
-// false runs under NoGradGuard and saves the activations' memory.
+// false runs under NoGradGuard and saves the activations' memory. temperature: log-probs of
+// softmax(logits / temperature) (> 0), the distribution a sampler at that temperature draws from.
 Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                  bool keep_graph);
+                                  bool keep_graph, double temperature = 1.0);
 
 // Left-pads id lists into input_ids and attention_mask [B, max length] (CPU int64).
 std::pair<at::Tensor, at::Tensor> left_pad(const std::vector<std::vector<int64_t>>& sequences, int64_t pad_id);

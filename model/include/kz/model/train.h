@@ -83,6 +83,10 @@ struct LossOptions {
   double clip_low = 0.2;         // clipped_policy: ratio floor 1 - clip_low
   double clip_high = 0.28;       // clipped_policy: ratio ceiling 1 + clip_high (asymmetric, DAPO's default)
   double kl_coef = 0.0;          // weight of the per-token KL penalty to ref_logprobs; 0: none
+  // The policy's sampling temperature: log-probs (and the entropy) are of softmax(logits /
+  // temperature), the distribution the samples came from (verl's and TRL's convention); old and
+  // reference log-probs must be of it too (token_logprobs' temperature). > 0.
+  double temperature = 1.0;
   Status validate() const;
 };
 
