@@ -162,6 +162,9 @@ struct Engine::Impl {
     generate_options.max_batch_rows = options.max_batch_rows;
     generate_options.admit = [&](int64_t capacity) {
       std::lock_guard lock(mutex);
+      // Requests already answered need no failure status at the end: a batch that serving traffic
+      // keeps alive holds only those still running.
+      std::erase_if(batch, [](const auto& q) { return q->outcome.has_value(); });
       std::vector<GenerateRequest> admitted;
       while (!queue.empty() && cache_slots_needed(queue.front()->request) <= capacity) {
         admitted.push_back(queue.front()->request);

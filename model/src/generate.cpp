@@ -106,8 +106,11 @@ class ContinuousBatch {
     int64_t span, need;
   };
 
-  Row& row(int64_t request) { return rows_[static_cast<size_t>(request)]; }
+  Row& row(int64_t request) { return rows_[static_cast<size_t>(request - retired_)]; }
+  const Row& row(int64_t request) const { return rows_[static_cast<size_t>(request - retired_)]; }
+  int64_t prompt_of(int64_t request) const { return prompt_of_[static_cast<size_t>(request - retired_)]; }
   void add_request(const GenerateRequest& request);
+  void retire_finished();
   Status take_admitted();
   Sampler sampler_of(const std::vector<int64_t>& requests) const;
   void grow_for_waiting();
@@ -131,14 +134,21 @@ class ContinuousBatch {
 
   CausalLM& model_;
   const GenerateOptions& options_;
-  const size_t own_requests_;                      // the call's; admitted ones follow them in rows_
+  const size_t own_requests_;                      // the call's: ids 0 .. own_requests_ - 1
   bool filtered_;                                  // the sampler computes the top-k/top-p path
-  std::deque<GenerateRequest> admitted_;           // stable: rows_ point into it
-  std::deque<Row> rows_;                           // per request (stable references as it grows)
-  std::vector<std::vector<int64_t>> prompts_;      // distinct prompts
-  std::map<std::vector<int64_t>, int64_t> prompt_index_;  // prompt -> its index in prompts_
-  std::vector<int64_t> prompt_of_;                 // per request: its index in prompts_
-  std::map<int64_t, PrefilledPrompt> prefilled_;   // by index in prompts_, while a user waits
+  // Requests by id (the call's, then admitted ones in arrival order) from `retired_` on: the
+  // finished ones before the first unfinished are retired (retire_finished), so that a batch that
+  // serving traffic keeps alive holds only what is still live or waiting, or finished after it.
+  int64_t retired_ = 0;
+  std::deque<GenerateRequest> admitted_;           // the admitted unretired requests; rows_ point into it
+  std::deque<Row> rows_;                           // per unretired request (stable references as it grows)
+  std::deque<int64_t> prompt_of_;                  // per unretired request: its prompt's index
+  std::vector<GenerateResult> own_results_;        // the call's requests' results, as they retire
+  std::map<int64_t, std::vector<int64_t>> prompts_;       // distinct prompts of unretired requests, by index
+  std::map<std::vector<int64_t>, int64_t> prompt_index_;  // prompt -> its index
+  std::map<int64_t, int64_t> prompt_users_;        // index -> its unretired requests
+  int64_t next_prompt_ = 0;
+  std::map<int64_t, PrefilledPrompt> prefilled_;   // by prompt index, while a user waits
   std::deque<int64_t> waiting_;                    // requests, in order
   KVCache cache_;
   std::vector<int64_t> occupant_;                  // per cache row: its request, -1 when free
@@ -187,6 +197,7 @@ bool any_filtered(const std::vector<GenerateRequest>& requests) {
 ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequest>& requests,
                                  const GenerateOptions& options)
     : model_(model), options_(options), own_requests_(requests.size()), filtered_(any_filtered(requests)) {
+  own_results_.resize(requests.size());
   for (const auto& r : requests) add_request(r);
   const auto n = static_cast<int64_t>(requests.size());
   const int64_t batch = options.max_batch_rows > 0 ? std::min(options.max_batch_rows, n) : n;
@@ -204,13 +215,34 @@ ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequ
 
 // The request (stored by the caller or in admitted_) waits, its prompt shared with earlier ones.
 void ContinuousBatch::add_request(const GenerateRequest& request) {
-  auto [it, added] = prompt_index_.emplace(request.prompt_ids, static_cast<int64_t>(prompts_.size()));
-  if (added) prompts_.push_back(request.prompt_ids);
+  auto [it, added] = prompt_index_.emplace(request.prompt_ids, next_prompt_);
+  if (added) prompts_.emplace(next_prompt_++, request.prompt_ids);
   prompt_of_.push_back(it->second);
+  ++prompt_users_[it->second];
   // A prefill kept for waiting requests of this prompt serves this one too.
   if (auto kept = prefilled_.find(it->second); kept != prefilled_.end()) ++kept->second.users_left;
-  waiting_.push_back(static_cast<int64_t>(rows_.size()));
+  waiting_.push_back(retired_ + static_cast<int64_t>(rows_.size()));
   rows_.push_back(Row{&request, {}});
+}
+
+// Drops the finished requests at the front (each had its last on_progress): a call's own keep
+// their results for run() to return; an admitted one, delivered, goes with its prompt where no
+// unretired request shares it.
+void ContinuousBatch::retire_finished() {
+  while (!rows_.empty() && rows_.front().done) {
+    const int64_t request = retired_;
+    if (request < static_cast<int64_t>(own_requests_)) own_results_[static_cast<size_t>(request)] = std::move(rows_.front().result);
+    const int64_t prompt = prompt_of_.front();
+    if (--prompt_users_[prompt] == 0) {
+      prompt_users_.erase(prompt);
+      prompt_index_.erase(prompts_.at(prompt));
+      prompts_.erase(prompt);
+    }
+    rows_.pop_front();
+    prompt_of_.pop_front();
+    if (request >= static_cast<int64_t>(own_requests_)) admitted_.pop_front();
+    ++retired_;
+  }
 }
 
 // Takes the requests options.admit hands over (the header's contract checked: a broken one is a
@@ -237,7 +269,7 @@ Status ContinuousBatch::take_admitted() {
 // A fresh sampler with the requests' settings, one row each (their token index 0).
 Sampler ContinuousBatch::sampler_of(const std::vector<int64_t>& requests) const {
   std::vector<SamplingOptions> settings;
-  for (int64_t request : requests) settings.push_back(rows_[static_cast<size_t>(request)].request->sampling);
+  for (int64_t request : requests) settings.push_back(row(request).request->sampling);
   return Sampler(settings, model_.device());
 }
 
@@ -273,11 +305,11 @@ void ContinuousBatch::reindex_rows(const std::vector<int64_t>& from, size_t copi
 }
 
 int64_t ContinuousBatch::prompt_length(int64_t request) const {
-  return static_cast<int64_t>(rows_[static_cast<size_t>(request)].request->prompt_ids.size());
+  return static_cast<int64_t>(row(request).request->prompt_ids.size());
 }
 
 const ContinuousBatch::PrefilledPrompt& ContinuousBatch::prefilled(int64_t request) const {
-  return prefilled_.at(prompt_of_[static_cast<size_t>(request)]);
+  return prefilled_.at(prompt_of(request));
 }
 
 std::vector<int64_t> ContinuousBatch::rows_where(bool occupied) const {
@@ -289,7 +321,7 @@ std::vector<int64_t> ContinuousBatch::rows_where(bool occupied) const {
 
 // A request that waits counts as having its first token, which comes from its prompt's prefill.
 ContinuousBatch::Extent ContinuousBatch::extent_of(int64_t request) const {
-  const Row& r = rows_[static_cast<size_t>(request)];
+  const Row& r = row(request);
   const int64_t tokens = std::max<int64_t>(static_cast<int64_t>(r.result.token_ids.size()), 1);
   return {prompt_length(request) + tokens - 1, r.request->sampling.max_new_tokens - tokens};
 }
@@ -335,13 +367,13 @@ std::vector<int64_t> ContinuousBatch::pick_joiners() {
 Status ContinuousBatch::prefill_missing(const std::vector<int64_t>& joiners) {
   std::vector<int64_t> missing;
   for (int64_t request : joiners) {
-    int64_t prompt = prompt_of_[static_cast<size_t>(request)];
+    int64_t prompt = prompt_of(request);
     if (!prefilled_.count(prompt) && std::find(missing.begin(), missing.end(), prompt) == missing.end())
       missing.push_back(prompt);
   }
   if (missing.empty()) return Status::ok();
   std::vector<std::vector<int64_t>> ids_of;
-  for (int64_t prompt : missing) ids_of.push_back(prompts_[static_cast<size_t>(prompt)]);
+  for (int64_t prompt : missing) ids_of.push_back(prompts_.at(prompt));
   auto [ids, mask] = left_pad(ids_of, options_.pad_token_id);
   auto prefill = std::make_shared<Prefill>();
   prefill->cache = model_.new_cache(ids.size(0), ids.size(1));
@@ -349,7 +381,7 @@ Status ContinuousBatch::prefill_missing(const std::vector<int64_t>& joiners) {
   if (!logits.ok()) return logits.status();
   prefill->logits = *logits;
   auto users_of = [&](int64_t prompt) {  // requests of the prompt that have not joined yet
-    auto of_prompt = [&](int64_t request) { return prompt_of_[static_cast<size_t>(request)] == prompt; };
+    auto of_prompt = [&](int64_t request) { return prompt_of(request) == prompt; };
     return std::count_if(joiners.begin(), joiners.end(), of_prompt) +
            std::count_if(waiting_.begin(), waiting_.end(), of_prompt);
   };
@@ -466,7 +498,7 @@ void ContinuousBatch::copy_prompts(const std::vector<int64_t>& requests, const s
 // freed (its prefill once every prompt of it is).
 void ContinuousBatch::release_prompts(const std::vector<int64_t>& joiners) {
   for (int64_t request : joiners) {
-    auto it = prefilled_.find(prompt_of_[static_cast<size_t>(request)]);
+    auto it = prefilled_.find(prompt_of(request));
     if (--it->second.users_left == 0) prefilled_.erase(it);
   }
 }
@@ -523,17 +555,17 @@ Result<std::vector<GenerateResult>> ContinuousBatch::run() {
     KZ_RETURN_IF_ERROR(take_admitted());
     grow_for_waiting();
     KZ_RETURN_IF_ERROR(admit_waiting());
+    retire_finished();
     if (rows_where(true).empty()) {
       if (waiting_.empty()) break;
       continue;  // every joiner stopped on its first token
     }
     shrink_to_live_rows();
     KZ_RETURN_IF_ERROR(decode_chunk());
+    retire_finished();
   }
   if (options_.stats) *options_.stats = stats_;
-  std::vector<GenerateResult> out;
-  for (size_t i = 0; i < own_requests_; ++i) out.push_back(std::move(rows_[i].result));
-  return out;
+  return std::move(own_results_);  // every request finished, so retired
 }
 
 }  // namespace

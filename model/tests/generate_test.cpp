@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -313,6 +314,35 @@ TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
   options.stop_check_steps = 2;
   GenerateStats stats = run_admitting(request({1, 2, 3}, 30), arriving, arriving.size(), options, "greedy batch");
   EXPECT_EQ(stats.admitted, 2);
+}
+
+// A batch that arrivals keep alive (a server's) drops each admitted request once it has finished
+// and every request before it has: what it holds follows the live requests, not all it has served.
+TEST_F(ContinuousBatchingTest, FinishedAdmittedRequestsAreReleasedWhileTheBatchRuns) {
+  std::vector<std::weak_ptr<int>> held;  // one per admitted request, alive while the batch keeps it
+  size_t most_held = 0, handed = 0;
+  GenerateOptions options;
+  options.max_batch_rows = 4;
+  options.stop_check_steps = 2;
+  options.admit = [&](int64_t) {
+    most_held = std::max<size_t>(most_held, std::count_if(held.begin(), held.end(), [](const auto& w) {
+                                   return !w.expired();
+                                 }));
+    std::vector<GenerateRequest> lot;
+    if (handed < 40) {
+      GenerateRequest r = request({static_cast<int64_t>(10 + handed % 5), 11}, 3);
+      auto token = std::make_shared<int>(static_cast<int>(handed++));
+      r.on_progress = [token](const GenerateResult&, bool) {};
+      held.push_back(token);
+      lot.push_back(std::move(r));
+    }
+    return lot;
+  };
+  auto got = run({request({1, 2, 3}, 4)}, options);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].token_ids.size(), 4u);
+  EXPECT_EQ(handed, 40u) << "the batch lived until the last arrival";
+  EXPECT_LT(most_held, 8u) << "finished requests were kept";
 }
 
 TEST_F(ContinuousBatchingTest, NegativeBatchRowsIsAnError) {

@@ -14,11 +14,15 @@
 // batched matrix products on some devices).
 //
 // Serving: GenerateOptions::admit hands the batch requests that arrived after it started; they
-// wait and join like the call's own requests, the batch growing up to max_batch_rows to seat them.
+// wait and join like the call's own requests. Such a batch takes power-of-two row counts: it grows
+// (up to max_batch_rows) to the one that seats its waiting requests, and shrinks, once at most a
+// quarter of its rows are live, to the one of twice the live rows. A request that has finished,
+// with every request before it, is dropped, so a batch that arrivals keep alive holds only what
+// is live, waiting, or finished behind a longer request.
 //
 // Log-probs: GenerateResult::logprobs[i] is log p(token_i) under the model's *unmodified*
 // distribution (softmax of the raw logits: temperature 1, no top-k/top-p), i.e. what the RL
-// trainer's teacher-forced token_logprobs() recomputes for the same tokens.
+// trainer's teacher-forced token_logprobs() recomputes for the same tokens (at temperature 1).
 #pragma once
 
 #include <cstdint>
@@ -58,7 +62,7 @@ struct GenerateStats {
   int64_t peak_rows = 0;          // the widest batch decoded
   int64_t joins = 0;              // requests that joined a batch already under way
   int64_t compactions = 0;        // times live rows' slots moved to make room for joiners
-  int64_t shrinks = 0;            // times the batch was narrowed to its live rows
+  int64_t shrinks = 0;            // times the batch was narrowed (to its live rows, or their bucket)
   int64_t grows = 0;              // times the batch was widened to seat admitted requests
   int64_t admitted = 0;           // requests taken from GenerateOptions::admit
   int64_t prefilled_prompts = 0;  // prompts prefilled (each distinct prompt once)
