@@ -121,6 +121,7 @@ class ContinuousBatch {
   Extent extent_of(int64_t request) const;
   std::vector<Extent> live_extents() const;
   std::optional<int64_t> room_cursor(const std::vector<Extent>& extents) const;
+  size_t seatable(size_t limit) const;
   std::vector<int64_t> pick_joiners();
   Status prefill_missing(const std::vector<int64_t>& joiners);
   Status admit_waiting();
@@ -273,14 +274,15 @@ Sampler ContinuousBatch::sampler_of(const std::vector<int64_t>& requests) const 
   return Sampler(settings, model_.device());
 }
 
-// When more requests wait than rows are free, widens the batch to the row bucket that seats them
-// (up to max_batch_rows) with free rows copied from row 0: masked garbage, never read, until
-// joiners take them. Only admitted requests can make this happen: a call's own requests get
-// min(max_batch_rows, count) rows.
+// When more requests could join than rows are free, widens the batch to the row bucket that seats
+// them (up to max_batch_rows) with free rows copied from row 0: masked garbage, never read, until
+// joiners take them. Only those the cache has room for count: rows for requests queued behind one
+// that waits for room would decode garbage until it fits. Only admitted requests can make this
+// happen: a call's own requests get min(max_batch_rows, count) rows.
 void ContinuousBatch::grow_for_waiting() {
   const auto rows = static_cast<int64_t>(occupant_.size());
   const auto live = static_cast<int64_t>(rows_where(true).size());
-  const int64_t needed = live + static_cast<int64_t>(waiting_.size());
+  const int64_t needed = live + static_cast<int64_t>(seatable(waiting_.size()));
   if (needed <= rows) return;
   int64_t target = row_bucket(needed);
   if (options_.max_batch_rows > 0) target = std::min(target, options_.max_batch_rows);
@@ -346,18 +348,26 @@ std::optional<int64_t> ContinuousBatch::room_cursor(const std::vector<Extent>& e
   return std::nullopt;
 }
 
-// Takes waiting requests in order while free rows and room last (a joiner that does not fit
-// waits, and so do the ones behind it). With no live rows the first always fits: the capacity
-// covers any request alone.
-std::vector<int64_t> ContinuousBatch::pick_joiners() {
-  const size_t free_rows = rows_where(false).size();
+// How many waiting requests, in order and at most `limit`, the cache has room for beside the live
+// rows: one that does not fit stops the count, as it stops the intake (the ones behind it wait).
+// With no live rows the first always fits: the capacity covers any request alone.
+size_t ContinuousBatch::seatable(size_t limit) const {
   std::vector<Extent> extents = live_extents();
-  std::vector<int64_t> joiners;
-  while (!waiting_.empty() && joiners.size() < free_rows) {
-    int64_t request = waiting_.front();
+  size_t count = 0;
+  for (int64_t request : waiting_) {
+    if (count == limit) break;
     extents.push_back(extent_of(request));
     if (!room_cursor(extents)) break;
-    joiners.push_back(request);
+    ++count;
+  }
+  return count;
+}
+
+// Takes the waiting requests that free rows and room seat, in order.
+std::vector<int64_t> ContinuousBatch::pick_joiners() {
+  std::vector<int64_t> joiners;
+  for (size_t n = seatable(rows_where(false).size()); n > 0; --n) {
+    joiners.push_back(waiting_.front());
     waiting_.pop_front();
   }
   return joiners;

@@ -306,6 +306,22 @@ TEST_F(ContinuousBatchingTest, AServingBatchGrowsAndShrinksByPowersOfTwo) {
   EXPECT_EQ(stats.shrinks, 2) << "8 -> 4 once two rows are live, 4 -> 2 once one is";
 }
 
+// Requests queued behind one that waits for cache room cannot join before it, so the batch does not
+// widen for them: its rows follow what can run. Here the head request (prompt 40, 23 new tokens)
+// fits beside the long own row only once that row has about 22 tokens left.
+TEST_F(ContinuousBatchingTest, ABatchDoesNotWidenForRequestsThatCannotJoinYet) {
+  std::vector<GenerateRequest> arriving{request(std::vector<int64_t>(40, 9), 23)};
+  for (int64_t i = 0; i < 10; ++i) arriving.push_back(request({20 + i, 21}, 3));
+  GenerateOptions options;
+  options.max_batch_rows = 16;
+  options.stop_check_steps = 2;
+  GenerateStats stats = run_admitting(request({1, 2, 3}, 60), arriving, arriving.size(), options, "head waits");
+  EXPECT_EQ(stats.admitted, 11);
+  // Widened at the first arrival, 16 rows decode from the start: 692 row-steps; one row until the
+  // head fits, then 16: 152.
+  EXPECT_LT(stats.decode_row_steps, 300) << "rows decoded garbage while the head waited for room";
+}
+
 // A greedy batch computes the plain sampled path too, so requests sampled without top-k/top-p join
 // it and get what they get alone.
 TEST_F(ContinuousBatchingTest, PlainSampledRequestsJoinAGreedyBatch) {
