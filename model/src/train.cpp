@@ -221,12 +221,14 @@ at::Tensor policy_losses(const at::Tensor& lp, const MicroBatch& batch, const Lo
   return -at::minimum(ratio * adv, clipped * adv);
 }
 
-// Per-token loss [B, T-1] before masking and reduction: the policy part plus the KL penalty.
+// Per-token loss [B, T-1] before masking and reduction: the policy part plus the KL penalty, its
+// log-ratio and value bounded as verl bounds them, so that a token the policy has moved far from
+// the reference gives a large but finite penalty rather than an overflowing one.
 at::Tensor token_losses(const at::Tensor& lp, const MicroBatch& batch, const LossOptions& loss) {
   at::Tensor l = policy_losses(lp, batch, loss);
   if (loss.kl_coef <= 0) return l;
-  at::Tensor log_ratio = batch.ref_logprobs.to(lp.device(), at::kFloat) - lp;  // log(p_ref / p)
-  return l + loss.kl_coef * (at::exp(log_ratio) - log_ratio - 1.0);
+  at::Tensor log_ratio = (batch.ref_logprobs.to(lp.device(), at::kFloat) - lp).clamp(-20.0, 20.0);  // log(p_ref / p)
+  return l + loss.kl_coef * (at::exp(log_ratio) - log_ratio - 1.0).clamp_max(10.0);
 }
 
 }  // namespace

@@ -600,6 +600,11 @@ TEST_F(StepTest, KlPenaltyIsK3) {
   b.ref_logprobs = lp - 0.3;  // log(p_ref / p) = -0.3 on every token
   double k3 = std::exp(-0.3) + 0.3 - 1.0;
   EXPECT_NEAR(micro_batch_loss(*model_, b, kl, 13)->item<double>(), nll.item<double>() + 0.5 * k3, 1e-6);
+  // Far from the reference the term is bounded (verl's clamps): finite, at most 10 a token.
+  b.ref_logprobs = lp + 200.0;
+  EXPECT_NEAR(micro_batch_loss(*model_, b, kl, 13)->item<double>(), nll.item<double>() + 0.5 * 10.0, 1e-4);
+  b.ref_logprobs = lp - 200.0;  // exp(-20) + 20 - 1, clamped to 10
+  EXPECT_NEAR(micro_batch_loss(*model_, b, kl, 13)->item<double>(), nll.item<double>() + 0.5 * 10.0, 1e-4);
 }
 
 // At a sampling temperature T the policy is softmax(logits / T): token_logprobs and the losses use

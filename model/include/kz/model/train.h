@@ -20,7 +20,8 @@
 //   policy_gradient  l = -A * lp                        (REINFORCE / GRPO on-policy)
 //   clipped_policy   l = -min(r A, clip(r, 1-clip_low, 1+clip_high) A), r = exp(lp - old_lp)
 // plus, when kl_coef > 0, kl_coef * (exp(ref_lp - lp) - (ref_lp - lp) - 1) per token (the k3
-// estimator of KL(policy || reference) that GRPO uses; needs ref_logprobs),
+// estimator of KL(policy || reference) that GRPO uses; needs ref_logprobs; as in verl, the
+// log-ratio is clamped to [-20, 20] and the term to at most 10),
 // reduced by `reduction`:
 //   token_mean     sum(m * l) / (sum of m over every micro-batch of the step)
 //   sequence_mean  mean over the step's sequences of (sum_t m l / sum_t m)
