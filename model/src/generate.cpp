@@ -2,6 +2,7 @@
 #include "kz/model/generate.h"
 
 #include "kz/model/decode_loop.h"
+#include "target_logprobs.h"
 #include "torch_status.h"
 
 #include <ATen/ATen.h>
@@ -145,9 +146,14 @@ class ContinuousBatch {
   std::deque<Row> rows_;                           // per unretired request (stable references as it grows)
   std::deque<int64_t> prompt_of_;                  // per unretired request: its prompt's index
   std::vector<GenerateResult> own_results_;        // the call's requests' results, as they retire
-  std::map<int64_t, std::vector<int64_t>> prompts_;       // distinct prompts of unretired requests, by index
-  std::map<std::vector<int64_t>, int64_t> prompt_index_;  // prompt -> its index
-  std::map<int64_t, int64_t> prompt_users_;        // index -> its unretired requests
+  // The distinct prompts of unretired requests: ids -> index, and by index its entry there and
+  // how many unretired requests have it.
+  struct Prompt {
+    std::map<std::vector<int64_t>, int64_t>::iterator entry;
+    int64_t users;
+  };
+  std::map<std::vector<int64_t>, int64_t> prompt_index_;
+  std::map<int64_t, Prompt> prompts_;
   int64_t next_prompt_ = 0;
   std::map<int64_t, PrefilledPrompt> prefilled_;   // by prompt index, while a user waits
   std::deque<int64_t> waiting_;                    // requests, in order
@@ -217,9 +223,9 @@ ContinuousBatch::ContinuousBatch(CausalLM& model, const std::vector<GenerateRequ
 // The request (stored by the caller or in admitted_) waits, its prompt shared with earlier ones.
 void ContinuousBatch::add_request(const GenerateRequest& request) {
   auto [it, added] = prompt_index_.emplace(request.prompt_ids, next_prompt_);
-  if (added) prompts_.emplace(next_prompt_++, request.prompt_ids);
+  if (added) prompts_.emplace(next_prompt_++, Prompt{it, 0});
   prompt_of_.push_back(it->second);
-  ++prompt_users_[it->second];
+  ++prompts_.at(it->second).users;
   // A prefill kept for waiting requests of this prompt serves this one too.
   if (auto kept = prefilled_.find(it->second); kept != prefilled_.end()) ++kept->second.users_left;
   waiting_.push_back(retired_ + static_cast<int64_t>(rows_.size()));
@@ -233,10 +239,9 @@ void ContinuousBatch::retire_finished() {
   while (!rows_.empty() && rows_.front().done) {
     const int64_t request = retired_;
     if (request < static_cast<int64_t>(own_requests_)) own_results_[static_cast<size_t>(request)] = std::move(rows_.front().result);
-    const int64_t prompt = prompt_of_.front();
-    if (--prompt_users_[prompt] == 0) {
-      prompt_users_.erase(prompt);
-      prompt_index_.erase(prompts_.at(prompt));
+    auto prompt = prompts_.find(prompt_of_.front());
+    if (--prompt->second.users == 0) {
+      prompt_index_.erase(prompt->second.entry);
       prompts_.erase(prompt);
     }
     rows_.pop_front();
@@ -383,7 +388,7 @@ Status ContinuousBatch::prefill_missing(const std::vector<int64_t>& joiners) {
   }
   if (missing.empty()) return Status::ok();
   std::vector<std::vector<int64_t>> ids_of;
-  for (int64_t prompt : missing) ids_of.push_back(prompts_.at(prompt));
+  for (int64_t prompt : missing) ids_of.push_back(prompts_.at(prompt).entry->first);
   auto [ids, mask] = left_pad(ids_of, options_.pad_token_id);
   auto prefill = std::make_shared<Prefill>();
   prefill->cache = model_.new_cache(ids.size(0), ids.size(1));
@@ -630,16 +635,7 @@ Result<at::Tensor> token_logprobs(CausalLM& model, const at::Tensor& input_ids, 
     c10::AutoGradMode grad_mode(keep_graph && c10::GradMode::is_enabled());
     auto logits = model.logits(input_ids, attention_mask);
     if (!logits.ok()) return logits.status().with_context("token_logprobs");
-    const int64_t t = input_ids.size(1);
-    at::Tensor lf = logits->narrow(1, 0, t - 1).to(at::kFloat);
-    if (temperature != 1.0) lf = lf / temperature;
-    at::Tensor targets = input_ids.narrow(1, 1, t - 1).to(lf.device());
-    at::Tensor lp = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
-    if (attention_mask.defined()) {
-      at::Tensor pad = attention_mask.narrow(1, 1, t - 1).to(lp.device()).eq(0);
-      lp = lp.masked_fill(pad, 0.0);
-    }
-    return lp;
+    return target_logprobs(*logits, input_ids, attention_mask, temperature).logprobs;
   });
 }
 

@@ -27,6 +27,7 @@
 #include "kz/model/generate.h"
 #include "kz/model/safetensors.h"
 #include "tensor_hash.h"
+#include "target_logprobs.h"
 #include "torch_status.h"
 
 namespace kz::model {
@@ -347,21 +348,12 @@ Result<at::Tensor> micro_batch_loss(CausalLM& model, const MicroBatch& batch, co
   KZ_RETURN_IF_ERROR(loss.validate());
   KZ_RETURN_IF_ERROR(validate_micro_batch(batch, loss));
   return guarded("loss", [&]() -> Result<at::Tensor> {
-    // token_logprobs' arithmetic on the logits (so the ratio against its log-probs is exactly 1
-    // for an unchanged model), keeping the logits for the entropy.
+    // token_logprobs' arithmetic (target_logprobs), keeping the logits for the entropy.
     auto logits = model.logits(batch.input_ids, batch.attention_mask);
     if (!logits.ok()) return logits.status().with_context("loss");
-    const int64_t t = batch.input_ids.size(1);
-    at::Tensor lf = logits->narrow(1, 0, t - 1).to(at::kFloat);
-    if (loss.temperature != 1.0) lf = lf / loss.temperature;
-    at::Tensor targets = batch.input_ids.narrow(1, 1, t - 1).to(lf.device());
-    at::Tensor lp = lf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lf.logsumexp(-1);
-    if (batch.attention_mask.defined()) {
-      at::Tensor pad = batch.attention_mask.narrow(1, 1, t - 1).to(lp.device()).eq(0);
-      lp = lp.masked_fill(pad, 0.0);
-    }
-    at::Tensor entropy = stats ? token_entropy(lf) : at::Tensor();
-    return reduce_token_losses(lp, entropy, batch, loss, denominator, stats);
+    TargetLogprobs scored = target_logprobs(*logits, batch.input_ids, batch.attention_mask, loss.temperature);
+    at::Tensor entropy = stats ? token_entropy(scored.logits) : at::Tensor();
+    return reduce_token_losses(scored.logprobs, entropy, batch, loss, denominator, stats);
   });
 }
 
