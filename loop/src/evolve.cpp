@@ -197,12 +197,6 @@ json update_json(const std::optional<rl::PolicyUpdateStats>& stats) {
           {"loss", stats->loss},          {"grad_norm", stats->grad_norm}, {"optimizer_steps", stats->steps}};
 }
 
-bool any_nonzero(const std::vector<rl::Rollout>& rollouts) {
-  for (const auto& r : rollouts)
-    if (r.advantage != 0) return true;
-  return false;
-}
-
 // Where the Coder's samples are evaluated: the verdicts of `entries` in their order, each also
 // appended to `results` as it arrives.
 using EvaluateEntries = std::function<Result<std::vector<Verdict>>(
@@ -536,7 +530,7 @@ Result<std::optional<rl::PolicyUpdateStats>> Evolution::update_proposer(std::vec
                             static_cast<int64_t>(b)});
     }
   }
-  if (!proposer_->trainable() || !any_nonzero(rollouts)) return std::optional<rl::PolicyUpdateStats>();
+  if (!proposer_->learns_from(rollouts)) return std::optional<rl::PolicyUpdateStats>();
   auto started = Clock::now();
   auto stats = proposer_->update(std::move(rollouts));
   seconds.train += seconds_since(started);
@@ -587,7 +581,7 @@ Status Evolution::coder_phase(int64_t i) {
     }
   }
   std::optional<rl::PolicyUpdateStats> update;
-  if (coder_->trainable() && any_nonzero(rollouts)) {
+  if (coder_->learns_from(rollouts)) {
     auto started = Clock::now();
     auto stats = coder_->update(std::move(rollouts));
     seconds.train += seconds_since(started);

@@ -291,6 +291,12 @@ std::optional<TokenSample> Policy::token_sample(const Completion& completion) {
   return sample;
 }
 
+bool Policy::learns_from(const std::vector<rl::Rollout>& rollouts) const {
+  if (!impl_->update || rollouts.empty()) return false;
+  if (impl_->update->options().loss.kl_coef > 0) return true;
+  return std::any_of(rollouts.begin(), rollouts.end(), [](const rl::Rollout& r) { return r.advantage != 0; });
+}
+
 Result<rl::PolicyUpdateStats> Policy::update(std::vector<rl::Rollout> rollouts) {
   const std::string label = role_label(options_) + " update";
   if (!impl_->update) return invalid_argument(label + ": the policy is frozen (not trainable)");

@@ -348,6 +348,33 @@ TEST(Policy, AtATemperatureTheOldLogProbsAreTheSamplingPolicys) {
   }
 }
 
+// The loop takes no step on a batch whose advantages are all zero, unless a KL penalty pulls the
+// weights back toward the reference: then the step moves them, as verl's loss does.
+TEST(Policy, AllZeroAdvantagesLearnOnlyUnderAKlPenalty) {
+  for (double kl_coef : {0.0, 0.5}) {
+    PolicyOptions options = trainable_options(false);
+    options.update.loss.kl_coef = kl_coef;
+    auto policy = open_policy(options);
+    ASSERT_TRUE(policy);
+    update_once(*policy);  // the weights leave the reference
+    std::vector<rl::Rollout> batch = rollouts(*policy);
+    EXPECT_TRUE(policy->learns_from(batch)) << "kl_coef " << kl_coef;
+    for (auto& r : batch) r.advantage = 0;
+    EXPECT_EQ(policy->learns_from(batch), kl_coef > 0) << "kl_coef " << kl_coef;
+    if (kl_coef == 0) continue;
+    auto stats = policy->update(batch);
+    ASSERT_TRUE(stats.ok()) << stats.status().to_string();
+    EXPECT_GT(stats->grad_norm, 0.0) << "no gradient from the KL term alone";
+  }
+  PolicyOptions frozen;
+  frozen.name = "proposer";
+  frozen.model_dir = tiny_dir();
+  auto policy = open_policy(frozen);
+  ASSERT_TRUE(policy);
+  EXPECT_FALSE(policy->learns_from(rollouts(*policy)));
+  EXPECT_FALSE(policy->learns_from({}));
+}
+
 TEST(Policy, KlPenaltyScoresAgainstTheReference) {
   PolicyOptions options = trainable_options(false);
   options.update.loss.kl_coef = 0.1;

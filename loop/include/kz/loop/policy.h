@@ -80,6 +80,11 @@ class Policy {
   // it carries none (an endpoint, or an empty completion).
   static std::optional<TokenSample> token_sample(const Completion& completion);
 
+  // Whether an update over `rollouts` would move the weights: a trainable policy, and some
+  // rollout with a nonzero advantage, or a KL penalty (kl_coef > 0), which pulls toward the
+  // reference even when every advantage is zero, as verl's loss does.
+  bool learns_from(const std::vector<rl::Rollout>& rollouts) const;
+
   // One CA-GRPO update over `rollouts` (kz/rl/policy_update.h); with kl_coef > 0 their
   // ref_logprobs are filled here first. invalid_argument for a frozen policy. It trains the very
   // model generator() decodes with, so it must not run while a generate() call does (nor may
