@@ -11,7 +11,9 @@ fast_1 and the geomean speedup of the correct kernels, and the share of fused ke
 Proposer's p-hat (the judge's pass rate of each valid module) per iteration: the share of modules
 inside the band, at 0 and at 1. Writes OUTDIR/learn.json (every series), OUTDIR/learn.html (the
 curves, self-contained SVG) and prints the table: each run's start and end, then each ablation's
-mean over its seeds.
+mean over its seeds, then every run's training dynamics per iteration: the Proposer phase's valid
+share, frontier size and mean p-hat; the Coder phase's correct rate, entropy, approximate KL, clip
+fraction, zero-variance groups and gate-on share (the metrics.jsonl rows of each phase).
 """
 import argparse
 import html
@@ -87,6 +89,52 @@ def proposer_bands(provenance: list, low: float, high: float) -> list:
                     "at_0": sum(p == 0 for p in rates) / n, "at_1": sum(p == 1 for p in rates) / n,
                     "mean": statistics.mean(rates)})
     return out
+
+
+PHASE_KEYS = {"proposer": ("valid_rate", "frontier_size", "judged", "joined_frontier", "pass_rate_mean"),
+              "coder": ("correct_rate", "entropy", "kl", "clip_fraction", "zero_variance_groups", "gate_on_share",
+                        "optimizer_steps")}
+
+
+def phase_rows(run: pathlib.Path) -> list:
+    """The Proposer's and the Coder's metrics.jsonl rows, each cut to the keys the table shows."""
+    out = []
+    for row in read_jsonl(run / "metrics.jsonl"):
+        keys = PHASE_KEYS.get(row.get("phase"))
+        if keys:
+            out.append({"iteration": row["iteration"], "phase": row["phase"],
+                        "training_evaluations": row.get("training_evaluations", 0),
+                        **{k: row.get(k) for k in keys}})
+    return out
+
+
+def dynamics(runs: dict) -> str:
+    """Per run and iteration: its Proposer phase, its Coder phase and its held-out point."""
+    lines = ["per iteration: Proposer valid share, frontier size, mean p-hat of the judged | Coder correct "
+             "rate, entropy, approx KL, clip fraction, zero-variance groups, gate-on share | held-out pass@1; "
+             "training evaluations so far"]
+    for name, run in runs.items():
+        heldout = {p["iteration"]: p for p in run["heldout"]}
+
+        def heldout_line(i):
+            p = heldout[i]
+            return (f"{name:<20} it {i:>3} heldout  pass@1 {fmt(p['pass_at_1'])} fast_1 {fmt(p['fast_1'])} "
+                    f"geomean {fmt(p['geomean_speedup'], '{:.2f}x')} evals {p['training_evaluations']}")
+        if 0 in heldout:  # the supervised start
+            lines.append(heldout_line(0))
+        for row in run["phases"]:
+            i = row["iteration"]
+            if row["phase"] == "proposer":
+                detail = (f"proposer valid {fmt(row['valid_rate'], '{:.2f}')} frontier {fmt(row['frontier_size'], '{}')} "
+                          f"p-hat {fmt(row['pass_rate_mean'], '{:.2f}')}")
+            else:
+                detail = (f"coder    correct {fmt(row['correct_rate'], '{:.3f}')} entropy {fmt(row['entropy'], '{:.4f}')} "
+                          f"kl {fmt(row['kl'], '{:.5f}')} clip {fmt(row['clip_fraction'], '{:.4f}')} "
+                          f"zero-var {fmt(row['zero_variance_groups'], '{}')} gate-on {fmt(row['gate_on_share'], '{:.2f}')}")
+            lines.append(f"{name:<20} it {i:>3} {detail} evals {row['training_evaluations']}")
+            if row["phase"] == "coder" and i in heldout:
+                lines.append(heldout_line(i))
+    return "\n".join(lines)
 
 
 def fmt(value, spec="{:.3f}"):
@@ -177,7 +225,11 @@ def page(runs: dict, text: str) -> str:
               svg_chart("held-out geomean speedup (correct kernels)", series("geomean_speedup"),
                         "training evaluations", "speedup"),
               svg_chart("fused share among correct multi-op kernels", series("fused_share"),
-                        "training evaluations", "share")]
+                        "training evaluations", "share"),
+              svg_chart("Coder phase: correct rate of its samples",
+                        [(name, COLOURS.get(r["ablation"], "#555"), r["seed"] != min(x["seed"] for x in runs.values()),
+                          [(p["training_evaluations"], p["correct_rate"]) for p in r["phases"] if p["phase"] == "coder"])
+                         for name, r in runs.items()], "training evaluations", "correct rate")]
     bands = [(name, COLOURS.get(r["ablation"], "#555"), r["seed"] != min(x["seed"] for x in runs.values()),
               [(b["iteration"], b["in_band"]) for b in r["proposer"]]) for name, r in runs.items() if r["proposer"]]
     charts.append(svg_chart("Proposer: share of judged modules with p-hat in the band", bands, "iteration", "share"))
@@ -203,13 +255,14 @@ def main() -> int:
         runs[run.name] = {"ablation": ablation, "seed": int(seed),
                           "heldout": heldout_points(run, provenance, multi_op),
                           "proposer": proposer_bands(provenance, config["frontier"]["band_low"],
-                                                     config["frontier"]["band_high"])}
+                                                     config["frontier"]["band_high"]),
+                          "phases": phase_rows(run)}
     if not runs:
         print(f"no runs under {args.runs_dir}", file=sys.stderr)
         return 1
     runs = dict(sorted(runs.items(), key=lambda kv: (ORDER.index(kv[1]["ablation"]) if kv[1]["ablation"] in ORDER
                                                      else len(ORDER), kv[1]["seed"])))
-    text = table(runs)
+    text = table(runs) + "\n\n" + dynamics(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learn.json").write_text(json.dumps(runs, indent=1) + "\n")
     (args.out / "learn.html").write_text(page(runs, text))
