@@ -97,7 +97,7 @@ PHASE_KEYS = {"proposer": ("valid_rate", "frontier_size", "judged", "joined_fron
 
 
 def phase_rows(run: pathlib.Path) -> list:
-    """The Proposer's and the Coder's metrics.jsonl rows, each cut to the keys the table shows."""
+    """The Proposer's and the Coder's metrics.jsonl rows, each cut to the keys learn.json keeps."""
     out = []
     for row in read_jsonl(run / "metrics.jsonl"):
         keys = PHASE_KEYS.get(row.get("phase"))
@@ -213,13 +213,14 @@ def svg_chart(title: str, series: list, x_label: str, y_label: str) -> str:
 
 
 def page(runs: dict, text: str) -> str:
+    first_seed = min(r["seed"] for r in runs.values())
+
+    def line(name, run, points):  # svg_chart's series: colour by ablation, later seeds dashed
+        return name, COLOURS.get(run["ablation"], "#555"), run["seed"] != first_seed, points
+
     def series(key):
-        out = []
-        for name, run in runs.items():
-            seed_index = sorted({r["seed"] for r in runs.values()}).index(run["seed"])
-            out.append((name, COLOURS.get(run["ablation"], "#555"), seed_index > 0,
-                        [(p["training_evaluations"], p[key]) for p in run["heldout"]]))
-        return out
+        return [line(name, run, [(p["training_evaluations"], p[key]) for p in run["heldout"]])
+                for name, run in runs.items()]
     charts = [svg_chart("held-out pass@1", series("pass_at_1"), "training evaluations", "pass@1"),
               svg_chart("held-out fast_1", series("fast_1"), "training evaluations", "fast_1"),
               svg_chart("held-out geomean speedup (correct kernels)", series("geomean_speedup"),
@@ -227,11 +228,11 @@ def page(runs: dict, text: str) -> str:
               svg_chart("fused share among correct multi-op kernels", series("fused_share"),
                         "training evaluations", "share"),
               svg_chart("Coder phase: correct rate of its samples",
-                        [(name, COLOURS.get(r["ablation"], "#555"), r["seed"] != min(x["seed"] for x in runs.values()),
-                          [(p["training_evaluations"], p["correct_rate"]) for p in r["phases"] if p["phase"] == "coder"])
-                         for name, r in runs.items()], "training evaluations", "correct rate")]
-    bands = [(name, COLOURS.get(r["ablation"], "#555"), r["seed"] != min(x["seed"] for x in runs.values()),
-              [(b["iteration"], b["in_band"]) for b in r["proposer"]]) for name, r in runs.items() if r["proposer"]]
+                        [line(name, r, [(p["training_evaluations"], p["correct_rate"])
+                                        for p in r["phases"] if p["phase"] == "coder"]) for name, r in runs.items()],
+                        "training evaluations", "correct rate")]
+    bands = [line(name, r, [(b["iteration"], b["in_band"]) for b in r["proposer"]])
+             for name, r in runs.items() if r["proposer"]]
     charts.append(svg_chart("Proposer: share of judged modules with p-hat in the band", bands, "iteration", "share"))
     return ("<!doctype html><html><head><meta charset='utf-8'><title>kz learning experiment</title></head>"
             "<body style='font-family:sans-serif'><h1>Learning experiment</h1>"

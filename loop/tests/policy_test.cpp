@@ -47,6 +47,14 @@ const fs::path& tiny_dir() {
   return dir;
 }
 
+// The tiny checkpoint as a frozen Proposer.
+PolicyOptions frozen_options() {
+  PolicyOptions frozen;
+  frozen.name = "proposer";
+  frozen.model_dir = tiny_dir();
+  return frozen;
+}
+
 PolicyOptions trainable_options(bool lora) {
   PolicyOptions o;
   o.name = "coder";
@@ -316,10 +324,7 @@ TEST(Policy, RejectsBadOptions) {
 }
 
 TEST(Policy, FrozenPolicyDoesNotUpdate) {
-  PolicyOptions frozen;
-  frozen.name = "proposer";
-  frozen.model_dir = tiny_dir();
-  auto policy = open_policy(frozen);
+  auto policy = open_policy(frozen_options());
   ASSERT_TRUE(policy);
   EXPECT_FALSE(policy->trainable());
   auto stats = policy->update(rollouts(*policy));
@@ -366,10 +371,7 @@ TEST(Policy, AllZeroAdvantagesLearnOnlyUnderAKlPenalty) {
     ASSERT_TRUE(stats.ok()) << stats.status().to_string();
     EXPECT_GT(stats->grad_norm, 0.0) << "no gradient from the KL term alone";
   }
-  PolicyOptions frozen;
-  frozen.name = "proposer";
-  frozen.model_dir = tiny_dir();
-  auto policy = open_policy(frozen);
+  auto policy = open_policy(frozen_options());
   ASSERT_TRUE(policy);
   EXPECT_FALSE(policy->learns_from(rollouts(*policy)));
   EXPECT_FALSE(policy->learns_from({}));
