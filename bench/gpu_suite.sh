@@ -156,7 +156,7 @@ if [[ $PART == agree ]]; then
     --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
   step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
   # The verdicts, without KernelBench's builds and kz's compile caches (large, and useless on another host).
-  tar -C runs/agree-state -czf "$FINAL/agree-state.tgz" --exclude=kb-builds --exclude=kb-prebuild --exclude=kz-cache .
+  tar -C runs/agree-state -czf "$FINAL/agree-state.tgz" --exclude=kb-builds --exclude=kz-cache .
   tar -C "$OUT" -czf "$FINAL/results-$PART.tgz" .
   head -12 "$OUT/agree/agreement.txt"; sed -n '/^disagreements:/,$p' "$OUT/agree/agreement.txt"
   echo "full table: agree/agreement.txt in $FINAL/results-$PART.tgz"

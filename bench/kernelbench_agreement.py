@@ -8,15 +8,17 @@ KernelBench's own harness, on the same public kernels, side by side.
 
 The kernels: the first --limit samples of .kb-samples/manifest.jsonl (bench/fetch-kb-samples.sh:
 KernelBench generations of levels 1 and 2 made and judged by KernelBench's own scripts elsewhere).
-Each is judged twice, correctness only (no timing):
+Each is judged twice, correctness only (no timing), --chunk samples at a time (both sides finish a
+chunk before the next starts, so that a call cut by its budget leaves comparisons, not halves):
   kb   KernelBench's harness (bench/kb_harness.py, its code from the checkout given): its parallel
-       pre-build on every core, then eval_kernel_against_ref per sample in a fresh spawned process
+       pre-build on half the cores (a failed pre-build is its verdict, compile_error: its evaluation
+       would build the sample again and fail alike), then eval_kernel_against_ref per sample in a fresh spawned process
        (5 correctness trials, fp32, measure_performance off: timing never changes its verdict), a
        few at once per GPU (--kb-eval-jobs; its own script runs one per GPU: correctness does not
        care), each with a timeout; a sample that ran out of GPU memory, or hit its "lock file,
        retry" answer, is evaluated again alone at the end.
   kz   `kz eval-suite --no-timing --no-cache --policy kernelbench` with `[tolerance] rule =
-       "kernelbench"` (fresh compile caches), beside KernelBench's pre-build; then, as time allows,
+       "kernelbench"` (fresh compile caches), beside KernelBench's pre-build, before its evaluations; then, as time allows,
        the samples it answered about the card's memory rather than about them (memory held outside
        its evaluations, or an out-of-memory: no verdict yet) once more with the GPU to itself, after
        KernelBench's evaluations ("kz again"; that answer stands), and the same batch under
@@ -79,7 +81,8 @@ MARGIN_S = 20.0      # kept at the end for the tables
 RETRY_MARKERS = ("out of memory", "lock file")
 # kz's answers about the card's memory rather than the sample: judged again with the GPU to kz alone
 # (after KernelBench's evaluations, or by the next call), and only that answer stands (machine_answer).
-KZ_MACHINE_CHECKS = {"gpu_memory_held_elsewhere", "out_of_memory_shared"}
+KZ_MACHINE_CHECKS = {"gpu_memory_held_elsewhere", "out_of_memory_shared", "build_killed"}
+KILLED_BUILD = ("returned non-zero exit status 137", "died due to signal 9", "Killed signal terminated program")
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
 
@@ -114,10 +117,13 @@ def parse_args(argv=None):
     p.add_argument("--skip", type=int, default=0,
                    help="start after the manifest's first N samples (a second call's share; default 0)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the whole run")
-    p.add_argument("--kb-workers", type=int, default=os.cpu_count(), help="KernelBench's pre-build pool (default: the cores)")
+    p.add_argument("--kb-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="KernelBench's pre-build pool (default: half the cores; kz's builds run beside)")
     p.add_argument("--kb-eval-jobs", type=int, default=4, help="KernelBench evaluations at once per GPU (default 4)")
     p.add_argument("--kb-timeout", type=float, default=180.0, help="KernelBench's per-sample timeout (its default)")
     p.add_argument("--kb-gpu-arch", default="Hopper", help="KernelBench's gpu_arch (Hopper: H100/H200)")
+    p.add_argument("--chunk", type=int, default=24,
+                   help="samples judged by both sides before the next are started (default 24)")
     p.add_argument("--no-strict", action="store_true", help="skip kz's second run under --policy strict")
     p.add_argument("--dry-limit", type=int, default=3, help="--device cpu: samples run through kz (default 3)")
     p.add_argument("--state", type=pathlib.Path,
@@ -125,8 +131,8 @@ def parse_args(argv=None):
     p.add_argument("--report-only", type=pathlib.Path, nargs="+",
                    help="print the table of saved agreement.json files (several: their rows as one run) and exit")
     args = p.parse_args(argv)
-    if args.limit < 1:
-        p.error("--limit must be >= 1")
+    if args.limit < 1 or args.chunk < 1:
+        p.error("--limit and --chunk must be >= 1")
     return args
 
 
@@ -219,11 +225,13 @@ def stop_group(pid: int, grace_s: float = 2.0) -> None:
 
 
 def machine_answer(verdict: dict) -> bool:
-    """A kz answer about the card's memory (KZ_MACHINE_CHECKS, or an out-of-memory taken for the
-    task's or the candidate's) not yet given with the GPU to kz alone."""
-    checks = set(verdict.get("checks") or [])
-    ran_out = "out of memory" in (verdict.get("message") or "").lower() and checks & {"memory_limit", "exceeds_gpu_memory"}
-    return bool(checks & KZ_MACHINE_CHECKS or ran_out) and not verdict.get("judged_alone")
+    """A kz answer about the machine (KZ_MACHINE_CHECKS, an out-of-memory taken for the task's or the
+    candidate's, or a build killed by SIGKILL that a kz before build_killed called compile_error) not
+    yet given with the GPU to kz alone."""
+    checks, message = set(verdict.get("checks") or []), verdict.get("message") or ""
+    ran_out = "out of memory" in message.lower() and checks & {"memory_limit", "exceeds_gpu_memory"}
+    killed = "kernel_compile" in checks and any(text in message for text in KILLED_BUILD)
+    return bool(checks & KZ_MACHINE_CHECKS or ran_out or killed) and not verdict.get("judged_alone")
 
 
 def kz_answers(path: pathlib.Path, paths: dict):
@@ -255,9 +263,14 @@ def read_kz(path: pathlib.Path, paths: dict, judged_alone: bool = False) -> dict
     return verdicts
 
 
+def kz_results(out: pathlib.Path, name: str) -> list:
+    """This call's results.jsonl files of kz's run `name`, one per chunk (NAME.jsonl, NAME-cN.jsonl)."""
+    return sorted(out.glob(f"{name}.jsonl")) + sorted(out.glob(f"{name}-c*.jsonl"))
+
+
 def kz_attempted(out: pathlib.Path, paths: dict) -> set:
-    """The samples of this call's kz run that got an answer of any kind, machine answers included."""
-    return {sample for sample, _ in kz_answers(out / "kz-kernelbench.jsonl", paths)}
+    """The samples of this call's kz runs that got an answer of any kind, machine answers included."""
+    return {sample for path in kz_results(out, "kz-kernelbench") for sample, _ in kz_answers(path, paths)}
 
 
 class GpuMemoryLog(threading.Thread):
@@ -432,6 +445,31 @@ def kb_loader_check(references: dict, sources: dict) -> dict:
 def in_child(function, *call_args):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(function, call_args)
+
+
+class LoaderCheck(threading.Thread):
+    """kb_loader_check in a child, in the background; report() waits for it and notes what it found."""
+
+    def __init__(self, references: dict, sources: dict):
+        super().__init__(daemon=True)
+        self.references, self.sources, self.result, self.error = references, sources, None, None
+
+    def run(self):
+        try:
+            self.result = in_child(kb_loader_check, self.references, self.sources)
+        except Exception as exc:  # noqa: BLE001 - a finding of the report, not the run's end
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+
+    def report(self, data: dict) -> None:
+        self.join()
+        found = data["kb_loaders"] = self.result or {"error": self.error}
+        if self.error:
+            note(data, "kb loaders", f"FAILED: {self.error}")
+            return
+        note(data, "kb loaders", f"{found['references']} references, {len(found['reference_problems'])} problems; "
+                                 f"{found['samples_parsed']} samples parse, {len(found['syntax_errors'])} do not")
+        for problem in found["reference_problems"]:
+            print("  ", problem)
 
 
 def gpu_devices(device: str) -> list:
@@ -614,17 +652,21 @@ def missing(samples: list, state: State, piece: str) -> list:
     return [s for s in samples if s["id"] not in state.done[piece]]
 
 
+def built(sample: dict, state: State) -> bool:
+    """KernelBench pre-built the sample and its build folder is still here (not on a fresh host)."""
+    record = state.done["kb-prebuild"].get(sample["id"]) or {}
+    return bool(record.get("built")) and pathlib.Path(sample.get("build_dir") or state.builds / sample["id"]).is_dir()
+
+
 def to_prebuild(samples: list, state: State) -> list:
-    """The samples KernelBench has neither pre-built (or failed to) nor evaluated."""
-    return [s for s in missing(samples, state, "kb-prebuild") if s["id"] not in state.done["kb-eval"]]
+    """The samples KernelBench has not evaluated and has no build of: never pre-built, or built on
+    another host (a failed pre-build is a verdict: prebuild_verdict)."""
+    return [s for s in missing(samples, state, "kb-eval") if not built(s, state)]
 
 
 def ready_for_kb(samples: list, state: State) -> list:
-    """The samples KernelBench can evaluate now: pre-built, or failed to be (its evaluation builds
-    them again and reports the compile error: the slower kind, so last), and not evaluated yet."""
-    prebuilt = state.done["kb-prebuild"]
-    ready = [s for s in missing(samples, state, "kb-eval") if s["id"] in prebuilt]
-    return sorted(ready, key=lambda s: not prebuilt[s["id"]].get("built"))
+    """The samples KernelBench can evaluate now: pre-built here, not evaluated yet."""
+    return [s for s in missing(samples, state, "kb-eval") if built(s, state)]
 
 
 def eval_reserve_s(samples: int, slots: int, kb_timeout: float) -> float:
@@ -643,7 +685,7 @@ def state_note(state: State, samples: list) -> str:
     if state.unreadable:
         text += f"; {len(state.unreadable)} unreadable files ignored (done again): " + "; ".join(state.unreadable[:5])
     if state.machine_answers:
-        text += (f"; {len(state.machine_answers)} kz answers about the card's memory judged again: "
+        text += (f"; {len(state.machine_answers)} kz answers about the machine judged again: "
                  + ", ".join(state.machine_answers[:5]))
     return text
 
@@ -687,7 +729,9 @@ def record_kz(state: State, name: str, results: pathlib.Path, paths: dict, judge
 # ---- the run ---------------------------------------------------------------------------------------------
 
 def note(data, phase, text):
-    data.setdefault("notes", {})[phase] = text
+    """The phase's line of the report (a phase noted again, by a later chunk, adds to it)."""
+    notes = data.setdefault("notes", {})
+    notes[phase] = f"{notes[phase]}; {text}" if phase in notes else text
     data.setdefault("note_order", []).append(phase)
     print(f"[agree] {phase}: {text}", flush=True)
 
@@ -734,7 +778,8 @@ def main(argv=None):
     LIVE.clear()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in (*KZ_RUNS, "kz-again"):  # this call's kz verdicts only: the state holds the earlier ones
-        (args.out / f"{name}.jsonl").unlink(missing_ok=True)
+        for path in kz_results(args.out, name):
+            path.unlink(missing_ok=True)
     samples = load_samples(args.samples, args.limit, args.skip)
     source = samples[0]["source"] if samples else {}
     data = {"device": args.device, "gpu": gpu_name(args.device), "limit": args.limit, "budget_s": args.budget_s,
@@ -762,6 +807,9 @@ def main(argv=None):
             if changes:
                 note(data, "state made elsewhere", "its results are kept, judged by other code or on another GPU "
                                                    "(a new --state folder starts afresh): " + "; ".join(changes))
+        for sample_id, result in list(state.done["kb-prebuild"].items()):  # states written before that rule
+            if failed_prebuild(result) and sample_id not in state.done["kb-eval"]:
+                state.record("kb-eval", sample_id, prebuild_verdict(result))
         setup = kb_harness.prepare(args.kernelbench, work / "stubs")
         data["kb_setup"] = {"stubbed": setup["stubbed"], "commit": setup["commit"]}
         for s in samples:  # "source" is the kernel's text from here on, as kb_harness reads it
@@ -769,25 +817,22 @@ def main(argv=None):
             s["ref_source"] = (args.kernelbench / s["reference"]).read_text()
             s["source"] = (args.samples / s["kernel"]).read_text()
             s["build_dir"] = str(state.builds / s["id"])
-        references = {task_id(s): s["ref_source"] for s in samples}
-        data["kb_loaders"] = in_child(kb_loader_check, references, {s["id"]: s["source"] for s in samples})
-        note(data, "kb loaders", f"{data['kb_loaders']['references']} references, "
-                                 f"{len(data['kb_loaders']['reference_problems'])} problems; "
-                                 f"{data['kb_loaders']['samples_parsed']} samples parse, "
-                                 f"{len(data['kb_loaders']['syntax_errors'])} do not")
-        for problem in data["kb_loaders"]["reference_problems"]:
-            print("  ", problem)
+        # KernelBench's loaders on every reference (a child importing torch: tens of seconds), beside the run.
+        loaders = LoaderCheck({task_id(s): s["ref_source"] for s in samples}, {s["id"]: s["source"] for s in samples})
+        loaders.start()
         if args.device == "cpu":
             dry_run(args, data, samples, state, paths, kz_dir, cache_home)
         else:
             gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget)
+        loaders.report(data)
         finished = True
     except Exception as exc:  # noqa: BLE001 - the tables still get written
         traceback.print_exc()
         note(data, "failed", f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
         for name in KZ_RUNS:  # what a run cut short by SIGTERM wrote since its follower last looked
-            record_kz(state, name, args.out / f"{name}.jsonl", paths)
+            for path in kz_results(args.out, name):
+                record_kz(state, name, path, paths)
         record_kz(state, "kz-kernelbench", args.out / "kz-again.jsonl", paths, judged_alone=True)
         if not finished and "failed" not in data.get("notes", {}):
             note(data, "interrupted", "the tables hold the verdicts in so far")
@@ -802,18 +847,20 @@ def main(argv=None):
     return 1 if "failed" in data.get("notes", {}) else 0
 
 
-def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device, again=False):
+def start_kz(args, data, state, batch, name, kz_dir, cache_home, paths, device, again=False, chunk=None):
     """kz's run `name` (KZ_RUNS) on the batch, in the background, its verdicts followed into the
     state. again: the samples kz answered about the machine rather than about them (KZ_MACHINE_CHECKS),
-    judged once more, with files of their own (kz-again.*). None when the batch is empty or kz does
-    not start (said in a note)."""
+    judged once more, with files of their own (kz-again.*). chunk N: files of their own (NAME-cN.*,
+    candidates/cN). None when the batch is empty or kz does not start (said in a note)."""
     phase = "kz again" if again else "kz" if name == "kz-kernelbench" else "kz strict"
-    label = "kz-again" if again else name  # its files, and its record in data
+    label = "kz-again" if again else name if chunk is None else f"{name}-c{chunk}"  # its files, its record in data
     if not batch:
         note(data, phase, "every sample already judged")
         return None
     candidates = kz_dir / ("candidates-again" if again else "candidates" if name == "kz-kernelbench"
                            else "candidates-strict")
+    if chunk is not None:
+        candidates = candidates / f"c{chunk}"
     write_candidates(batch, args.samples, candidates, paths)
     try:
         process = run_kz(args.kz, kz_dir, label, device, KZ_RUNS[name], cache_home, args.out, candidates)
@@ -845,16 +892,41 @@ def prebuild_missing(args, data, batch, state, deadline, stop_early=None) -> Non
         return
     for s in batch:  # what a build cut short left is no build
         shutil.rmtree(s["build_dir"], ignore_errors=True)
-    kb["prebuild"] = kb_harness.prebuild(batch, max(1, min(args.kb_workers, len(batch))), args.kb_gpu_arch,
-                                         args.out / "kb-prebuild.log", deadline,
-                                         on_result=lambda sample_id, result: state.record("kb-prebuild", sample_id, result),
-                                         stop_early=stop_early)
-    results = kb["prebuild"]["samples"]
+
+    build_dirs = {s["id"]: s["build_dir"] for s in batch}
+
+    def keep(sample_id, result):
+        state.record("kb-prebuild", sample_id, result)
+        if failed_prebuild(result):  # a verdict already: its folder is needed no more
+            state.record("kb-eval", sample_id, prebuild_verdict(result))
+            shutil.rmtree(build_dirs[sample_id], ignore_errors=True)
+
+    done = kb_harness.prebuild(batch, max(1, min(args.kb_workers, len(batch))), args.kb_gpu_arch,
+                               args.out / "kb-prebuild.log", deadline, on_result=keep, stop_early=stop_early)
+    results = done["samples"]
+    merged_ = kb.setdefault("prebuild", {"samples": {}, "wall_s": 0.0, "workers": done["workers"]})
+    merged_["samples"].update(results)
+    merged_["wall_s"] += done["wall_s"]
     cut = [i for i, r in results.items() if r.get("cut")]
     kb["cut"] += cut
-    note(data, "kb pre-build", f"{sum(bool(r.get('built')) for r in results.values())} of {len(batch)} built in "
-                               f"{kb['prebuild']['wall_s']:.0f} s ({args.kb_workers} workers)"
+    failed = sum(failed_prebuild(r) for r in results.values())
+    note(data, "kb pre-build", f"{sum(bool(r.get('built')) for r in results.values())} of {len(batch)} built"
+                               + (f", {failed} failed (their verdict: compile_error)" if failed else "")
+                               + f" in {done['wall_s']:.0f} s ({args.kb_workers} workers)"
                                + (f"; {len(cut)} cut by the budget" if cut else ""))
+
+
+def failed_prebuild(result: dict) -> bool:
+    """A pre-build that ended without a build, for the sample's reasons: KernelBench's evaluation would
+    build it again and fail the same way (compiled=False), so the failure is its verdict."""
+    return not result.get("built") and not result.get("cut") and not needs_retry(result)
+
+
+def prebuild_verdict(result: dict) -> dict:
+    """KernelBench's verdict on a sample whose pre-build failed, as its evaluation would give it."""
+    return {"compiled": False, "correctness": False, "error": result.get("error") or "pre-build failed",
+            "metadata": {"compilation_error": result.get("error") or ""}, "class": "compile_error",
+            "from_prebuild": True, "compile_s": result.get("compile_s")}
 
 
 def kb_judge(args, data, phase, batch, devices, state, work, budget) -> None:
@@ -933,28 +1005,30 @@ def gpu_run(args, data, samples, state, paths, kz_dir, cache_home, work, budget)
 
 def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, budget):
     devices = gpu_devices(args.device)
-    slots = len(devices) * args.kb_eval_jobs
     # Builds of earlier calls first: the GPU alone turns them into verdicts, before anything else
     # wants the cores or the GPU's memory.
     built_earlier = ready_for_kb(samples, state)
     if built_earlier:
         kb_judge(args, data, "kb, built earlier", built_earlier, devices, state, work, budget)
-    # kz in the background: its pre-build shares the cores with KernelBench's below.
-    kz_run = start_kz(args, data, state, missing(samples, state, "kz-kernelbench"), "kz-kernelbench", kz_dir,
-                      cache_home, paths, args.device)
-
-    def reserve_s():  # evaluating what is built so far, should the pre-build stop now
-        return eval_reserve_s(len(ready_for_kb(samples, state)), slots, args.kb_timeout)
-
-    prebuild_missing(args, data, to_prebuild(samples, state), state, budget.deadline,
-                     stop_early=lambda: budget.left() <= reserve_s())
-    save(args.out, data)
-    # KernelBench's evaluations start once kz's are done (both on the GPU's memory), or at the last moment.
-    if kz_run:
-        finish_kz(data, kz_run, budget.left() - reserve_s())
-    kb_judge(args, data, "kb", ready_for_kb(samples, state), devices, state, work, budget)
-    # kz's answers about the machine (KZ_MACHINE_CHECKS), given while KernelBench's side was busy too:
-    # judged again now that the GPU and the cores are kz's, where the time allows.
+    # Then chunk by chunk, so that every chunk's samples end judged by both sides even where the
+    # budget ends the call: first those one side has judged already (only the other's half is left).
+    judged = lambda s, piece: s["id"] in state.done[piece]  # noqa: E731
+    open_ = [s for s in samples if not (judged(s, "kb-eval") and judged(s, "kz-kernelbench"))]
+    open_.sort(key=lambda s: not (judged(s, "kb-eval") or judged(s, "kz-kernelbench")))
+    chunks = [open_[i:i + args.chunk] for i in range(0, len(open_), args.chunk)]
+    for number, chunk in enumerate(chunks, 1):
+        if budget.left() - MARGIN_S < 60:
+            rest = [s["id"] for c in chunks[number - 1:] for s in c]
+            data.setdefault("kb", {}).setdefault("cut", []).extend(rest)
+            note(data, "chunks", f"{number - 1} of {len(chunks)} judged; the budget cut the rest")
+            note(data, "kb", f"cut by the budget: {len(rest)} samples not started")
+            break
+        judge_chunk(args, data, chunk, number, state, paths, kz_dir, cache_home, work, budget, devices)
+        save(args.out, data)
+    else:
+        note(data, "chunks", f"{len(chunks)} of up to {args.chunk} samples" if chunks else "nothing left to judge")
+    # kz's answers about the machine (KZ_MACHINE_CHECKS): judged again with the GPU to kz alone, where
+    # the time allows.
     again = [s for s in missing(samples, state, "kz-kernelbench") if s["id"] in kz_attempted(args.out, paths)]
     if again and budget.left() - MARGIN_S > 60:
         rerun = start_kz(args, data, state, again, "kz-kernelbench", kz_dir, cache_home, paths, args.device,
@@ -972,6 +1046,23 @@ def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, bu
         if strict_run:
             finish_kz(data, strict_run, budget.left() - MARGIN_S / 2)
 
+
+def judge_chunk(args, data, chunk, number, state, paths, kz_dir, cache_home, work, budget, devices):
+    """One chunk, both sides: kz (its builds, then its evaluations on the GPU) beside KernelBench's
+    pre-build (the cores), then KernelBench's evaluations with the GPU to themselves: neither side's
+    evaluations run short of memory for the other's."""
+    slots = len(devices) * args.kb_eval_jobs
+    kz_run = start_kz(args, data, state, missing(chunk, state, "kz-kernelbench"), "kz-kernelbench", kz_dir,
+                      cache_home, paths, args.device, chunk=number)
+
+    def reserve_s():  # evaluating what is built so far, should the pre-build stop now
+        return eval_reserve_s(len(ready_for_kb(chunk, state)), slots, args.kb_timeout)
+
+    prebuild_missing(args, data, to_prebuild(chunk, state), state, budget.deadline,
+                     stop_early=lambda: budget.left() <= reserve_s())
+    if kz_run:
+        finish_kz(data, kz_run, budget.left() - reserve_s())
+    kb_judge(args, data, "kb", ready_for_kb(chunk, state), devices, state, work, budget)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -178,7 +178,7 @@ def test_both_sides_judge_every_sample(gpu_run):
     assert data["kb"]["retried"] == ["run-p1-s4"]
     # kz's first answer was about the machine (memory held elsewhere): no verdict, judged again alone.
     assert rows["run-p1-s4"]["kz"] == "ok" and data["notes"]["kz again"].startswith("1 of 1 verdicts")
-    assert '"gpu_memory_held_elsewhere"' in (out / "kz-kernelbench.jsonl").read_text()
+    assert '"gpu_memory_held_elsewhere"' in (out / "kz-kernelbench-c1.jsonl").read_text()
     assert (out / "gpu-memory.log").exists()
     assert rows["run-p1-s5"]["kz_strict"] == "cheat_detected" and rows["run-p1-s5"]["kz"] == "ok"
 
@@ -199,7 +199,7 @@ def test_the_summary_counts_and_lists_the_disagreement(gpu_run):
 def test_the_kz_batch_has_level_prefixed_tasks_and_the_report_keeps_no_sources(gpu_run):
     _, _, out, data = gpu_run
     assert sorted(p.name for p in (out / "kz" / "suite").iterdir()) == ["l1_1_Relu.py", "l2_1_Relu.py"]
-    assert (out / "kz" / "candidates" / "l1_1_Relu" / "run-p1-s0.py").exists()
+    assert (out / "kz" / "candidates" / "c1" / "l1_1_Relu" / "run-p1-s0.py").exists()  # chunk 1
     assert all("ref_source" not in s and "build_dir" not in s and isinstance(s.get("origin"), dict)
                for s in data["samples"])
     assert data["source"] == "someone/KernelBench@000000000000"
@@ -243,15 +243,27 @@ def test_samples_in_the_state_are_left_out_of_the_next_calls_work(tmp_path):
     state = agreement.State(tmp_path)
     samples = some_samples(6)
     state.record("kz-kernelbench", "s0", {"status": "ok"})
-    state.record("kb-prebuild", "s1", {"built": None, "error": "error: identifier undefined"})  # failed: not again
+    state.record("kb-prebuild", "s1", {"built": True})  # built on another host: no folder here
     state.record("kb-prebuild", "s2", {"built": True})
+    (state.builds / "s2").mkdir()
     state.record("kb-prebuild", "s3", {"built": True})
     state.record("kb-eval", "s3", {"class": "ok"})
     state.record("kb-eval", "s4", {"class": "compile_error"})
     assert [s["id"] for s in agreement.missing(samples, state, "kz-kernelbench")] == ["s1", "s2", "s3", "s4", "s5"]
-    assert [s["id"] for s in agreement.to_prebuild(samples, state)] == ["s0", "s5"]
-    assert [s["id"] for s in agreement.ready_for_kb(samples, state)] == ["s2", "s1"]  # built first
+    assert [s["id"] for s in agreement.to_prebuild(samples, state)] == ["s0", "s1", "s5"]
+    assert [s["id"] for s in agreement.ready_for_kb(samples, state)] == ["s2"]
     assert agreement.eval_reserve_s(2, 4, 180) > agreement.eval_reserve_s(1, 4, 180)
+
+
+def test_a_failed_pre_build_is_kernelbenchs_compile_error_unless_ours():
+    failed = {"built": None, "error": "error: identifier undefined", "compile_s": 30.0}
+    assert agreement.failed_prebuild(failed)
+    verdict = agreement.prebuild_verdict(failed)
+    assert verdict["class"] == "compile_error" and agreement.correct_kb(verdict) is False
+    assert "identifier undefined" in agreement.kb_messages(verdict)
+    assert not agreement.failed_prebuild({"built": True})
+    assert not agreement.failed_prebuild({"built": None, "cut": True, "error": "stopped by the budget"})
+    assert not agreement.failed_prebuild({"built": None, "error": "lock file exists, retry"})  # ours: built again
 
 
 def test_kz_answers_about_memory_are_judged_again_unless_given_alone(tmp_path):
@@ -263,9 +275,14 @@ def test_kz_answers_about_memory_are_judged_again_unless_given_alone(tmp_path):
     state.record("kz-kernelbench", "s2", dict(ran_out, judged_alone=True))  # the GPU to kz alone: it stands
     state.record("kz-kernelbench", "s3", {"status": "runtime_error", "checks": ["memory_limit"],
                                           "message": "RLIMIT_AS: the CPU's address space"})
+    killed = "Command '['ninja', '-v', '-j', '16']' returned non-zero exit status 137."
+    state.record("kz-kernelbench", "s4", {"status": "compile_error", "checks": ["kernel_compile"], "message": killed})
+    state.record("kz-kernelbench", "s5", {"status": "compile_error", "checks": ["kernel_compile"],
+                                          "message": "error: identifier \"C10_CUDA_KERNEL_LAUNCH_CHECK\" is undefined"})
     again = agreement.State(tmp_path)
-    assert sorted(again.done["kz-kernelbench"]) == ["s2", "s3"] and sorted(again.machine_answers) == ["s0", "s1"]
-    assert "2 kz answers about the card's memory judged again" in agreement.state_note(again, some_samples(4))
+    assert sorted(again.done["kz-kernelbench"]) == ["s2", "s3", "s5"]
+    assert sorted(again.machine_answers) == ["s0", "s1", "s4"]
+    assert "3 kz answers about the machine judged again" in agreement.state_note(again, some_samples(6))
 
 
 def test_an_unreadable_state_file_is_ignored_and_named(tmp_path):
@@ -291,11 +308,16 @@ def test_a_second_call_goes_on_where_the_first_stopped(world, tmp_path):
     assert code == 0, text
     # s3 pre-built by a call that ended before evaluating it: the next call evaluates it first.
     agreement.State(state).record("kb-prebuild", "run-p1-s3", {"built": True, "error": "", "compile_s": 1.0})
-    code, text = run_main(common + ["--out", tmp_path / "second", "--limit", "6"])
+    (state / "kb-builds" / "run-p1-s3").mkdir()
+    code, text = run_main(common + ["--out", tmp_path / "second", "--limit", "6", "--chunk", "2"])
     data = json.loads((tmp_path / "second" / "agreement.json").read_text())
     assert code == 0, text
     new = ["run-p1-s3", "run-p1-s4", "run-p1-s5"]
-    assert sorted(p.stem for p in (tmp_path / "second" / "kz" / "candidates").rglob("*.py")) == new
+    # kz's half of s3 first (KernelBench's is done), then chunk by chunk: [s3, s4], [s5].
+    chunks = tmp_path / "second" / "kz" / "candidates"
+    assert sorted(p.stem for p in (chunks / "c1").rglob("*.py")) == new[:2]
+    assert sorted(p.stem for p in (chunks / "c2").rglob("*.py")) == new[2:]
+    assert data["notes"]["chunks"] == "2 of up to 2 samples"
     assert list(data["kb"]["prebuild"]["samples"]) == new[1:]
     assert data["notes"]["kb, built earlier"].startswith("1 evaluated")
     assert "3 evaluated by it, 3 kz verdicts, 3 kz strict verdicts" in data["notes"]["state"]

@@ -1,5 +1,7 @@
 """How an exception raised by candidate code becomes a verdict's status and check."""
 import errno
+import signal
+import subprocess
 
 import torch
 
@@ -9,7 +11,7 @@ from . import verdict as v
 def classify_exception(exc: BaseException, stage: str):
     """(status, check) for an exception raised by candidate code in `stage`."""
     if is_compile_exception(exc):
-        return v.COMPILE_ERROR, v.KERNEL_COMPILE
+        return (v.INFRA_ERROR, v.BUILD_KILLED) if is_killed_build(exc) else (v.COMPILE_ERROR, v.KERNEL_COMPILE)
     # A refused allocation (the sandbox's CPU address-space limit, the GPU memory fraction, or the
     # machine's memory) is an ordinary failure of the kernel, as a CUDA OOM is: runtime_error.
     if is_memory_exception(exc):
@@ -41,6 +43,21 @@ def is_memory_exception(exc: BaseException) -> bool:
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     return _chain_has(exc, lambda e: isinstance(e, (MemoryError, oom))
                       or (isinstance(e, RuntimeError) and any(text in str(e) for text in _OUT_OF_MEMORY)))
+
+
+# What a compiler killed by SIGKILL leaves in the build's log: nvcc's words for its cicc or ptxas,
+# gcc's for its cc1plus.
+_KILLED_COMPILER = ("died due to signal 9", "Killed signal terminated program")
+
+
+def is_killed_build(exc: BaseException) -> bool:
+    """A build ended by SIGKILL (ninja, or the compiler under it: the kernel's out-of-memory killer on a
+    crowded machine), not by an error in the source: the machine's answer, not the candidate's."""
+    def killed(e):
+        if isinstance(e, subprocess.CalledProcessError):
+            return e.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
+        return isinstance(e, RuntimeError) and any(text in str(e) for text in _KILLED_COMPILER)
+    return _chain_has(exc, killed)
 
 
 def is_compile_exception(exc: BaseException) -> bool:

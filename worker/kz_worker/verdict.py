@@ -66,6 +66,8 @@ PROCESS_SIGNAL = "process_signal"      # candidate code signalled a process outs
 OUT_OF_MEMORY_SHARED = "out_of_memory_shared"  # a CUDA OOM while other evaluations held memory on the GPU (retried alone)
 EXCEEDS_GPU_MEMORY = "exceeds_gpu_memory"      # the task (reference + harness) needs more than the card gives one evaluation
 GPU_MEMORY_HELD_ELSEWHERE = "gpu_memory_held_elsewhere"  # memory the slots promise held outside every evaluation's slots
+# The machine's, INFRA_ERROR too: a build whose compiler was killed (SIGKILL: the machine's memory).
+BUILD_KILLED = "build_killed"
 
 
 class Failure(Exception):

@@ -287,6 +287,31 @@ def test_resource_exceptions_are_classified(exc, expected):
     assert errors.classify_exception(exc, "correctness") == expected
 
 
+def failed_build(message: str, returncode: int) -> RuntimeError:
+    """torch's load_inline failure: RuntimeError("Error building extension ...") from ninja's exit."""
+    import subprocess
+    try:
+        try:
+            raise subprocess.CalledProcessError(returncode, ["ninja", "-v"])
+        except subprocess.CalledProcessError as ninja:
+            raise RuntimeError(f"Error building extension 'op': {message}") from ninja
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (failed_build("cuda.cu(12): error: identifier \"x\" is undefined", 1), (v.COMPILE_ERROR, v.KERNEL_COMPILE)),
+    (failed_build("", 137), (v.INFRA_ERROR, v.BUILD_KILLED)),   # ninja itself killed, through a shell
+    (failed_build("", -9), (v.INFRA_ERROR, v.BUILD_KILLED)),    # ninja itself killed
+    (failed_build("nvcc error   : 'cicc' died due to signal 9 (Kill signal)", 1), (v.INFRA_ERROR, v.BUILD_KILLED)),
+    (failed_build("g++: fatal error: Killed signal terminated program cc1plus", 1), (v.INFRA_ERROR, v.BUILD_KILLED)),
+    (failed_build("nvcc error   : 'cicc' died due to signal 11 (Invalid memory reference)", 1),
+     (v.COMPILE_ERROR, v.KERNEL_COMPILE)),  # a compiler crash on this source: the candidate's
+])
+def test_a_build_killed_by_sigkill_is_the_machines_not_the_kernels(exc, expected):
+    assert errors.classify_exception(exc, "compile") == expected
+
+
 def test_the_harness_failing_to_make_a_gpu_lock_file_records_no_violation(tmp_path):
     # The supervisor makes the lock files; one missing where it cannot be made (a read-only mount;
     # here a path under a file) is the machine's infra_error, not the candidate's sandbox_violation.

@@ -44,6 +44,8 @@ namespace kz {
   X(network_access) X(filesystem_write) X(process_spawn) X(process_signal)      \
   /* GPU memory (infra_error: the GPU's, not the candidate's; worker/kz_worker/gpu_memory.py) */ \
   X(out_of_memory_shared) X(exceeds_gpu_memory) X(gpu_memory_held_elsewhere)    \
+  /* a build killed by SIGKILL (infra_error: the machine's memory; worker/kz_worker/errors.py) */ \
+  X(build_killed)                                                                \
   X(format_unrecognised) X(no_code_block) X(stage_timeout) X(worker_crashed) X(worker_protocol)
 
 enum class EvalStatus {
