@@ -74,7 +74,7 @@
 #                   (.kb-samples/: bench/fetch-kb-samples.sh, carried along) judged by KernelBench's own
 #                   harness ($KERNELBENCH, carried along) and by kz under --policy kernelbench with
 #                   KernelBench's tolerances, correctness only; the agreement table. KZ_AGREE_LIMIT
-#                   (default 110) samples after the manifest's first KZ_AGREE_SKIP (0: calls that
+#                   (default 110) samples, KZ_AGREE_CHUNK (24) at a time, after the manifest's first KZ_AGREE_SKIP (0: calls that
 #                   share the manifest; --report-only A B joins their tables), KZ_AGREE_DEVICE
 #                   (default cuda:0; cuda:all on a kind with several GPUs), all within
 #                   KZ_AGREE_WALL_S (default 510 s, build included). What a call does is kept under
@@ -153,7 +153,7 @@ if [[ $PART == agree ]]; then
   mkdir -p runs/agree-state
   timeout -k 10 $((BUDGET + 30)) python3 bench/kernelbench_agreement.py --samples "$KB_SAMPLES" \
     --kernelbench "$KERNELBENCH" --out "$OUT/agree" --state runs/agree-state --device "${KZ_AGREE_DEVICE:-cuda:0}" \
-    --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
+    --limit "${KZ_AGREE_LIMIT:-110}" --skip "${KZ_AGREE_SKIP:-0}" --chunk "${KZ_AGREE_CHUNK:-24}" --budget-s "$BUDGET" > "$OUT/agree.txt" 2> "$OUT/agree.err"
   step_done kernelbench_agreement.py $?; echo "after ${SECONDS} s"; tail -3 "$OUT/agree.err"
   # The verdicts, without KernelBench's builds and kz's compile caches (large, and useless on another host).
   tar -C runs/agree-state -czf "$FINAL/agree-state.tgz" --exclude=kb-builds --exclude=kz-cache .
