@@ -83,6 +83,7 @@ RETRY_MARKERS = ("out of memory", "lock file")
 # (after KernelBench's evaluations, or by the next call), and only that answer stands (machine_answer).
 KZ_MACHINE_CHECKS = {"gpu_memory_held_elsewhere", "out_of_memory_shared", "build_killed"}
 KILLED_BUILD = ("returned non-zero exit status 137", "died due to signal 9", "Killed signal terminated program")
+SOURCE_ERROR = (": error", "this compile failed")  # a killed step beside one of these: kz-nvcc ended it
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
 
@@ -230,7 +231,8 @@ def machine_answer(verdict: dict) -> bool:
     yet given with the GPU to kz alone."""
     checks, message = set(verdict.get("checks") or []), verdict.get("message") or ""
     ran_out = "out of memory" in message.lower() and checks & {"memory_limit", "exceeds_gpu_memory"}
-    killed = "kernel_compile" in checks and any(text in message for text in KILLED_BUILD)
+    killed = ("kernel_compile" in checks and any(text in message for text in KILLED_BUILD)
+              and not any(text in message for text in SOURCE_ERROR))
     return bool(checks & KZ_MACHINE_CHECKS or ran_out or killed) and not verdict.get("judged_alone")
 
 

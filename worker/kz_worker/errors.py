@@ -48,16 +48,22 @@ def is_memory_exception(exc: BaseException) -> bool:
 # What a compiler killed by SIGKILL leaves in the build's log: nvcc's words for its cicc or ptxas,
 # gcc's for its cc1plus.
 _KILLED_COMPILER = ("died due to signal 9", "Killed signal terminated program")
+# A diagnostic of the source (nvcc's "file(10): error:", gcc's "file:10:5: error:"), or kz-nvcc's word
+# that a step failed and it ended the build's other steps (which then die by SIGKILL, exit 137).
+_SOURCE_ERROR = (": error", "this compile failed")
 
 
 def is_killed_build(exc: BaseException) -> bool:
     """A build ended by SIGKILL (ninja, or the compiler under it: the kernel's out-of-memory killer on a
-    crowded machine), not by an error in the source: the machine's answer, not the candidate's."""
+    crowded machine) with no error of the source in its log: the machine's answer, not the candidate's."""
     def killed(e):
         if isinstance(e, subprocess.CalledProcessError):
             return e.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
         return isinstance(e, RuntimeError) and any(text in str(e) for text in _KILLED_COMPILER)
-    return _chain_has(exc, killed)
+
+    def source_error(e):
+        return any(text in str(e) for text in _SOURCE_ERROR)
+    return _chain_has(exc, killed) and not _chain_has(exc, source_error)
 
 
 def is_compile_exception(exc: BaseException) -> bool:

@@ -307,6 +307,11 @@ def failed_build(message: str, returncode: int) -> RuntimeError:
     (failed_build("g++: fatal error: Killed signal terminated program cc1plus", 1), (v.INFRA_ERROR, v.BUILD_KILLED)),
     (failed_build("nvcc error   : 'cicc' died due to signal 11 (Invalid memory reference)", 1),
      (v.COMPILE_ERROR, v.KERNEL_COMPILE)),  # a compiler crash on this source: the candidate's
+    # A real error: kz-nvcc ends the build's other steps, whose SIGKILL ninja then reports (exit 137).
+    (failed_build("cuda.cu(10): error: expected a \";\"\nkz-nvcc: this compile failed, so the build's other "
+                  "steps are ended\nFAILED: [code=137] main.o", 137), (v.COMPILE_ERROR, v.KERNEL_COMPILE)),
+    (failed_build("main.cpp:3:5: error: 'x' was not declared\nnvcc error   : 'cicc' died due to signal 9", 1),
+     (v.COMPILE_ERROR, v.KERNEL_COMPILE)),
 ])
 def test_a_build_killed_by_sigkill_is_the_machines_not_the_kernels(exc, expected):
     assert errors.classify_exception(exc, "compile") == expected
