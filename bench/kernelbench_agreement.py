@@ -9,16 +9,19 @@ KernelBench's own harness, on the same public kernels, side by side.
 The kernels: the first --limit samples of .kb-samples/manifest.jsonl (bench/fetch-kb-samples.sh:
 KernelBench generations of levels 1 and 2 made and judged by KernelBench's own scripts elsewhere).
 Each is judged twice, correctness only (no timing), --chunk samples at a time (both sides finish a
-chunk before the next starts, so that a call cut by its budget leaves comparisons, not halves):
+chunk's builds before the next chunk's start, and KernelBench evaluates a chunk while the next one
+builds, so that a call cut by its budget leaves comparisons, not halves):
   kb   KernelBench's harness (bench/kb_harness.py, its code from the checkout given): its parallel
        pre-build on half the cores (a failed pre-build is its verdict, compile_error: its evaluation
        would build the sample again and fail alike), then eval_kernel_against_ref per sample in a fresh spawned process
        (5 correctness trials, fp32, measure_performance off: timing never changes its verdict), a
        few at once per GPU (--kb-eval-jobs; its own script runs one per GPU: correctness does not
-       care), each with a timeout; a sample that ran out of GPU memory, or hit its "lock file,
-       retry" answer, is evaluated again alone at the end.
+       care), beside the next chunk's builds and kz's evaluations of it, each with a timeout; a
+       sample that ran out of GPU memory, or hit its "lock file, retry" answer, is evaluated again
+       alone at the end.
   kz   `kz eval-suite --no-timing --no-cache --policy kernelbench` with `[tolerance] rule =
-       "kernelbench"` (fresh compile caches), beside KernelBench's pre-build, before its evaluations; then, as time allows,
+       "kernelbench"` (fresh compile caches), beside KernelBench's pre-build of the chunk and its
+       evaluations of the one before; then, as time allows,
        the samples it answered about the card's memory rather than about them (memory held outside
        its evaluations, or an out-of-memory: no verdict yet) once more with the GPU to itself, after
        KernelBench's evaluations ("kz again"; that answer stands), and the same batch under
@@ -86,6 +89,7 @@ KILLED_BUILD = ("returned non-zero exit status 137", "died due to signal 9", "Ki
 SOURCE_ERROR = (": error", "this compile failed")  # a killed step beside one of these: kz-nvcc ended it
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
+DATA_LOCK = threading.RLock()  # the run's record (`data`): KernelBench's evaluations write it from a thread
 
 
 def end_on_sigterm(signum, frame):
@@ -732,9 +736,10 @@ def record_kz(state: State, name: str, results: pathlib.Path, paths: dict, judge
 
 def note(data, phase, text):
     """The phase's line of the report (a phase noted again, by a later chunk, adds to it)."""
-    notes = data.setdefault("notes", {})
-    notes[phase] = f"{notes[phase]}; {text}" if phase in notes else text
-    data.setdefault("note_order", []).append(phase)
+    with DATA_LOCK:
+        notes = data.setdefault("notes", {})
+        notes[phase] = f"{notes[phase]}; {text}" if phase in notes else text
+        data.setdefault("note_order", []).append(phase)
     print(f"[agree] {phase}: {text}", flush=True)
 
 
@@ -742,12 +747,13 @@ TEXTS = ("source", "ref_source", "build_dir")  # a sample's texts and build fold
 
 
 def save(out: pathlib.Path, data: dict) -> None:
-    if data.get("rows") is not None:
-        data["summary"] = summarize(data["rows"])
-    kept = dict(data, samples=[{k: v for k, v in s.items() if k not in TEXTS or isinstance(v, dict)}
-                               for s in data.get("samples") or []])
-    (out / "agreement.json").write_text(json.dumps(kept, indent=1, sort_keys=True, default=str) + "\n")
-    (out / "agreement.txt").write_text(render(data))
+    with DATA_LOCK:
+        if data.get("rows") is not None:
+            data["summary"] = summarize(data["rows"])
+        kept = dict(data, samples=[{k: v for k, v in s.items() if k not in TEXTS or isinstance(v, dict)}
+                                   for s in data.get("samples") or []])
+        (out / "agreement.json").write_text(json.dumps(kept, indent=1, sort_keys=True, default=str) + "\n")
+        (out / "agreement.txt").write_text(render(data))
 
 
 def git_commit(path: pathlib.Path):
@@ -887,8 +893,9 @@ def finish_kz(data, run, timeout) -> None:
 
 def prebuild_missing(args, data, batch, state, deadline, stop_early=None) -> None:
     """KernelBench's parallel pre-build of the batch, each result into the state as it comes."""
-    kb = data.setdefault("kb", {})
-    kb.setdefault("cut", [])
+    with DATA_LOCK:
+        kb = data.setdefault("kb", {})
+        kb.setdefault("cut", [])
     if not batch:
         note(data, "kb pre-build", "nothing to build")
         return
@@ -906,11 +913,12 @@ def prebuild_missing(args, data, batch, state, deadline, stop_early=None) -> Non
     done = kb_harness.prebuild(batch, max(1, min(args.kb_workers, len(batch))), args.kb_gpu_arch,
                                args.out / "kb-prebuild.log", deadline, on_result=keep, stop_early=stop_early)
     results = done["samples"]
-    merged_ = kb.setdefault("prebuild", {"samples": {}, "wall_s": 0.0, "workers": done["workers"]})
-    merged_["samples"].update(results)
-    merged_["wall_s"] += done["wall_s"]
     cut = [i for i, r in results.items() if r.get("cut")]
-    kb["cut"] += cut
+    with DATA_LOCK:
+        totals = kb.setdefault("prebuild", {"samples": {}, "wall_s": 0.0, "workers": done["workers"]})
+        totals["samples"].update(results)
+        totals["wall_s"] += done["wall_s"]
+        kb["cut"] += cut
     failed = sum(failed_prebuild(r) for r in results.values())
     note(data, "kb pre-build", f"{sum(bool(r.get('built')) for r in results.values())} of {len(batch)} built"
                                + (f", {failed} failed (their verdict: compile_error)" if failed else "")
@@ -931,49 +939,90 @@ def prebuild_verdict(result: dict) -> dict:
             "from_prebuild": True, "compile_s": result.get("compile_s")}
 
 
-def kb_judge(args, data, phase, batch, devices, state, work, budget) -> None:
+def kb_judge(args, data, phase, batch, devices, state, work, budget, later=None) -> None:
     """KernelBench's evaluations of the batch (pre-built, or failed to be) until the budget's end,
-    a few at once per GPU; an out-of-memory or "lock file" answer, ours rather than the sample's,
-    is evaluated again alone. Each verdict goes into the state as it comes, and its build folder,
-    needed no more, goes."""
-    kb = data.setdefault("kb", {})
-    kb.setdefault("cut", [])
+    a few at once per GPU. An out-of-memory or "lock file" answer, ours rather than the sample's, is
+    evaluated again alone: at once, or, given `later` (a list: evaluations beside other work), by the
+    caller once the GPU is KernelBench's alone (kb_judge_alone), its samples added to `later`."""
+    with DATA_LOCK:
+        kb = data.setdefault("kb", {})
+        kb.setdefault("cut", [])
     if not batch:
         note(data, phase, "nothing to evaluate" + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
         return
+    started = time.monotonic()
+    first = kb_pass(args, data, batch, devices, state, work, budget, alone=False)
+    retry = [s for s in batch if s["id"] in first and needs_retry(first[s["id"]])]
+    if later is None:
+        kb_pass(args, data, retry, devices, state, work, budget, alone=True)
+    else:
+        later += retry
+    note(data, phase, f"{len(first) - len(retry)} evaluated in {time.monotonic() - started:.0f} s "
+                      f"({args.kb_eval_jobs} at once on {','.join(devices)}), {len(retry)} again alone"
+                      + (" (later)" if later is not None and retry else "")
+                      + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
+
+
+def kb_judge_alone(args, data, batch, devices, state, work, budget) -> None:
+    """The samples whose evaluation beside other work answered about the machine: one at a time, with
+    the GPU to KernelBench alone; this answer stands."""
+    if batch:
+        started = time.monotonic()
+        done = kb_pass(args, data, batch, devices, state, work, budget, alone=True)
+        note(data, "kb again alone", f"{len(done)} of {len(batch)} in {time.monotonic() - started:.0f} s")
+
+
+def kb_pass(args, data, batch, devices, state, work, budget, alone: bool) -> dict:
+    """One pass of KernelBench's evaluations over the batch (alone: one at a time per GPU, else
+    --kb-eval-jobs). Each verdict goes into the state as it comes, and its build folder, needed no more,
+    goes; an answer about the machine (needs_retry) in a pass not alone is left for one alone. Returns
+    every answer it got."""
+    with DATA_LOCK:
+        kb = data.setdefault("kb", {})
+        evaluated = kb.setdefault("eval", {"outcomes": {}, "skipped": []})
     settings = {"correct_trials": 5, "perf_trials": 0, "measure_performance": False, "timeout_s": args.kb_timeout,
                 "min_eval_s": 10.0, "gpu_arch": args.kb_gpu_arch, "metadata_chars": 6000}
     build_dirs = {s["id"]: s["build_dir"] for s in batch}
 
     def keep(sample_id, outcome):
+        if alone:
+            outcome["retried_alone"] = True
+        elif needs_retry(outcome):
+            return
         state.record("kb-eval", sample_id, outcome)
+        with DATA_LOCK:
+            evaluated["outcomes"][sample_id] = outcome
         shutil.rmtree(build_dirs[sample_id], ignore_errors=True)
 
-    def keep_unless_retried(sample_id, outcome):
-        if not needs_retry(outcome):
-            keep(sample_id, outcome)
-
-    def keep_retried(sample_id, outcome):
-        outcome["retried_alone"] = True
-        keep(sample_id, outcome)
-
-    results, log, deadline = work / "kb-results", args.out / "kb-eval.log", budget.deadline - MARGIN_S
+    results = work / "kb-results"
     results.mkdir(exist_ok=True)
-    started = time.monotonic()
-    first = kb_evaluate(batch, devices, args.kb_eval_jobs, settings, log, deadline, results, keep_unless_retried)
-    retry = [s for s in batch if s["id"] in first["outcomes"] and needs_retry(first["outcomes"][s["id"]])]
-    again = kb_evaluate(retry, devices, 1, settings, log, deadline, results, keep_retried)
-    outcomes = {**first["outcomes"], **again["outcomes"]}
-    for sample_id in again["skipped"]:  # its first answer was our concurrency's, not a verdict
-        outcomes.pop(sample_id, None)
-    evaluated = kb.setdefault("eval", {"outcomes": {}, "skipped": []})
-    evaluated["outcomes"].update(outcomes)
-    evaluated["skipped"] += first["skipped"] + again["skipped"]
-    kb.setdefault("retried", []).extend(s["id"] for s in retry)
-    kb["cut"] += first["skipped"] + again["skipped"]
-    note(data, phase, f"{len(outcomes)} evaluated in {time.monotonic() - started:.0f} s "
-                      f"({args.kb_eval_jobs} at once on {','.join(devices)}), {len(retry)} again alone"
-                      + (f"; cut by the budget: {len(kb['cut'])}" if kb["cut"] else ""))
+    done = kb_evaluate(batch, devices, 1 if alone else args.kb_eval_jobs, settings, args.out / "kb-eval.log",
+                       budget.deadline - MARGIN_S, results, keep)
+    with DATA_LOCK:
+        evaluated["skipped"] += done["skipped"]
+        kb["cut"] += done["skipped"]
+        if alone:
+            kb.setdefault("retried", []).extend(s["id"] for s in batch)
+    return done["outcomes"]
+
+
+class KbInBackground(threading.Thread):
+    """kb_judge of a chunk while the next chunk builds: its answers about the machine go to `later`."""
+
+    def __init__(self, *judge_args, later: list):
+        super().__init__(daemon=True)
+        self.judge_args, self.later, self.error = judge_args, later, None
+
+    def run(self):
+        try:
+            kb_judge(*self.judge_args, later=self.later)
+        except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread by finish()
+            self.error = exc
+
+    def finish(self) -> None:
+        self.join()
+        if self.error:
+            raise self.error
 
 
 def dry_run(args, data, samples, state, paths, kz_dir, cache_home):
@@ -1014,21 +1063,35 @@ def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, bu
         kb_judge(args, data, "kb, built earlier", built_earlier, devices, state, work, budget)
     # Then chunk by chunk, so that every chunk's samples end judged by both sides even where the
     # budget ends the call: first those one side has judged already (only the other's half is left).
+    # KernelBench evaluates a chunk while the next one builds (kz judges it, KernelBench pre-builds it):
+    # an answer about the machine that this sharing gives is judged again alone at the end.
     judged = lambda s, piece: s["id"] in state.done[piece]  # noqa: E731
     open_ = [s for s in samples if not (judged(s, "kb-eval") and judged(s, "kz-kernelbench"))]
     open_.sort(key=lambda s: not (judged(s, "kb-eval") or judged(s, "kz-kernelbench")))
     chunks = [open_[i:i + args.chunk] for i in range(0, len(open_), args.chunk)]
-    for number, chunk in enumerate(chunks, 1):
-        if budget.left() - MARGIN_S < 60:
-            rest = [s["id"] for c in chunks[number - 1:] for s in c]
-            data.setdefault("kb", {}).setdefault("cut", []).extend(rest)
-            note(data, "chunks", f"{number - 1} of {len(chunks)} judged; the budget cut the rest")
-            note(data, "kb", f"cut by the budget: {len(rest)} samples not started")
-            break
-        judge_chunk(args, data, chunk, number, state, paths, kz_dir, cache_home, work, budget, devices)
-        save(args.out, data)
-    else:
-        note(data, "chunks", f"{len(chunks)} of up to {args.chunk} samples" if chunks else "nothing left to judge")
+    kb_later, evaluating = [], None
+    try:
+        for number, chunk in enumerate(chunks, 1):
+            if budget.left() - MARGIN_S < 60:
+                rest = [s["id"] for c in chunks[number - 1:] for s in c]
+                with DATA_LOCK:
+                    data.setdefault("kb", {}).setdefault("cut", []).extend(rest)
+                note(data, "chunks", f"{number - 1} of {len(chunks)} judged; the budget cut the rest")
+                note(data, "kb", f"cut by the budget: {len(rest)} samples not started")
+                break
+            build_chunk(args, data, chunk, number, open_, state, paths, kz_dir, cache_home, budget, devices)
+            if evaluating:
+                evaluating.finish()
+            evaluating = KbInBackground(args, data, "kb", ready_for_kb(chunk, state), devices, state, work, budget,
+                                        later=kb_later)
+            evaluating.start()
+            save(args.out, data)
+        else:
+            note(data, "chunks", f"{len(chunks)} of up to {args.chunk} samples" if chunks else "nothing left to judge")
+    finally:
+        if evaluating:
+            evaluating.finish()
+    kb_judge_alone(args, data, kb_later, devices, state, work, budget)
     # kz's answers about the machine (KZ_MACHINE_CHECKS): judged again with the GPU to kz alone, where
     # the time allows.
     again = [s for s in missing(samples, state, "kz-kernelbench") if s["id"] in kz_attempted(args.out, paths)]
@@ -1049,22 +1112,22 @@ def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, bu
             finish_kz(data, strict_run, budget.left() - MARGIN_S / 2)
 
 
-def judge_chunk(args, data, chunk, number, state, paths, kz_dir, cache_home, work, budget, devices):
-    """One chunk, both sides: kz (its builds, then its evaluations on the GPU) beside KernelBench's
-    pre-build (the cores), then KernelBench's evaluations with the GPU to themselves: neither side's
-    evaluations run short of memory for the other's."""
+def build_chunk(args, data, chunk, number, waiting, state, paths, kz_dir, cache_home, budget, devices):
+    """One chunk's first half: kz judges it (its builds, then its evaluations on the GPU) while
+    KernelBench pre-builds it on the cores, stopping early where the budget only leaves the time to
+    evaluate what is built of `waiting` (this chunk and the one KernelBench may still be evaluating)."""
     slots = len(devices) * args.kb_eval_jobs
     kz_run = start_kz(args, data, state, missing(chunk, state, "kz-kernelbench"), "kz-kernelbench", kz_dir,
                       cache_home, paths, args.device, chunk=number)
 
     def reserve_s():  # evaluating what is built so far, should the pre-build stop now
-        return eval_reserve_s(len(ready_for_kb(chunk, state)), slots, args.kb_timeout)
+        return eval_reserve_s(len(ready_for_kb(waiting, state)), slots, args.kb_timeout)
 
     prebuild_missing(args, data, to_prebuild(chunk, state), state, budget.deadline,
                      stop_early=lambda: budget.left() <= reserve_s())
     if kz_run:
         finish_kz(data, kz_run, budget.left() - reserve_s())
-    kb_judge(args, data, "kb", ready_for_kb(chunk, state), devices, state, work, budget)
+
 
 if __name__ == "__main__":
     sys.exit(main())
