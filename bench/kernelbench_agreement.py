@@ -89,12 +89,15 @@ KILLED_BUILD = ("returned non-zero exit status 137", "died due to signal 9", "Ki
 SOURCE_ERROR = (": error", "this compile failed")  # a killed step beside one of these: kz-nvcc ended it
 KZ_RUNS = {"kz-kernelbench": "kernelbench", "kz-strict": "strict"}  # kz's runs: their names and policies
 LIVE = set()         # process groups started here (kz runs, KernelBench evaluations): ended on SIGTERM
+STOPPING = threading.Event()  # set on SIGTERM: evaluations in other threads stop and record nothing more
 DATA_LOCK = threading.RLock()  # the run's record (`data`): KernelBench's evaluations write it from a thread
 
 
 def end_on_sigterm(signum, frame):
     """A `timeout` around the run: end what it started (in their own groups, out of the signal's
-    reach), then exit through main's finally, which writes the tables."""
+    reach), then exit through main's finally, which writes the tables. An evaluation ended this way
+    is no verdict: STOPPING tells the threads that wait on them."""
+    STOPPING.set()
     for pid in list(LIVE):
         stop_group(pid, grace_s=0)
     raise SystemExit(128 + signum)
@@ -358,7 +361,7 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
     context = multiprocessing.get_context("spawn")
     pending, running, skipped, outcomes = list(samples), {}, [], {}
     slots = [d for d in devices for _ in range(jobs)]
-    while pending or running:
+    while (pending or running) and not STOPPING.is_set():
         while pending and slots:
             if deadline - time.monotonic() < settings["min_eval_s"]:
                 skipped += [s["id"] for s in pending]
@@ -379,6 +382,8 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
             own_timeout = elapsed > settings["timeout_s"]
             if process.is_alive() and not own_timeout and time.monotonic() <= deadline:
                 continue
+            if STOPPING.is_set():  # ended by SIGTERM's handler, not by the sample: no verdict
+                break
             del running[sample_id]
             slots.append(device)
             LIVE.discard(process.pid)
@@ -401,6 +406,8 @@ def kb_evaluate(samples: list, devices: list, jobs: int, settings: dict, log: pa
             outcomes[sample_id] = outcome
             if on_outcome:
                 on_outcome(sample_id, outcome)
+    if STOPPING.is_set():
+        skipped += [s["id"] for s in pending] + list(running)
     return {"outcomes": outcomes, "skipped": skipped}
 
 
@@ -784,6 +791,7 @@ def main(argv=None):
     started = time.monotonic()
     previous_handler = signal.signal(signal.SIGTERM, end_on_sigterm)
     LIVE.clear()
+    STOPPING.clear()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in (*KZ_RUNS, "kz-again"):  # this call's kz verdicts only: the state holds the earlier ones
         for path in kz_results(args.out, name):
@@ -1012,15 +1020,21 @@ class KbInBackground(threading.Thread):
     def __init__(self, *judge_args, later: list):
         super().__init__(daemon=True)
         self.judge_args, self.later, self.error = judge_args, later, None
+        # Waited on rather than join(): a join that a signal handler's exception interrupts marks
+        # the thread as ended while it still runs.
+        self.ended = threading.Event()
 
     def run(self):
         try:
             kb_judge(*self.judge_args, later=self.later)
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread by finish()
             self.error = exc
+        finally:
+            self.ended.set()
 
-    def finish(self) -> None:
-        self.join()
+    def finish(self, timeout=None) -> None:
+        """Waits for the evaluations to end (up to timeout s), then raises what they raised."""
+        self.ended.wait(timeout)
         if self.error:
             raise self.error
 
@@ -1088,9 +1102,12 @@ def judge_on_gpu(args, data, samples, state, paths, kz_dir, cache_home, work, bu
             save(args.out, data)
         else:
             note(data, "chunks", f"{len(chunks)} of up to {args.chunk} samples" if chunks else "nothing left to judge")
-    finally:
         if evaluating:
             evaluating.finish()
+    except BaseException:  # SIGTERM (SystemExit) or a failure: the evaluations stop and say what they cut
+        if evaluating:
+            evaluating.ended.wait(10)
+        raise
     kb_judge_alone(args, data, kb_later, devices, state, work, budget)
     # kz's answers about the machine (KZ_MACHINE_CHECKS): judged again with the GPU to kz alone, where
     # the time allows.

@@ -6,8 +6,11 @@ import io
 import json
 import os
 import pathlib
+import signal
 import stat
 import sys
+import threading
+import time
 
 import pytest
 
@@ -83,6 +86,7 @@ def eval_kernel_against_ref(original_model_src, custom_model_src, build_dir=None
             return KernelExecResult(compiled=True, metadata={"runtime_error": "CUDA out of memory"})
     if "FAKE_HANG" in custom_model_src:
         import time
+        (pathlib.Path(build_dir) / "hanging").write_text("")
         time.sleep(600)
     if "FAKE_WRONG" in custom_model_src:
         return KernelExecResult(compiled=True, metadata={"correctness_issue": "Output mismatch",
@@ -216,6 +220,33 @@ def test_a_tight_budget_cuts_and_says_so(world, tmp_path):
     assert "cut by the budget" in data["notes"]["kb"] and data["kb"]["cut"]
     assert data["summary"]["no_kb_verdict"] >= 1
     assert data["notes"]["kz strict"] == "skipped (--no-strict)"
+
+
+def test_sigterm_ends_the_evaluations_under_way_without_verdicts(world, tmp_path):
+    """As `timeout` ends a call: the evaluation in flight (a thread's, beside the main one) is
+    killed, and that kill is no verdict of KernelBench's; what was judged before it is kept."""
+    root, kb, samples, kz = world
+    state = tmp_path / "state"
+    hanging = state / "kb-builds" / "run-p1-s6" / "hanging"
+
+    def terminate_once_it_hangs():
+        for _ in range(1200):
+            if hanging.exists():
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=terminate_once_it_hangs, daemon=True).start()
+    with pytest.raises(SystemExit) as ended:
+        run_main(["--samples", samples, "--kernelbench", kb, "--kz", kz, "--out", tmp_path / "out", "--device",
+                  "cuda:0", "--kb-workers", "2", "--kb-timeout", KB_TIMEOUT_S, "--budget-s", "300", "--chunk", "4",
+                  "--state", state, "--no-strict"])
+    assert ended.value.code == 128 + signal.SIGTERM and hanging.exists()
+    data = json.loads((tmp_path / "out" / "agreement.json").read_text())
+    assert "interrupted" in data["notes"]
+    assert "run-p1-s6" in data["kb"]["cut"]
+    verdicts = agreement.State(state).done["kb-eval"]
+    assert "run-p1-s6" not in verdicts and verdicts["run-p1-s0"]["class"] == "ok"
 
 
 def test_report_only_prints_the_saved_table(gpu_run):
