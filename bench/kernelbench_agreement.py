@@ -1032,9 +1032,9 @@ class KbInBackground(threading.Thread):
         finally:
             self.ended.set()
 
-    def finish(self, timeout=None) -> None:
-        """Waits for the evaluations to end (up to timeout s), then raises what they raised."""
-        self.ended.wait(timeout)
+    def finish(self) -> None:
+        """Waits for the evaluations to end, then raises what they raised."""
+        self.ended.wait()
         if self.error:
             raise self.error
 
